@@ -1,0 +1,119 @@
+"""The shim <-> daemon wire contract, identical to upstream Multus thick (standard library only).
+
+HTTP/1.1 over the unix socket ``<socketDir>/multus.sock``:
+
+* ``POST /cni`` with ``{"env": {CNI_*...}, "config": "<stdin bytes, base64>"}``; ADD answers
+  200 ``{"Result": <result at cniVersion 1.1.0>}``, the other commands 200 with an empty body,
+  a failure 400 with CNI error JSON.
+* ``POST /delegate``: the same plus ``"interfaceAttributes"`` (hot-plug of one interface).
+* ``GET|POST /healthz`` (always 200 while serving), ``/readyz`` (500 once stopping).
+
+The client here is deliberately tiny (a raw request on a unix socket, ``Connection: close``)
+because the shim runs it once per pod sandbox and must start fast.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+from typing import Any, Mapping
+
+CNI_ENDPOINT = "/cni"
+DELEGATE_ENDPOINT = "/delegate"
+HEALTH_ENDPOINT = "/healthz"
+READY_ENDPOINT = "/readyz"
+DEFAULT_SOCKET_DIR = "/run/multus/"
+SOCKET_NAME = "multus.sock"
+
+
+def socket_path(socket_dir: str = "") -> str:
+    """``<socket_dir>/multus.sock`` (upstream's rule; an empty dir means /run/multus/)."""
+    return os.path.join(socket_dir or DEFAULT_SOCKET_DIR, SOCKET_NAME)
+
+
+def encode_request(env: Mapping[str, str], config: bytes,
+                   interface_attributes: Mapping[str, Any] | None = None) -> bytes:
+    """The JSON body of a /cni or /delegate request (config base64, as Go encodes []byte)."""
+    body: dict[str, Any] = {"env": dict(env), "config": base64.b64encode(config).decode()}
+    if interface_attributes is not None:
+        body["interfaceAttributes"] = dict(interface_attributes)
+    return json.dumps(body).encode()
+
+
+class HTTPResponse:
+    """Status and body of one response."""
+
+    __slots__ = ("status", "body")
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+
+
+def http_request(sock_path: str, method: str, path: str, body: bytes = b"",
+                 timeout: float | None = None) -> HTTPResponse:
+    """One HTTP/1.1 request over a unix socket; raises OSError when the daemon is unreachable."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout)
+        conn.connect(sock_path)
+        head = (f"{method} {path} HTTP/1.1\r\nHost: dummy\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        conn.sendall(head.encode() + body)
+        return _read_response(conn)
+    finally:
+        conn.close()
+
+
+def _read_response(conn: socket.socket) -> HTTPResponse:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("multusd closed the connection before answering")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        raise ConnectionError(f"malformed HTTP status line from multusd: {lines[0]!r}") from None
+    headers = {}
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        return HTTPResponse(status, _read_chunked(conn, rest))
+    length = headers.get("content-length")
+    if length is not None:
+        want = int(length)
+        while len(rest) < want:
+            chunk = conn.recv(max(65536, want - len(rest)))
+            if not chunk:
+                break
+            rest += chunk
+        return HTTPResponse(status, rest[:want])
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return HTTPResponse(status, rest)
+        rest += chunk
+
+
+def _read_chunked(conn: socket.socket, data: bytes) -> bytes:
+    while not data.endswith(b"0\r\n\r\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    body = b""
+    while data:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        body += data[:size]
+        data = data[size + 2:]
+    return body

@@ -1,0 +1,194 @@
+"""daemon-config.json: loading, validation (every problem at once) and the per-request overlay.
+
+The file is upstream's (``/etc/cni/net.d/multus.d/daemon-config.json``) with every upstream
+key accepted, plus host keys of ours: ``kubeconfig``, ``nodeName``, ``requestTimeout`` and
+``workers``. ``chrootDir`` is refused: multusd runs on the host and executes plugins directly.
+The whole file is also overlaid on every request's config, as upstream does (F09).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ConfigError, ConfigProblem
+
+LOG = logging.getLogger(__name__)
+
+DEFAULT_CONFIG_PATH = "/etc/cni/net.d/multus.d/daemon-config.json"
+LOG_LEVELS = ("debug", "verbose", "error", "panic")
+
+SERVER_KEYS = {"chrootDir", "socketDir", "logFile", "logLevel", "logToStderr", "metricsPort",
+               "metricsAddress", "enablePprof", "connectionLimit", "perNodeCertificate"}
+CONFGEN_KEYS = {"multusConfigFile", "multusAutoconfigDir", "multusMasterCNI", "cniConfigDir",
+                "cniVersion", "forceCNIVersion", "overrideNetworkName", "readinessindicatorfile",
+                "type", "capabilities", "binDir", "cniDir", "daemonSocketDir", "logOptions",
+                "namespaceIsolation", "globalNamespaces", "auxiliaryCNIChainName", "name"}
+OVERLAY_KEYS = {"confDir", "clusterNetwork", "defaultNetworks", "delegates", "multusNamespace",
+                "systemNamespaces", "retryDeleteOnError", "runtimeConfig", "kubeconfig"}
+HOST_KEYS = {"nodeName", "requestTimeout", "workers"}
+KNOWN_KEYS = SERVER_KEYS | CONFGEN_KEYS | OVERLAY_KEYS | HOST_KEYS
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """The validated daemon configuration; ``raw`` is the file as written (the overlay)."""
+
+    path: str
+    raw: Mapping[str, Any]
+    socket_dir: str = "/run/multus/"
+    log_file: str = ""
+    log_level: str = "verbose"
+    log_to_stderr: bool = True
+    log_options: Mapping[str, Any] = field(default_factory=dict)
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
+    kubeconfig: str = ""
+    node_name: str = ""
+    request_timeout: float = 110.0
+    workers: int = 16
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.socket_dir, "multus.sock")
+
+
+def load(path: str = DEFAULT_CONFIG_PATH) -> DaemonConfig:
+    """Read and validate ``path``.
+
+    :raises ConfigError: listing every problem found, each with what to write instead.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise ConfigError(path, [ConfigProblem(
+            "(file)", f"cannot read it: {exc.strerror}; create it or pass --config")]) from exc
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise ConfigError(path, [ConfigProblem("(file)", f"not valid JSON: {exc}")]) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(path, [ConfigProblem("(file)", "must be a JSON object {...}")])
+    return from_dict(raw, path)
+
+
+def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
+    """Validate an already parsed configuration."""
+    problems = _Problems()
+    warnings = [f"{key}: unknown key, ignored (check its spelling)"
+                for key in sorted(set(raw) - KNOWN_KEYS)]
+    if raw.get("chrootDir"):
+        problems.add("chrootDir", "multusd runs on the host and executes plugins directly; "
+                                  "remove this key (it only exists for the daemon-in-a-pod)")
+    cert = raw.get("perNodeCertificate")
+    if isinstance(cert, dict) and cert.get("enabled"):
+        problems.add("perNodeCertificate.enabled",
+                     "per-node certificates are not supported; set \"kubeconfig\" to the "
+                     "node's kubeconfig (e.g. /etc/kubernetes/kubelet.conf) instead")
+    if raw.get("enablePprof"):
+        warnings.append("enablePprof: Go profiling does not exist in multusd; ignored")
+    values = {
+        "socket_dir": problems.absolute_path(raw, "socketDir", "/run/multus/"),
+        "log_file": problems.string(raw, "logFile", ""),
+        "log_level": problems.log_level(raw),
+        "log_to_stderr": problems.boolean(raw, "logToStderr", True),
+        "log_options": problems.mapping(raw, "logOptions"),
+        "metrics_port": problems.port(raw, "metricsPort"),
+        "metrics_address": problems.string(raw, "metricsAddress", "127.0.0.1"),
+        "kubeconfig": problems.string(raw, "kubeconfig", ""),
+        "node_name": problems.string(raw, "nodeName", "") or socket.gethostname(),
+        "request_timeout": problems.positive(raw, "requestTimeout", 110.0, float),
+        "workers": problems.positive(raw, "workers", 16, int),
+    }
+    limit = raw.get("connectionLimit")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            problems.add("connectionLimit", f"must be greater than 0, got {limit!r}")
+        else:
+            values["workers"] = limit
+    for key in ("cniVersion", "multusConfigFile", "multusAutoconfigDir", "cniConfigDir",
+                "binDir", "cniDir", "confDir", "clusterNetwork", "multusNamespace"):
+        problems.string(raw, key, "")
+    if problems:
+        raise ConfigError(path, problems)
+    return DaemonConfig(path=path, raw=dict(raw), warnings=tuple(warnings), **values)
+
+
+def overlay(request_conf: Mapping[str, Any], daemon: DaemonConfig) -> dict[str, Any]:
+    """The request's config with the whole daemon config laid over it (upstream F09).
+
+    Top-level daemon keys win and nested values are replaced whole. In ``auto`` mode the
+    readiness indicator is dropped from both sides, as upstream does: the generated config
+    exists only once the file did.
+    """
+    merged = dict(request_conf)
+    merged.update(daemon.raw)
+    if daemon.raw.get("multusConfigFile", "auto") == "auto":
+        merged.pop("readinessindicatorfile", None)
+    return merged
+
+
+class _Problems(list):
+    """Collects ConfigProblem entries while reading typed values."""
+
+    def add(self, path: str, message: str) -> None:
+        self.append(ConfigProblem(path, message))
+
+    def string(self, raw: Mapping[str, Any], key: str, default: str) -> str:
+        value = raw.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            self.add(key, f"must be a string, got {value!r}; write \"{key}\": \"...\"")
+            return default
+        return value
+
+    def absolute_path(self, raw: Mapping[str, Any], key: str, default: str) -> str:
+        value = self.string(raw, key, default) or default
+        if not os.path.isabs(value):
+            self.add(key, f"must be an absolute path, got {value!r}; write e.g. {default!r}")
+            return default
+        return value
+
+    def boolean(self, raw: Mapping[str, Any], key: str, default: bool) -> bool:
+        value = raw.get(key, default)
+        if not isinstance(value, bool):
+            self.add(key, f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def mapping(self, raw: Mapping[str, Any], key: str) -> dict:
+        value = raw.get(key) or {}
+        if not isinstance(value, dict):
+            self.add(key, f"must be an object {{...}}, got {value!r}")
+            return {}
+        return value
+
+    def log_level(self, raw: Mapping[str, Any]) -> str:
+        value = self.string(raw, "logLevel", "verbose") or "verbose"
+        if value.lower() not in LOG_LEVELS:
+            self.add("logLevel", f"unknown level {value!r}; use one of {', '.join(LOG_LEVELS)}")
+            return "verbose"
+        return value.lower()
+
+    def port(self, raw: Mapping[str, Any], key: str) -> int | None:
+        value = raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            self.add(key, f"must be a TCP port number from 1 to 65535, got {value!r}")
+            return None
+        return value
+
+    def positive(self, raw: Mapping[str, Any], key: str, default, kind):
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            self.add(key, f"must be a number greater than 0, got {value!r}")
+            return default
+        return kind(value)

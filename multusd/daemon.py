@@ -1,0 +1,186 @@
+"""The daemon's life cycle: obtain the socket, serve, tell systemd, drain on SIGTERM.
+
+Started by systemd (multusd.socket) the listening socket is inherited and never unlinked
+or chmod'ed: systemd owns it and keeps it open across restarts, so shims queue instead of
+failing. Started by hand, multusd makes ``<socketDir>`` (0700) and ``multus.sock`` (0600)
+itself, replaces a stale socket file and refuses to start beside a live daemon.
+
+On SIGTERM: ``/readyz`` turns 500 and STOPPING=1 is sent, requests in flight finish (DEL
+keeps being served meanwhile), then the process exits 0 within the stop timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any, Mapping
+
+from . import __version__, cmdargs, systemd
+from .config import DaemonConfig
+from .errors import MultusError
+from .log import RequestLogger, request_fields
+from .server import Server
+
+LOG = logging.getLogger(__name__)
+DRAIN_TIMEOUT = 80.0
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+def bind_socket(path: str) -> socket.socket:
+    """Listen on ``path`` ourselves (development / no systemd), upstream's modes 0700/0600."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    if os.path.exists(path):
+        if _socket_is_live(path):
+            raise StartupError(f"another multusd is already serving on {path}; stop it first "
+                               "(systemctl stop multusd.socket multusd)")
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    listener.listen(128)
+    return listener
+
+
+def _socket_is_live(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+class Daemon:
+    """multusd serve: one instance per process."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.kube = None
+        self.multus = None
+        self.server: Server | None = None
+        self._owns_socket = False
+        self._stopping = threading.Event()
+
+    def run(self) -> int:
+        listener = systemd.inherited_unix_listener()
+        if listener is None:
+            listener = bind_socket(self.config.socket_path)
+            self._owns_socket = True
+        self.multus = self._make_multus()
+        self.server = Server(listener, self.handle, workers=self.config.workers,
+                             request_timeout=self.config.request_timeout,
+                             readiness=self.multus.ready)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self._start_watchdog()
+        LOG.info("multusd %s serving on %s (%s)", __version__, self.config.socket_path,
+                 "socket from systemd" if not self._owns_socket else "socket bound by multusd")
+        systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}")
+        try:
+            self.server.serve_forever()
+            self.server.wait_idle(DRAIN_TIMEOUT)
+        finally:
+            self._close(listener)
+        LOG.info("multusd stopped")
+        return 0
+
+    def _make_multus(self):
+        from .multus import Multus
+
+        if self.config.kubeconfig:
+            from .k8s import KubeClient
+
+            self.kube = KubeClient(self.config.kubeconfig, self.config.node_name)
+            self.kube.start()
+        return Multus(self.config, self.kube)
+
+    def _close(self, listener: socket.socket) -> None:
+        if self.kube is not None:
+            self.kube.stop()
+        if self._owns_socket:
+            try:
+                os.unlink(self.config.socket_path)
+            except OSError:
+                pass
+        listener.close()
+
+    # -- requests ---------------------------------------------------------------------------
+    def handle(self, endpoint: str, body: bytes, deadline: float,
+               request_id: str) -> Mapping[str, Any] | None:
+        """One /cni or /delegate request (called on a pool slot by the server)."""
+        started = time.monotonic()
+        env, config, attributes = cmdargs.decode_body(body)
+        request = cmdargs.parse(env, config, self.config)
+        log = RequestLogger(LOG, request_fields(env, request.k8s_fields(), request_id))
+        log.info("%s starting CNI request %s", request.command, endpoint)
+        locked = bool(request.container_id)
+        if locked and not self.server.sandbox_locks.acquire(request.container_id, deadline):
+            raise MultusError(f"another request for container {request.container_id} is still "
+                              "running and did not finish before this one's deadline")
+        try:
+            if endpoint == "/delegate":
+                result = self.multus.delegate(request, attributes or {}, deadline, log)
+            else:
+                result = self.multus.cni(request, deadline, log)
+        except MultusError as exc:
+            log.error("%s failed: %s", request.command, exc.msg,
+                      extra={"DURATION_MS": _ms(started), "CNI_ERROR_CODE": exc.code})
+            raise
+        finally:
+            if locked:
+                self.server.sandbox_locks.release(request.container_id)
+        log.info("%s finished", request.command, extra={"DURATION_MS": _ms(started)})
+        self._report_status()
+        if request.command == "ADD":
+            return {"Result": result}
+        return None
+
+    def _report_status(self) -> None:
+        counts = self.server.counts
+        systemd.notify(f"STATUS=serving: {counts['ok']} requests done, "
+                       f"{counts['failed']} failed, {self.server.in_flight} in flight")
+
+    # -- stopping ---------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        LOG.info("received %s: draining in-flight requests", signal.Signals(signum).name)
+        self.server.ready = False
+        systemd.notify("STOPPING=1")
+        threading.Thread(target=self._drain, name="multusd-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        self.server.wait_idle(DRAIN_TIMEOUT)
+        self.server.stop()
+
+    def _start_watchdog(self) -> None:
+        interval = systemd.watchdog_interval()
+        if interval is None:
+            return
+
+        def ping() -> None:
+            while not self._stopping.wait(interval):
+                systemd.notify("WATCHDOG=1")
+
+        threading.Thread(target=ping, name="multusd-watchdog", daemon=True).start()
+
+
+def _ms(started: float) -> str:
+    return f"{(time.monotonic() - started) * 1000:.1f}"

@@ -1,0 +1,167 @@
+"""The one error hierarchy of multusd: every failure becomes CNI error JSON.
+
+Standard library only (the shim imports it).
+
+Hierarchy::
+
+    * MultusError                 code 100 unless a subclass says otherwise
+      + IncompatibleCNIVersion    1
+      + UnsupportedField          2
+      + UnknownContainer          3
+      + InvalidEnvironment        4
+      + IOFailure                 5
+      + DecodeFailure             6
+      + InvalidNetworkConfig      7
+        - ConfigError             7, carries a list of ConfigProblem
+      + TryAgainLater             11
+      + PluginError               the code a delegate plugin itself returned
+      + DelegateError             100, a plugin failed without a CNI error of its own
+      + PodNotFound               3
+      + DeadlineExceeded          11, a request or a plugin ran past its deadline
+
+``str(err)`` is the msg; ``err.to_cni_error(version)`` is the JSON the runtime sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+DEFAULT_CNI_VERSION = "1.1.0"
+
+
+class MultusError(Exception):
+    """A failure that reaches the runtime as a CNI error."""
+
+    code = 100
+
+    def __init__(self, msg: str, details: str = "", code: int | None = None) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.details = details
+        if code is not None:
+            self.code = code
+
+    def to_cni_error(self, cni_version: str = DEFAULT_CNI_VERSION) -> dict[str, Any]:
+        """The CNI error object (spec "Error" section) for this failure."""
+        return {
+            "cniVersion": cni_version or DEFAULT_CNI_VERSION,
+            "code": self.code,
+            "msg": self.msg,
+            "details": self.details,
+        }
+
+    def with_prefix(self, prefix: str) -> "MultusError":
+        """The same error with ``prefix`` put in front of its msg (pod identity, network)."""
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        Exception.__init__(clone, f"{prefix}{self.msg}")
+        clone.msg = f"{prefix}{self.msg}"
+        return clone
+
+
+class IncompatibleCNIVersion(MultusError):
+    """The config asks for a CNI version the plugin or multusd cannot speak."""
+
+    code = 1
+
+
+class UnsupportedField(MultusError):
+    """The config carries a field that cannot be honoured."""
+
+    code = 2
+
+
+class UnknownContainer(MultusError):
+    """The container, or its network namespace, does not exist."""
+
+    code = 3
+
+
+class InvalidEnvironment(MultusError):
+    """A CNI_* variable is missing or malformed."""
+
+    code = 4
+
+
+class IOFailure(MultusError):
+    """Reading or writing a file or socket failed."""
+
+    code = 5
+
+
+class DecodeFailure(MultusError):
+    """JSON, base64 or another encoding could not be decoded."""
+
+    code = 6
+
+
+class InvalidNetworkConfig(MultusError):
+    """A network configuration is wrong."""
+
+    code = 7
+
+
+class TryAgainLater(MultusError):
+    """A transient condition; the runtime should retry."""
+
+    code = 11
+
+
+class PodNotFound(MultusError):
+    """The pod does not exist in the Kubernetes API."""
+
+    code = 3
+
+
+class DeadlineExceeded(MultusError):
+    """A request or a plugin ran past its deadline and was stopped."""
+
+    code = 11
+
+
+class PluginError(MultusError):
+    """A delegate plugin's own CNI error, passed through unchanged."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(str(error.get("msg", "")), str(error.get("details", "")),
+                         code=int(error.get("code", 100) or 100))
+        self.error = dict(error)
+
+    def to_cni_error(self, cni_version: str = DEFAULT_CNI_VERSION) -> dict[str, Any]:
+        out = dict(self.error)
+        out["msg"] = self.msg  # may carry a prefix added by with_prefix
+        out.setdefault("cniVersion", cni_version or DEFAULT_CNI_VERSION)
+        out.setdefault("details", self.details)
+        return out
+
+
+class DelegateError(MultusError):
+    """A delegate plugin failed without printing a CNI error of its own."""
+
+    code = 100
+
+
+class ConfigProblem(NamedTuple):
+    """One problem found in a configuration: where it is and what to do about it."""
+
+    path: str
+    message: str
+
+    def format(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class ConfigError(InvalidNetworkConfig):
+    """A configuration has one or more problems; all of them are listed."""
+
+    def __init__(self, source: str, problems: Sequence[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        lines = "; ".join(p.format() for p in self.problems)
+        super().__init__(f"invalid configuration {source}: {lines}")
+
+
+def from_exception(exc: BaseException) -> MultusError:
+    """Any exception as a MultusError; unknown ones become code 100 without a traceback."""
+    if isinstance(exc, MultusError):
+        return exc
+    return MultusError(f"internal error: {type(exc).__name__}: {exc}")

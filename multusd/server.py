@@ -1,0 +1,264 @@
+"""The HTTP server on the unix socket: routing, limits, worker pool, per-sandbox locks, deadlines.
+
+One thread per connection parses the HTTP request (cheap); the CNI work itself runs only
+while holding a slot of a bounded pool and the lock of its container ID, so that one
+sandbox's ADD/DEL/CHECK never interleave and a burst of pods queues instead of exhausting
+memory. Every request carries a deadline; time spent waiting for a slot counts against it.
+Every failure is answered 400 with CNI error JSON, as upstream's daemon does, and the
+server keeps serving. ``/healthz`` and ``/readyz`` never wait for the pool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Callable, Mapping, Optional
+
+from . import api
+from .errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater,
+                     from_exception)
+
+LOG = logging.getLogger(__name__)
+
+MAX_BODY = 4 * 1024 * 1024
+READ_TIMEOUT = 30.0
+
+# handler(endpoint, body, deadline, request_id) -> response object (dict) or None
+Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
+
+
+class KeyedLocks:
+    """One lock per key (container ID), created on demand and dropped when unused."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, list] = {}
+
+    def acquire(self, key: str, deadline: float) -> bool:
+        with self._guard:
+            entry = self._locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        acquired = entry[0].acquire(timeout=max(0.0, deadline - time.monotonic()))
+        if not acquired:
+            self._release_ref(key)
+        return acquired
+
+    def release(self, key: str) -> None:
+        with self._guard:
+            self._locks[key][0].release()
+        self._release_ref(key)
+
+    def _release_ref(self, key: str) -> None:
+        with self._guard:
+            entry = self._locks[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[key]
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+class Server:
+    """Serves the Multus API on a listening unix socket until :meth:`stop`."""
+
+    def __init__(self, listener: socket.socket, handler: Handler, *, workers: int = 16,
+                 request_timeout: float = 110.0,
+                 readiness: Callable[[], bool] = lambda: True) -> None:
+        self.listener = listener
+        self.readiness = readiness
+        self.handler = handler
+        self.request_timeout = request_timeout
+        self.pool = threading.BoundedSemaphore(workers)
+        self.sandbox_locks = KeyedLocks()
+        self.ready = True
+        self.counts = {"ok": 0, "failed": 0}
+        self._in_flight = 0
+        self._idle = threading.Condition()
+        self._stop_r, self._stop_w = os.pipe()
+        self._stopped = False
+
+    # -- life cycle -------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        """Accept connections until :meth:`stop`; each one is served on its own thread."""
+        self.listener.setblocking(False)
+        while True:
+            readable, _, _ = select.select([self.listener, self._stop_r], [], [])
+            if self._stop_r in readable:
+                return
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                LOG.error("accept failed on the multusd socket: %s", exc)
+                continue
+            conn.setblocking(True)
+            with self._idle:
+                self._in_flight += 1
+            threading.Thread(target=self._serve_connection, args=(conn,),
+                             name="multusd-conn", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop accepting; connections not yet accepted stay queued in the socket."""
+        if not self._stopped:
+            self._stopped = True
+            os.write(self._stop_w, b"x")
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight; False if some still are after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._in_flight:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    # -- one connection ---------------------------------------------------------------------
+    def _serve_connection(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(READ_TIMEOUT)
+            _RequestHandler(conn, self)
+        except Exception:  # a broken client must never take a thread's error further
+            LOG.debug("connection ended with an error", exc_info=True)
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    def run_cni(self, endpoint: str, body: bytes) -> tuple[int, bytes]:
+        """Run one /cni or /delegate request through the pool; (status, body) to answer."""
+        request_id = uuid.uuid4().hex[:16]
+        deadline = time.monotonic() + self.request_timeout
+        if not self.pool.acquire(timeout=self.request_timeout):
+            return _error_response(TryAgainLater(
+                f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
+                "raise \"workers\" in daemon-config.json or retry"))
+        try:
+            response = self.handler(endpoint, body, deadline, request_id)
+        except Exception as exc:  # every failure reaches the runtime as a CNI error
+            error = from_exception(exc)
+            if not isinstance(exc, MultusError):
+                LOG.exception("request %s failed unexpectedly", request_id)
+            self.counts["failed"] += 1
+            return _error_response(error)
+        finally:
+            self.pool.release()
+        self.counts["ok"] += 1
+        if response is None:
+            return 200, b""
+        return 200, json.dumps(response).encode()
+
+
+def _error_response(error: MultusError) -> tuple[int, bytes]:
+    return 400, json.dumps(error.to_cni_error()).encode()
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    """HTTP parsing and routing; the CNI work itself happens in :meth:`Server.run_cni`."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "multusd"
+    sys_version = ""
+
+    def __init__(self, conn: socket.socket, server: Server) -> None:
+        self.multusd = server
+        # BaseRequestHandler runs the whole exchange from its constructor.
+        super().__init__(conn, ("multusd", 0), None)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        LOG.debug("http: " + format, *args)
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_PUT(self) -> None:
+        self._route("PUT")
+
+    def do_DELETE(self) -> None:
+        self._route("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._route("PATCH")
+
+    def do_HEAD(self) -> None:
+        self._route("HEAD")
+
+    def _route(self, method: str) -> None:
+        self.close_connection = True
+        path = self.path.split("?", 1)[0]
+        if path in (api.HEALTH_ENDPOINT, api.READY_ENDPOINT):
+            if method not in ("GET", "POST"):
+                return self._send(405, b"Method not allowed\n", "text/plain")
+            self._drain_body()
+            ok = path == api.HEALTH_ENDPOINT or (self.multusd.ready and self.multusd.readiness())
+            return self._send(200 if ok else 500, b"")
+        if path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT):
+            if method != "POST":
+                return self._send(405, b"Method not allowed\n", "text/plain")
+            try:
+                body = self._read_body()
+            except MultusError as exc:
+                return self._send(*_error_response(exc))
+            status, payload = self.multusd.run_cni(path, body)
+            return self._send(status, payload)
+        return self._send(404, b"")
+
+    def _read_body(self) -> bytes:
+        length_header = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return self._read_chunked()
+        if length_header is None:
+            raise InvalidEnvironment("the request has no Content-Length")
+        try:
+            length = int(length_header)
+        except ValueError:
+            raise DecodeFailure(f"bad Content-Length {length_header!r}") from None
+        if length > MAX_BODY:
+            raise DecodeFailure(f"request body of {length} bytes is over the limit of "
+                                f"{MAX_BODY} bytes; a CNI config should be far smaller")
+        return self.rfile.read(length)
+
+    def _read_chunked(self) -> bytes:
+        body = b""
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()
+                return body
+            if len(body) + size > MAX_BODY:
+                raise DecodeFailure(f"request body is over the limit of {MAX_BODY} bytes")
+            body += self.rfile.read(size)
+            self.rfile.readline()
+
+    def _drain_body(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= MAX_BODY:
+            self.rfile.read(length)
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        head = (f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        self.wfile.write(head + body)  # one write: no Nagle delay between head and body
+        self.wfile.flush()

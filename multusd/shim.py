@@ -1,0 +1,194 @@
+"""multus-shim: the CNI plugin the container runtime executes; forwards the call to multusd.
+
+Standard library only, and as few imports as possible: the runtime forks it for every pod
+sandbox. It reads ``cniVersion``, ``daemonSocketDir`` and the logging keys from its stdin
+config, answers VERSION itself, and POSTs everything else to ``/cni`` on the daemon's socket
+(wire-compatible with upstream's daemon). ADD, CHECK, GC and STATUS first wait (bounded) for
+``/readyz``; DEL only probes ``/healthz`` so that clean-up proceeds while the daemon drains.
+Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
+leaking addresses; a DEL of something already gone succeeds in the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from . import __version__, api
+from .errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater)
+
+SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+READY_POLL_INTERVAL = 0.1
+READY_TIMEOUT = 60.0
+LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
+
+
+class ShimConfig:
+    """The few keys of the runtime's config that the shim itself reads."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.cni_version = str(conf.get("cniVersion") or "")
+        self.socket_dir = str(conf.get("daemonSocketDir") or api.DEFAULT_SOCKET_DIR)
+        self.log_file = str(conf.get("logFile") or "")
+        self.log_level = LEVELS.get(str(conf.get("logLevel") or "").lower(), 0)
+        self.log_to_stderr = bool(conf.get("logToStderr", False))
+
+    def log(self, level: str, message: str) -> None:
+        """Upstream's line format, to logFile and/or stderr as configured."""
+        if LEVELS[level] > self.log_level and level != "error":
+            return
+        if not (self.log_file or self.log_to_stderr):
+            return
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} [{level}] {message}\n"
+        if self.log_to_stderr:
+            sys.stderr.write(line)
+        if self.log_file:
+            try:
+                with open(self.log_file, "a", encoding="utf-8") as handle:
+                    handle.write(line)
+            except OSError:
+                pass
+
+
+def parse_config(stdin: bytes) -> ShimConfig:
+    try:
+        conf = json.loads(stdin)
+        if not isinstance(conf, dict):
+            raise ValueError("the configuration is not a JSON object")
+    except ValueError as exc:
+        raise DecodeFailure(
+            "invalid CNI configuration passed to multus-shim: failed to gather the multus "
+            f"configuration: {exc}") from None
+    return ShimConfig(conf)
+
+
+def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
+    """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        try:
+            response = api.http_request(sock, "GET", api.READY_ENDPOINT, timeout=5.0)
+            if response.status == 200:
+                return
+            last = f"/readyz answered {response.status} (multusd is stopping or starting)"
+        except OSError as exc:
+            last = f"{exc.strerror or exc}"
+        if time.monotonic() >= deadline:
+            raise TryAgainLater(
+                f"timed out after {timeout:.0f}s waiting for multusd on {sock}: {last}; "
+                "check `systemctl status multusd.socket multusd`")
+        time.sleep(READY_POLL_INTERVAL)
+
+
+def check_alive(sock: str) -> None:
+    """One /healthz probe (DEL must not wait for readiness: the daemon may be draining)."""
+    try:
+        api.http_request(sock, "GET", api.HEALTH_ENDPOINT, timeout=5.0)
+    except OSError as exc:
+        raise TryAgainLater(
+            f"multusd is not reachable on {sock}: {exc.strerror or exc}; "
+            "check `systemctl status multusd.socket multusd`") from None
+
+
+def post_cni(sock: str, env: dict[str, str], stdin: bytes) -> bytes:
+    """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise."""
+    try:
+        response = api.http_request(sock, "POST", api.CNI_ENDPOINT, api.encode_request(env, stdin))
+    except OSError as exc:
+        raise TryAgainLater(f"failed to send CNI request to multusd on {sock}: "
+                            f"{exc.strerror or exc}") from None
+    if response.status == 200:
+        return response.body
+    try:
+        error = json.loads(response.body)
+    except ValueError:
+        error = None
+    if isinstance(error, dict) and error.get("msg"):
+        raise _ForwardedError(error)
+    text = response.body.decode("utf-8", "replace").strip()
+    raise MultusError(f"CNI request failed with status {response.status}: '{text}'")
+
+
+class _ForwardedError(MultusError):
+    """A CNI error the daemon returned, printed unchanged."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(str(error.get("msg")), str(error.get("details", "")),
+                         code=int(error.get("code") or 100))
+        self.error = error
+
+    def to_cni_error(self, cni_version: str = "") -> dict[str, Any]:
+        out = dict(self.error)
+        if cni_version:
+            out["cniVersion"] = cni_version
+        return out
+
+
+def add_result(body: bytes, cni_version: str) -> dict[str, Any]:
+    """The ADD result from the daemon's ``{"Result": ...}``, converted to the config's version."""
+    try:
+        result = json.loads(body).get("Result") if body else None
+    except (ValueError, AttributeError):
+        raise DecodeFailure(f"failed to decode the result from multusd: {body[:200]!r}") from None
+    if result is None:
+        raise DecodeFailure("multusd answered ADD without a result")
+    if cni_version and cni_version != result.get("cniVersion"):
+        from .cni.result import convert_result
+
+        result = convert_result(result, cni_version)
+    return result
+
+
+def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict[str, Any] | None]:
+    """Carry out one CNI call; return (exit code, JSON to print or None)."""
+    command = env.get("CNI_COMMAND", "")
+    config_version = ""
+    try:
+        if command == "VERSION":
+            return 0, version_info(stdin)
+        if not command:
+            raise InvalidEnvironment("CNI_COMMAND is not set: multus-shim is a CNI plugin "
+                                     "run by the container runtime")
+        conf = parse_config(stdin)
+        config_version = conf.cni_version
+        sock = api.socket_path(conf.socket_dir)
+        if command == "DEL":
+            check_alive(sock)
+        else:
+            wait_ready(sock)
+        body = post_cni(sock, env, stdin)
+        conf.log("verbose", f"{command} (shim): done for {env.get('CNI_CONTAINERID', '')}")
+        if command == "ADD":
+            return 0, add_result(body, conf.cni_version)
+        return 0, None
+    except MultusError as exc:
+        return 1, exc.to_cni_error(config_version or "1.1.0")
+
+
+def version_info(stdin: bytes) -> dict[str, Any]:
+    try:
+        requested = json.loads(stdin).get("cniVersion") if stdin.strip() else None
+    except (ValueError, AttributeError):
+        requested = None
+    return {"cniVersion": requested or "1.1.0", "supportedVersions": SUPPORTED_VERSIONS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-version", "--version", "-v"):
+        print(f"multus-shim: version:{__version__}(multusd)")
+        return 0
+    stdin = sys.stdin.buffer.read()
+    code, output = run(dict(os.environ), stdin)
+    if output is not None:
+        sys.stdout.write(json.dumps(output) + "\n")
+        sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Files multusd writes: the one atomic-write helper, and the per-sandbox scratch cache.
+
+Every file multusd writes goes through :func:`atomic_write`: a temp file in the same
+directory, fsync, rename over the target, fsync of the directory. A reader sees the old
+content or the new, never an empty or partial file.
+
+The scratch cache is upstream's ``<cniDir>/<containerID>``: a JSON list of the delegates
+of one sandbox, written before the first delegate runs, read back by DEL and CHECK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+from .errors import IOFailure
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    """Replace ``path`` with ``data`` atomically; create its directory with ``dir_mode``.
+
+    :raises IOFailure: when the directory or the file cannot be written.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, mode=dir_mode, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=directory)
+    except OSError as exc:
+        raise IOFailure(f"cannot write {path}: {exc.strerror}") from exc
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.rename(tmp, path)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise IOFailure(f"cannot write {path}: {exc.strerror}") from exc
+    _fsync_dir(directory)
+
+
+def atomic_write_json(path: str, obj: Any, mode: int = 0o600) -> None:
+    """:func:`atomic_write` of ``obj`` as compact JSON."""
+    atomic_write(path, json.dumps(obj, separators=(",", ":")).encode(), mode=mode)
+
+
+def remove(path: str) -> bool:
+    """Delete ``path``; True if it existed. A missing file is not an error."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise IOFailure(f"cannot remove {path}: {exc.strerror}") from exc
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return True
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

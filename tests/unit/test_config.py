@@ -1,0 +1,66 @@
+"""daemon-config.json loading: every upstream key accepted, every problem reported at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from multusd import config
+from multusd.errors import ConfigError
+
+
+def write(tmp_path, obj) -> str:
+    path = tmp_path / "daemon-config.json"
+    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+    return str(path)
+
+
+def test_upstream_thick_config_loads(tmp_path):
+    upstream = {
+        "chrootDir": "", "cniVersion": "0.3.1", "logLevel": "verbose", "logToStderr": True,
+        "cniConfigDir": "/host/etc/cni/net.d", "multusAutoconfigDir": "/host/etc/cni/net.d",
+        "multusConfigFile": "auto", "socketDir": "/host/run/multus/",
+    }
+    loaded = config.load(write(tmp_path, upstream))
+    assert loaded.socket_path == "/host/run/multus/multus.sock"
+    assert loaded.log_level == "verbose"
+    assert loaded.warnings == ()
+
+
+def test_every_problem_is_reported_together(tmp_path):
+    bad = {"chrootDir": "/hostroot", "socketDir": "run/multus", "logLevel": "loud",
+           "metricsPort": 70000, "connectionLimit": 0, "logToStderr": "yes"}
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, bad))
+    paths = [p.path for p in info.value.problems]
+    assert paths == ["chrootDir", "socketDir", "logLevel", "logToStderr", "metricsPort",
+                     "connectionLimit"]
+    assert "runs on the host" in info.value.msg
+    assert "must be an absolute path, got 'run/multus'" in info.value.msg
+
+
+def test_unknown_key_is_a_warning_not_an_error(tmp_path):
+    loaded = config.load(write(tmp_path, {"socketDri": "/x"}))
+    assert loaded.warnings == ("socketDri: unknown key, ignored (check its spelling)",)
+
+
+def test_missing_and_invalid_files_say_what_to_do(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read it"):
+        config.load(str(tmp_path / "nope.json"))
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        config.load(write(tmp_path, "{"))
+
+
+def test_connection_limit_sizes_the_worker_pool(tmp_path):
+    assert config.load(write(tmp_path, {"connectionLimit": 3})).workers == 3
+
+
+def test_overlay_replaces_top_level_keys_whole():
+    daemon = config.from_dict({"namespaceIsolation": True, "runtimeConfig": {"a": 1},
+                               "readinessindicatorfile": "/x"})
+    merged = config.overlay({"name": "multus", "runtimeConfig": {"b": 2},
+                             "readinessindicatorfile": "/y"}, daemon)
+    assert merged == {"name": "multus", "runtimeConfig": {"a": 1}, "namespaceIsolation": True}
+    assert "readinessindicatorfile" in config.overlay(
+        {}, config.from_dict({"multusConfigFile": "/etc/x.conf", "readinessindicatorfile": "/x"}))
