@@ -1,0 +1,653 @@
+"""Owns ``00-multus.conf``: the CNI config that makes the container runtime call multus-shim.
+
+Upstream's daemon writes this file at start-up and then watches the primary network's
+config with fsnotify. multusd does not sit watching: ``multusd-config.path`` watches the
+directory and starts ``multusd-config.service``, a oneshot that runs
+``multusd generate-config``, which is :func:`run`. Every run looks at the directory afresh:
+
+* ``multusConfigFile: "auto"`` (the default): pick the primary network (``multusMasterCNI``,
+  else the lexically first ``*.conf``/``*.conflist`` in ``multusAutoconfigDir`` that is not
+  ``00-multus*``) and write ``<cniConfigDir>/00-multus.conf`` byte for byte as upstream's
+  generator would (same keys, same order, Go's ``omitempty`` and HTML escaping).
+* any other value is the path of an operator-written config, copied to
+  ``<cniConfigDir>/<basename>``.
+
+Unlike upstream, the file is written atomically (``store.atomic_write``), never empty, never
+rewritten when its bytes would not change (so the path unit's own trigger dies out), and kept
+when the primary disappears or the readiness indicator is absent: a stale configuration is
+safer than a half-configured node. Only ``--remove`` (package removal) deletes it, and only
+when it looks like ours.
+
+Exit codes of :func:`run`: 0 done or nothing to do yet, 1 a configuration problem, 2 an I/O
+failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from . import store
+from .errors import ConfigError, ConfigProblem, IOFailure
+
+LOG = logging.getLogger(__name__)
+
+MULTUS_CONF_NAME = "00-multus.conf"
+GENERATED_PREFIX = "00-multus"
+DEFAULT_NETWORK_NAME = "multus-cni-network"
+DEFAULT_SHIM_TYPE = "multus-shim"
+DEFAULT_CNI_CONFIG_DIR = "/etc/cni/net.d"
+AUTO = "auto"
+CONF_MODE = 0o600
+CONF_DIR_MODE = 0o755
+
+EXIT_OK = 0
+EXIT_CONFIG = 1
+EXIT_IO = 2
+
+# Upstream's MultusConf field order; only these keys ever reach 00-multus.conf.
+OUTPUT_KEYS = (
+    "binDir", "capabilities", "cniVersion", "logFile", "logLevel", "logToStderr",
+    "logOptions", "name", "clusterNetwork", "namespaceIsolation", "globalNamespaces",
+    "type", "cniDir", "auxiliaryCNIChainName", "daemonSocketDir",
+)
+_LOG_OPTION_KEYS = (("maxAge", int), ("maxSize", int), ("maxBackups", int), ("compress", bool))
+_STRING_KEYS = (
+    "binDir", "cniVersion", "logFile", "logLevel", "globalNamespaces", "type", "cniDir",
+    "auxiliaryCNIChainName", "daemonSocketDir", "multusConfigFile", "multusMasterCNI",
+    "multusAutoconfigDir", "cniConfigDir", "readinessindicatorfile",
+)
+_BOOL_KEYS = ("logToStderr", "namespaceIsolation", "forceCNIVersion", "overrideNetworkName")
+_SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+                     r"(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
+_CHECK_INTRODUCED = (0, 4, 0, 1)  # CNI 0.4.0 added CHECK: a primary below it cannot follow
+_GO_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+               ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+_NOT_OMITTED = ("cniVersion", "name", "type")  # upstream's fields without omitempty
+_MAX_PASSES = 3  # re-runs when an input changed while we worked (path-unit events can be lost)
+_STABLE_READ_TRIES = 3
+
+
+class Plan(NamedTuple):
+    """What one run would do: the file to write, or what it is still waiting for."""
+
+    target: str                       # the file in cniConfigDir
+    document: Optional[Dict[str, Any]]  # None: nothing to write yet
+    content: Optional[bytes]          # the exact bytes of ``target``
+    waiting_for: str                  # why there is nothing to write ('' when there is)
+    primary: str                      # auto mode: the primary's path ('' when none)
+    primary_rewrite: Optional[bytes]  # forceCNIVersion: the primary's new bytes
+
+
+class _Settings(NamedTuple):
+    auto: bool
+    static_file: str
+    autoconfig_dir: str
+    master: str
+    cni_config_dir: str
+    readiness_file: str
+    cni_version: str
+    force_version: bool
+    override_name: bool
+    shim_type: str
+    source: str
+    conf: Mapping[str, Any]
+
+
+# --------------------------------------------------------------------------- public API
+
+def generate(daemon_conf: Mapping[str, Any], *,
+             source: str = "daemon-config.json") -> Optional[Dict[str, Any]]:
+    """The content of 00-multus.conf for ``daemon_conf``, keys in upstream's order.
+
+    Reads the primary network's config but writes nothing (with ``forceCNIVersion`` the
+    result is what upstream generates after rewriting the primary; :func:`run` does the
+    rewrite). In static mode (``multusConfigFile`` a path) it is that file's parsed content.
+
+    :returns: the document, or None when there is nothing to write yet (no primary network,
+        or ``readinessindicatorfile`` set and absent).
+    :raises ConfigError: listing every problem of the daemon config and the primary.
+    :raises IOFailure: when a file exists but cannot be read.
+    """
+    return plan(daemon_conf, source=source).document
+
+
+def render(document: Mapping[str, Any], sort_keys: bool = False) -> bytes:
+    """``document`` serialised as Go's ``json.Marshal`` would: compact, HTML-escaped, UTF-8."""
+    text = json.dumps(document, separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys)
+    # Go escapes these even inside strings; they can only occur inside strings here.
+    for char, escape in _GO_ESCAPES:
+        text = text.replace(char, escape)
+    return text.encode("utf-8")
+
+
+def plan(daemon_conf: Mapping[str, Any], *, source: str = "daemon-config.json") -> Plan:
+    """Decide what to write for ``daemon_conf`` without writing anything.
+
+    :raises ConfigError: listing every problem found.
+    :raises IOFailure: when a file exists but cannot be read.
+    """
+    settings = _settings(daemon_conf, source)
+    if settings.readiness_file and not os.path.exists(settings.readiness_file):
+        target = _target(settings)
+        return Plan(target, None, None,
+                    f"readinessindicatorfile {settings.readiness_file!r}, which the default "
+                    "network writes once it is ready", "", None)
+    if not settings.auto:
+        return _plan_static(settings)
+    return _plan_auto(settings)
+
+
+def run(config_path: str, remove: bool = False) -> int:
+    """``multusd generate-config [--config PATH] [--remove]``: write or remove the runtime's config.
+
+    :returns: 0 when done or when there is nothing to do yet, 1 for a configuration problem
+        (each printed to stderr as ``key: what is wrong, what to write instead``), 2 for an
+        I/O failure.
+    """
+    try:
+        if remove:
+            return _remove(_load_for_remove(config_path))
+        daemon_conf = load_daemon_config(config_path)
+        return _generate_until_stable(daemon_conf, config_path)
+    except ConfigError as exc:
+        _print_problems(config_path, exc)
+        return EXIT_CONFIG
+    except IOFailure as exc:
+        print(f"multusd generate-config: {exc.msg}; nothing was changed", file=sys.stderr)
+        return EXIT_IO
+
+
+def load_daemon_config(config_path: str) -> Dict[str, Any]:
+    """daemon-config.json as a dict (plain JSON, no drop-ins).
+
+    :raises ConfigError: the file is missing, is not JSON, or is not a JSON object.
+    """
+    try:
+        with open(config_path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        raise ConfigError(config_path, [ConfigProblem(
+            config_path, "does not exist; write the daemon config there or pass "
+                         "--config with the path of yours")]) from None
+    except OSError as exc:
+        raise ConfigError(config_path, [ConfigProblem(
+            config_path, f"cannot be read ({exc.strerror}); fix its permissions")]) from exc
+    return _parse_object(raw, config_path, "the daemon config")
+
+
+# --------------------------------------------------------------------------- settings
+
+def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
+    """Validate the keys confgen reads; collect every problem before failing."""
+    problems: List[ConfigProblem] = []
+    if not isinstance(conf, Mapping):
+        raise ConfigError(source, [ConfigProblem(source, "must be a JSON object {...}")])
+    for key in _STRING_KEYS:
+        _expect(conf, key, str, "a string", problems)
+    for key in _BOOL_KEYS:
+        _expect(conf, key, bool, "true or false", problems)
+    _check_capabilities(conf, problems)
+    _check_log_options(conf, problems)
+
+    mode = _get_str(conf, "multusConfigFile", AUTO) or AUTO
+    auto = mode == AUTO
+    autoconfig_dir = _get_str(conf, "multusAutoconfigDir", "")
+    master = _get_str(conf, "multusMasterCNI", "")
+    cni_version = _get_str(conf, "cniVersion", "")
+    shim_type = _get_str(conf, "type", DEFAULT_SHIM_TYPE)
+    if conf.get("type") == "":
+        problems.append(ConfigProblem("type", "must not be empty; remove the key to use "
+                                              f"{DEFAULT_SHIM_TYPE!r}"))
+    if auto:
+        if not autoconfig_dir and not _wrong_type(conf, "multusAutoconfigDir", str):
+            problems.append(ConfigProblem(
+                "multusAutoconfigDir", "is required when multusConfigFile is \"auto\"; write "
+                "the directory holding the primary network's config, e.g. \"/etc/cni/net.d\""))
+        if not cni_version and not _wrong_type(conf, "cniVersion", str):
+            problems.append(ConfigProblem(
+                "cniVersion", "the CNI version is a mandatory parameter when the "
+                "'-multus-config-file=auto' option is used; write e.g. \"0.4.0\" or \"1.0.0\""))
+        elif cni_version and not _SEMVER.match(cni_version):
+            problems.append(ConfigProblem(
+                "cniVersion", f"couldn't get top level cni version from {cni_version!r}; "
+                "write a full version such as \"1.0.0\""))
+        if os.path.basename(master) == MULTUS_CONF_NAME:
+            problems.append(ConfigProblem(
+                "multusMasterCNI", f"cannot be {MULTUS_CONF_NAME!r}, the file multusd "
+                "generates (a recursive config); name the primary network's file instead"))
+    elif not os.path.isabs(mode):
+        problems.append(ConfigProblem(
+            "multusConfigFile", f"must be \"auto\" or an absolute path, got {mode!r}"))
+    readiness = _get_str(conf, "readinessindicatorfile", "")
+    if problems:
+        raise ConfigError(source, problems)
+    return _Settings(
+        auto=auto, static_file="" if auto else mode, autoconfig_dir=autoconfig_dir,
+        master=master,
+        cni_config_dir=_get_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR,
+        readiness_file=os.path.normpath(readiness) if readiness else "",
+        cni_version=cni_version, force_version=conf.get("forceCNIVersion") is True,
+        override_name=conf.get("overrideNetworkName") is True, shim_type=shim_type,
+        source=source, conf=conf)
+
+
+def _expect(conf: Mapping[str, Any], key: str, kind: type, what: str,
+            problems: List[ConfigProblem], prefix: str = "") -> None:
+    if _wrong_type(conf, key, kind):
+        problems.append(ConfigProblem(prefix + key, f"must be {what}, got {conf[key]!r}"))
+
+
+def _wrong_type(conf: Mapping[str, Any], key: str, kind: type) -> bool:
+    """A value of the wrong JSON type (null counts as absent, as in Go)."""
+    value = conf.get(key)
+    if value is None:
+        return False
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int)
+    return not isinstance(value, kind)
+
+
+def _get_str(conf: Mapping[str, Any], key: str, default: str) -> str:
+    value = conf.get(key)
+    return value if isinstance(value, str) else default
+
+
+def _check_capabilities(conf: Mapping[str, Any], problems: List[ConfigProblem]) -> None:
+    caps = conf.get("capabilities")
+    if caps is None:
+        return
+    if not isinstance(caps, dict):
+        problems.append(ConfigProblem("capabilities", "must be an object of name: true/false, "
+                                                      f"got {caps!r}"))
+        return
+    for name, value in caps.items():
+        if not isinstance(value, bool):
+            problems.append(ConfigProblem(f"capabilities.{name}",
+                                          f"must be true or false, got {value!r}"))
+
+
+def _check_log_options(conf: Mapping[str, Any], problems: List[ConfigProblem]) -> None:
+    options = conf.get("logOptions")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        problems.append(ConfigProblem("logOptions", "must be an object such as "
+                                                    f"{{\"maxAge\": 5}}, got {options!r}"))
+        return
+    for key, kind in _LOG_OPTION_KEYS:
+        what = "an integer" if kind is int else "true or false"
+        _expect(options, key, kind, what, problems, prefix="logOptions.")
+
+
+def _target(settings: _Settings) -> str:
+    name = MULTUS_CONF_NAME if settings.auto else os.path.basename(settings.static_file)
+    return os.path.join(settings.cni_config_dir, name)
+
+
+# --------------------------------------------------------------------------- static mode
+
+def _plan_static(settings: _Settings) -> Plan:
+    """An operator-written config: copied byte for byte, after checking it is a JSON object."""
+    path = settings.static_file
+    raw = _read_or_none(path)
+    if raw is None:
+        raise ConfigError(settings.source, [ConfigProblem(
+            "multusConfigFile", f"{path!r} does not exist; write that file or set "
+                                "multusConfigFile to \"auto\"")])
+    document = _parse_object(raw, path, "multusConfigFile")  # an empty file fails here too
+    return Plan(_target(settings), document, raw, "", "", None)
+
+
+# --------------------------------------------------------------------------- auto mode
+
+def _plan_auto(settings: _Settings) -> Plan:
+    target = _target(settings)
+    primary, waiting = find_primary(settings.autoconfig_dir, settings.master)
+    if not primary:
+        return Plan(target, None, None, waiting, "", None)
+    raw = _read_stable(primary)
+    if raw is None:  # removed between listing and reading
+        return Plan(target, None, None, f"the primary network config {primary!r}", "", None)
+    data = _parse_object(raw, primary, "the primary network config")
+    problems: List[ConfigProblem] = []
+    rewrite = None
+    if settings.force_version:
+        if data.get("cniVersion") != settings.cni_version:
+            data = dict(data, cniVersion=settings.cni_version)
+            rewrite = render(data, sort_keys=True)  # what upstream's rewrite produces
+    else:
+        _check_version(settings.cni_version, data, primary, problems)
+    capabilities = _primary_capabilities(data, primary, problems)
+    name = _network_name(settings, data, primary, problems)
+    if problems:
+        raise ConfigError(settings.source, problems)
+    document = _document(settings.conf, settings.cni_version, name, primary, capabilities,
+                         settings.shim_type)
+    return Plan(target, document, render(document), "", primary, rewrite)
+
+
+def find_primary(autoconfig_dir: str, master: str = "") -> Tuple[str, str]:
+    """The primary network's config file, as upstream picks it.
+
+    :returns: ``(path, "")``, or ``("", what we are waiting for)`` when there is none yet.
+    :raises IOFailure: the directory exists but cannot be listed.
+    """
+    if master:
+        path = os.path.join(autoconfig_dir, master)
+        if os.path.isfile(path):
+            return path, ""
+        return "", f"multusMasterCNI {path!r} to be written"
+    try:
+        names = os.listdir(autoconfig_dir)
+    except FileNotFoundError:
+        return "", f"multusAutoconfigDir {autoconfig_dir!r} to be created"
+    except OSError as exc:
+        raise IOFailure(f"cannot list multusAutoconfigDir {autoconfig_dir!r}: "
+                        f"{exc.strerror}") from exc
+    candidates = sorted(name for name in names if _is_candidate(autoconfig_dir, name))
+    if not candidates:
+        return "", (f"a primary network config (*.conf or *.conflist) in {autoconfig_dir!r}; "
+                    "install the cluster's default network plugin")
+    return os.path.join(autoconfig_dir, candidates[0]), ""
+
+
+def _is_candidate(directory: str, name: str) -> bool:
+    if name.startswith(GENERATED_PREFIX):
+        return False
+    # Go's filepath.Ext: .conf and .conflist only, never .json
+    if not (name.endswith(".conf") or name.endswith(".conflist")):
+        return False
+    return os.path.isfile(os.path.join(directory, name))
+
+
+def _check_version(multus_version: str, primary: Mapping[str, Any], path: str,
+                   problems: List[ConfigProblem]) -> None:
+    """F25: a multus config at >= 0.4.0 cannot delegate to a primary below 0.4.0."""
+    top = _semver_key(multus_version)
+    if top is None:
+        problems.append(_delegate_problem(path, "couldn't get top level cni version",
+                                          "write a full cniVersion such as \"1.0.0\" in the "
+                                          "daemon config"))
+        return
+    if top < _CHECK_INTRODUCED:
+        return
+    version = primary.get("cniVersion")
+    if not isinstance(version, str):
+        problems.append(_delegate_problem(path, "couldn't get cni version of delegate",
+                                          f"write a \"cniVersion\" in {path}"))
+        return
+    key = _semver_key(version)
+    if key is None:
+        problems.append(_delegate_problem(path, f"invalid cniVersion {version!r}",
+                                          f"write a full version such as \"1.0.0\" in {path}"))
+    elif key < _CHECK_INTRODUCED:
+        problems.append(_delegate_problem(
+            path, f"delegate cni version is {version} while top level cni version is "
+                  f"{multus_version}",
+            f"raise cniVersion in {path} to at least 0.4.0, or lower cniVersion in the daemon "
+            "config below 0.4.0, or set \"forceCNIVersion\": true"))
+
+
+def _delegate_problem(path: str, error: str, remedy: str) -> ConfigProblem:
+    return ConfigProblem(path, "failed to load the primary CNI configuration as a multus "
+                               f"delegate with error '{error}'; {remedy}")
+
+
+def _semver_key(version: str) -> Optional[Tuple[int, int, int, int]]:
+    """A sortable key; a pre-release sorts before its release, as semver says."""
+    match = _SEMVER.match(version or "")
+    if not match:
+        return None
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3)),
+            0 if match.group(4) else 1)
+
+
+def _primary_capabilities(primary: Mapping[str, Any], path: str,
+                          problems: List[ConfigProblem]) -> List[str]:
+    """Capabilities set to true: a conflist's plugins[].capabilities, else the top level's."""
+    plugins = primary.get("plugins")
+    if plugins is not None and not isinstance(plugins, list):
+        problems.append(ConfigProblem(f"{path}: plugins", "must be a list of plugin configs"))
+        return []
+    sources = plugins if plugins else [primary]
+    enabled: List[str] = []
+    for plugin in sources:
+        caps = plugin.get("capabilities") if isinstance(plugin, dict) else None
+        if isinstance(caps, dict):
+            enabled.extend(name for name, value in caps.items() if value is True)
+    return enabled
+
+
+def _network_name(settings: _Settings, primary: Mapping[str, Any], path: str,
+                  problems: List[ConfigProblem]) -> str:
+    if not settings.override_name:
+        return DEFAULT_NETWORK_NAME
+    name = primary.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(ConfigProblem(
+            "overrideNetworkName", f"the primary CNI configuration {path!r} does not feature "
+                                   "the network name; give it a \"name\" or remove "
+                                   "overrideNetworkName"))
+        return ""
+    return name
+
+
+def _document(conf: Mapping[str, Any], cni_version: str, name: str, primary: str,
+              primary_caps: List[str], shim_type: str) -> Dict[str, Any]:
+    """Upstream's MultusConf marshalled: its field order, empty values left out."""
+    capabilities = dict(conf.get("capabilities") or {})
+    capabilities.update((cap, True) for cap in primary_caps)
+    values: Dict[str, Any] = {
+        "binDir": conf.get("binDir"),
+        "capabilities": {key: capabilities[key] for key in sorted(capabilities)},
+        "cniVersion": cni_version,
+        "logFile": conf.get("logFile"),
+        "logLevel": conf.get("logLevel"),
+        "logToStderr": conf.get("logToStderr") is True,
+        "logOptions": _log_options(conf.get("logOptions")),
+        "name": name,
+        "clusterNetwork": primary,
+        "namespaceIsolation": conf.get("namespaceIsolation") is True,
+        "globalNamespaces": conf.get("globalNamespaces"),
+        "type": shim_type,
+        "cniDir": conf.get("cniDir"),
+        "auxiliaryCNIChainName": conf.get("auxiliaryCNIChainName"),
+        "daemonSocketDir": conf.get("daemonSocketDir"),
+    }
+    return {key: values[key] for key in OUTPUT_KEYS
+            if key in _NOT_OMITTED or not _omitted(key, values[key])}
+
+
+def _omitted(key: str, value: Any) -> bool:
+    """Go's omitempty: "", false, nil and empty maps go; logOptions is a pointer (nil only)."""
+    if key == "logOptions":
+        return value is None
+    return value is None or value == "" or value is False or value == {}
+
+
+def _log_options(options: Any) -> Optional[Dict[str, Any]]:
+    """A pointer upstream: present (even as {}) whenever the daemon config has it."""
+    if not isinstance(options, dict):
+        return None
+    return {key: options[key] for key, _ in _LOG_OPTION_KEYS if options.get(key) is not None}
+
+
+# --------------------------------------------------------------------------- run
+
+def _generate_until_stable(daemon_conf: Mapping[str, Any], source: str) -> int:
+    """Apply the plan; again if an input changed meanwhile (the path unit may drop that event)."""
+    for _ in range(_MAX_PASSES):
+        before = _fingerprint(daemon_conf)
+        _apply(plan(daemon_conf, source=source))
+        if _fingerprint(daemon_conf) == before:
+            return EXIT_OK
+        LOG.info("the primary network's files changed while generating; generating again")
+    LOG.warning("the primary network's files keep changing; the next change triggers another run")
+    return EXIT_OK
+
+
+def _apply(decision: Plan) -> None:
+    if decision.content is None:
+        if os.path.exists(decision.target):
+            LOG.warning("keeping %s as it is while waiting for %s (a stale config is safer "
+                        "than none)", decision.target, decision.waiting_for)
+        else:
+            LOG.warning("not writing %s yet: waiting for %s", decision.target,
+                        decision.waiting_for)
+        return
+    if decision.primary_rewrite is not None:
+        _rewrite_primary(decision.primary, decision.primary_rewrite)
+    if _read_or_none(decision.target) == decision.content:
+        LOG.debug("%s is up to date; not rewriting it", decision.target)
+        return
+    store.atomic_write(decision.target, decision.content, mode=CONF_MODE, dir_mode=CONF_DIR_MODE)
+    LOG.info("wrote %s%s", decision.target,
+             f" for primary network {decision.primary}" if decision.primary else "")
+
+
+def _rewrite_primary(path: str, content: bytes) -> None:
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except OSError:
+        mode = 0o644
+    store.atomic_write(path, content, mode=mode, dir_mode=CONF_DIR_MODE)
+    LOG.warning("forceCNIVersion is set: rewrote the primary network config %s with the "
+                "daemon config's cniVersion (atomically, mode %o)", path, mode)
+
+
+def _fingerprint(conf: Mapping[str, Any]) -> Tuple[Any, ...]:
+    """What the plan depends on, cheaply: candidate files' identity and the readiness file."""
+    readiness = conf.get("readinessindicatorfile")
+    parts: List[Any] = [bool(readiness) and isinstance(readiness, str)
+                        and os.path.exists(readiness)]
+    directory = conf.get("multusAutoconfigDir")
+    static = conf.get("multusConfigFile")
+    if isinstance(static, str) and static not in ("", AUTO):
+        parts.append(_stat_key(static))
+    elif isinstance(directory, str) and directory:
+        try:
+            names = sorted(n for n in os.listdir(directory) if _is_candidate(directory, n))
+        except OSError:
+            names = []
+        parts.extend((n, _stat_key(os.path.join(directory, n))) for n in names)
+    return tuple(parts)
+
+
+def _stat_key(path: str) -> Optional[Tuple[int, int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+# --------------------------------------------------------------------------- remove
+
+def _load_for_remove(config_path: str) -> Mapping[str, Any]:
+    """At package removal the daemon config may be gone or broken: fall back to defaults."""
+    try:
+        return load_daemon_config(config_path)
+    except ConfigError as exc:
+        LOG.warning("%s; removing with the default cniConfigDir %s", exc.msg,
+                    DEFAULT_CNI_CONFIG_DIR)
+        return {}
+
+
+def _remove(conf: Mapping[str, Any]) -> int:
+    """Delete what multusd wrote: 00-multus.conf if it looks generated, a static copy if intact."""
+    cni_dir = _get_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR
+    shim_type = _get_str(conf, "type", "") or DEFAULT_SHIM_TYPE
+    generated = os.path.join(cni_dir, MULTUS_CONF_NAME)
+    _remove_if(generated, lambda raw: looks_generated(raw, shim_type),
+               "it does not look generated by multusd (foreign keys, or no clusterNetwork)")
+    static = _get_str(conf, "multusConfigFile", AUTO)
+    if static not in ("", AUTO) and os.path.isabs(static):
+        copy = os.path.join(cni_dir, os.path.basename(static))
+        if os.path.abspath(copy) != os.path.abspath(static) and copy != generated:
+            source = _read_or_none(static)
+            _remove_if(copy, lambda raw: raw == source,
+                       f"it differs from multusConfigFile {static!r}, so someone edited it")
+    return EXIT_OK
+
+
+def _remove_if(path: str, is_ours: Callable[[bytes], bool], why_not: str) -> None:
+    raw = _read_or_none(path)
+    if raw is None:
+        LOG.info("%s does not exist; nothing to remove", path)
+    elif not is_ours(raw):
+        LOG.warning("leaving %s in place: %s", path, why_not)
+    else:
+        store.remove(path)
+        LOG.info("removed %s", path)
+
+
+def looks_generated(raw: bytes, shim_type: str = DEFAULT_SHIM_TYPE) -> bool:
+    """Whether ``raw`` is a 00-multus.conf a generator (ours or upstream's) wrote.
+
+    Recognised by content, so the file stays byte-compatible with upstream's: only
+    generator keys, a non-empty ``clusterNetwork``, and the shim's ``type``.
+    """
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(doc, dict) or not set(doc) <= set(OUTPUT_KEYS):
+        return False
+    cluster = doc.get("clusterNetwork")
+    return (isinstance(cluster, str) and bool(cluster)
+            and doc.get("type") in (shim_type, DEFAULT_SHIM_TYPE)
+            and isinstance(doc.get("name"), str))
+
+
+# --------------------------------------------------------------------------- file helpers
+
+def _read_or_none(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError as exc:
+        raise IOFailure(f"cannot read {path!r}: it is a directory") from exc
+    except OSError as exc:
+        raise IOFailure(f"cannot read {path!r}: {exc.strerror}") from exc
+
+
+def _read_stable(path: str) -> Optional[bytes]:
+    """Read a file another tool may be writing in place; retry while it changes under us."""
+    raw = None
+    for _ in range(_STABLE_READ_TRIES):
+        before = _stat_key(path)
+        raw = _read_or_none(path)
+        if raw is None or _stat_key(path) == before:
+            return raw
+    return raw
+
+
+def _parse_object(raw: bytes, path: str, what: str) -> Dict[str, Any]:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, [ConfigProblem(path, f"{what} is not UTF-8 text ({exc.reason} "
+                                                     f"at byte {exc.start}); rewrite it as "
+                                                     "JSON")]) from exc
+    except ValueError as exc:
+        raise ConfigError(path, [ConfigProblem(path, f"{what} is not valid JSON ({exc}); fix "
+                                                     "it, nothing is written until it parses")]
+                          ) from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(path, [ConfigProblem(path, f"{what} must be a JSON object {{...}}, "
+                                                     f"got {type(doc).__name__}")])
+    return doc
+
+
+def _print_problems(config_path: str, exc: ConfigError) -> None:
+    lines = [f"multusd generate-config: {len(exc.problems)} problem(s) with {config_path}; "
+             "nothing was written:"]
+    lines.extend(f"  {problem.format()}" for problem in exc.problems)
+    print("\n".join(lines), file=sys.stderr)
