@@ -1,0 +1,261 @@
+"""Finding and running CNI plugin binaries: the only module of multusd that starts processes.
+
+Every plugin runs with an environment built for that one call (``os.environ`` is never
+written: upstream's setenv race), in its own process group so that a plugin that hangs
+is killed together with its children when the deadline passes. Failures are translated
+here, at the one boundary, into the errors of :mod:`multusd.errors`:
+
+* a plugin's own CNI error JSON (non-zero exit, ``code`` and ``msg`` on stdout) ->
+  :class:`PluginError`, unchanged;
+* a non-zero exit without such JSON, or stdout that is not JSON -> :class:`DelegateError`;
+* the deadline passing -> :class:`DeadlineExceeded`;
+* a missing or non-executable binary -> :class:`InvalidNetworkConfig`.
+
+All but the first carry a ``details`` block (plugin, command, exit code, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from ..errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig, MultusError,
+                      PluginError)
+
+LOG = logging.getLogger(__name__)
+
+#: How often, and after how long, an exec that hit ETXTBSY is retried (the binary is
+#: being replaced by a package upgrade at that moment).
+ETXTBSY_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+#: Output kept in error details, per stream; a plugin printing megabytes must not fill logs.
+DETAILS_LIMIT = 4096
+
+#: After killing a plugin, how long to wait for its pipes to close.
+_REAP_TIMEOUT = 2.0
+
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def find_plugin(plugin_type: str, bin_dirs: Sequence[str]) -> str:
+    """The path of the first executable ``<dir>/<plugin_type>`` in ``bin_dirs``.
+
+    :raises InvalidNetworkConfig: for an empty ``type``, one containing ``/``, or when no
+        directory has the plugin; the message lists every directory searched.
+    """
+    if not plugin_type:
+        raise InvalidNetworkConfig("the network configuration has an empty plugin 'type'")
+    if "/" in plugin_type or plugin_type in (".", ".."):
+        raise InvalidNetworkConfig(
+            f"invalid plugin type {plugin_type!r}: a type is a file name looked up in the "
+            f"plugin directories {list(bin_dirs)!r}, not a path")
+    not_executable = []
+    for directory in bin_dirs:
+        candidate = os.path.join(directory, plugin_type)
+        if os.path.isfile(candidate):
+            if os.access(candidate, os.X_OK):
+                return candidate
+            not_executable.append(candidate)
+    hint = (f" ({', '.join(not_executable)} exists but is not executable: chmod +x it)"
+            if not_executable else "; install the plugin there or fix 'binDir'")
+    raise InvalidNetworkConfig(
+        f"failed to find plugin {plugin_type!r} in the plugin directories {list(bin_dirs)!r}"
+        f"{hint}")
+
+
+def build_env(command: str, container_id: str, netns: str, ifname: str, cni_args: str,
+              cni_path: str) -> Dict[str, str]:
+    """The CNI_* variables of one plugin call (all six are always set, possibly empty)."""
+    return {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": ifname,
+        "CNI_ARGS": cni_args,
+        "CNI_PATH": cni_path,
+    }
+
+
+def exec_plugin(path: str, *, command: str, stdin: bytes, env: Mapping[str, str],
+                deadline: float) -> Optional[dict]:
+    """Run the plugin at ``path`` with ``stdin`` and ``env`` until ``deadline``.
+
+    :param deadline: a :func:`time.monotonic` instant; the plugin's process group is
+        killed when it passes.
+    :returns: the JSON object the plugin printed, or None when it printed nothing.
+    :raises PluginError: the plugin's own CNI error, unchanged.
+    :raises DeadlineExceeded: the plugin was still running at the deadline (it is killed).
+    :raises DelegateError: non-zero exit without a CNI error, or stdout that is not JSON.
+    :raises InvalidNetworkConfig: the binary is missing or cannot be executed.
+    """
+    run = _PluginRun(path, command)
+    if time.monotonic() >= deadline:
+        raise run.failure(DeadlineExceeded, "was not started: the request deadline had "
+                          "already passed", None, b"", b"")
+    proc = run.start(plugin_environment(env), deadline)
+    stdout, stderr = run.communicate(proc, stdin, deadline)
+    return run.decode(proc.returncode, stdout, stderr)
+
+
+def plugin_environment(env: Mapping[str, str]) -> Dict[str, str]:
+    """``env`` plus the daemon's PATH when ``env`` has none (plugins exec iptables & co)."""
+    built = dict(env)
+    if "PATH" not in built:
+        built["PATH"] = os.environ.get("PATH") or _DEFAULT_PATH
+    return built
+
+
+class _PluginRun:
+    """One execution of one plugin: start, wait with a deadline, decode the output."""
+
+    def __init__(self, path: str, command: str) -> None:
+        self.path = path
+        self.command = command
+        self.name = os.path.basename(path)
+
+    def start(self, env: Dict[str, str], deadline: float) -> subprocess.Popen:
+        for attempt, backoff in enumerate(ETXTBSY_BACKOFF + (None,)):
+            try:
+                return subprocess.Popen(
+                    [self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, env=env, close_fds=True, cwd="/",
+                    start_new_session=True)  # own process group: killpg reaches children
+            except OSError as exc:
+                if exc.errno != errno.ETXTBSY or backoff is None:
+                    raise self._exec_failure(exc) from exc
+                if time.monotonic() + backoff >= deadline:
+                    raise self._deadline_error(b"", b"") from exc
+                LOG.info("plugin %s is being written (ETXTBSY), retry %d in %.2fs",
+                         self.path, attempt + 1, backoff)
+                time.sleep(backoff)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def communicate(self, proc: subprocess.Popen, stdin: bytes,
+                    deadline: float) -> Tuple[bytes, bytes]:
+        try:
+            return proc.communicate(stdin, timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stdout, stderr = self._kill(proc)
+            raise self._deadline_error(stdout, stderr) from None
+        except BaseException:
+            self._kill(proc)
+            raise
+
+    def decode(self, returncode: int, stdout: bytes, stderr: bytes) -> Optional[dict]:
+        if stderr:
+            LOG.debug("plugin %s %s wrote to stderr: %s", self.name, self.command,
+                      _text(stderr))
+        text = stdout.strip()
+        if returncode != 0:
+            error = _json_object(text)
+            if error is not None and _is_cni_error(error):
+                raise PluginError(error)
+            reason = ("printed no CNI error" if not text
+                      else "printed something that is not a CNI error")
+            raise self.failure(DelegateError, f"exited with code {returncode} and {reason}",
+                               returncode, stdout, stderr)
+        if not text:
+            return None
+        result = _json_object(text)
+        if result is None:
+            raise self.failure(DelegateError, "succeeded but printed something that is not "
+                               "a JSON object on stdout", returncode, stdout, stderr)
+        return result
+
+    def _kill(self, proc: subprocess.Popen) -> Tuple[bytes, bytes]:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            return proc.communicate(timeout=_REAP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            # A descendant left the process group and holds the pipes open; give up on
+            # its output rather than wait for it.
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            proc.wait()
+            return b"", b""
+
+    def _deadline_error(self, stdout: bytes, stderr: bytes) -> MultusError:
+        return self.failure(DeadlineExceeded, "did not finish before the request deadline "
+                            "and was killed; check why it hangs or raise the timeout",
+                            None, stdout, stderr)
+
+    def _exec_failure(self, exc: OSError) -> MultusError:
+        if exc.errno == errno.ENOENT:
+            reason = "cannot be executed: the binary (or its interpreter) does not exist"
+        elif exc.errno == errno.EACCES:
+            reason = "cannot be executed: permission denied (is it executable?)"
+        else:
+            reason = f"cannot be executed: {exc.strerror or exc}"
+        return self.failure(InvalidNetworkConfig, reason, None, b"", b"")
+
+    def failure(self, kind: type, reason: str, returncode: Optional[int], stdout: bytes,
+                stderr: bytes) -> MultusError:
+        msg = f"plugin {self.name!r} ({self.path}) {self.command} {reason}"
+        last_line = _last_line(stderr)
+        if last_line:
+            msg += f"; it said: {last_line!r}"  # the operator sees msg, not always details
+        details = format_details(self.path, self.command, returncode, reason, stdout, stderr)
+        error = kind(msg, details)
+        error.plugin_path = self.path
+        error.command = self.command
+        error.exit_code = returncode
+        error.stderr = _text(stderr)
+        return error
+
+
+def format_details(path: str, command: str, returncode: Optional[int], reason: str,
+                   stdout: bytes, stderr: bytes) -> str:
+    """A multi-line evidence block in the style of cloud-init's ProcessExecutionError."""
+    exit_code = "-" if returncode is None else str(returncode)
+    return "\n".join((
+        f"Plugin: {path}",
+        f"Command: {command}",
+        f"Exit code: {exit_code}",
+        f"Reason: {reason}",
+        f"Stdout: {_indented(stdout)}",
+        f"Stderr: {_indented(stderr)}",
+    ))
+
+
+def _indented(data: bytes) -> str:
+    text = _text(data).rstrip("\n")
+    if not text:
+        return "-"
+    return text.replace("\n", "\n        ")
+
+
+def _last_line(data: bytes, limit: int = 300) -> str:
+    lines = [line.strip() for line in _text(data[-DETAILS_LIMIT:]).splitlines()]
+    last = next((line for line in reversed(lines) if line), "")
+    return last[:limit]
+
+
+def _text(data: bytes) -> str:
+    text = data[:DETAILS_LIMIT].decode("utf-8", errors="replace")
+    if len(data) > DETAILS_LIMIT:
+        text += f"... ({len(data) - DETAILS_LIMIT} more bytes)"
+    return text
+
+
+def _json_object(text: bytes) -> Optional[Dict[str, Any]]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _is_cni_error(obj: Dict[str, Any]) -> bool:
+    code = obj.get("code")
+    return (isinstance(code, int) and not isinstance(code, bool) and code != 0
+            and isinstance(obj.get("msg"), str))

@@ -1,0 +1,69 @@
+"""CNI specification versions: parsing, comparison and what each version can do."""
+
+from __future__ import annotations
+
+import re
+from typing import Tuple
+
+from ..errors import IncompatibleCNIVersion
+
+#: The spec versions multusd speaks, oldest first (0.1.0/0.2.0 results are not supported).
+SUPPORTED_VERSIONS: Tuple[str, ...] = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+#: The newest version we implement; what ``cniVersions`` lists are capped at.
+CURRENT_VERSION = SUPPORTED_VERSIONS[-1]
+
+_VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+
+
+def parse_version(v: str) -> Tuple[int, int, int]:
+    """``"1.0.0"`` -> ``(1, 0, 0)``.
+
+    :raises IncompatibleCNIVersion: when ``v`` is not three dot-separated numbers.
+    """
+    match = _VERSION_RE.match(v) if isinstance(v, str) else None
+    if match is None:
+        raise IncompatibleCNIVersion(
+            f"invalid cniVersion {v!r}: expected MAJOR.MINOR.PATCH, one of "
+            f"{', '.join(SUPPORTED_VERSIONS)}")
+    major, minor, patch = (int(part) for part in match.groups())
+    return major, minor, patch
+
+
+def at_least(v: str, minimum: str) -> bool:
+    """True when spec version ``v`` is ``minimum`` or newer."""
+    return parse_version(v) >= parse_version(minimum)
+
+
+def is_supported(v: str) -> bool:
+    """True for a version multusd can convert results to and from."""
+    return v in SUPPORTED_VERSIONS
+
+
+def require_supported(v: str, source: str = "") -> str:
+    """Return ``v`` if multusd supports it.
+
+    :raises IncompatibleCNIVersion: naming ``source`` and the versions that would work.
+    """
+    parse_version(v)
+    if v not in SUPPORTED_VERSIONS:
+        where = f" in {source}" if source else ""
+        raise IncompatibleCNIVersion(
+            f"cniVersion {v!r}{where} is not supported; use one of "
+            f"{', '.join(SUPPORTED_VERSIONS)}")
+    return v
+
+
+def supports_check(v: str) -> bool:
+    """CHECK (and a cached prevResult on DEL) exist from spec 0.4.0 on."""
+    return at_least(v, "0.4.0")
+
+
+def supports_status_gc(v: str) -> bool:
+    """STATUS and GC exist from spec 1.1.0 on."""
+    return at_least(v, "1.1.0")
+
+
+def is_legacy(v: str) -> bool:
+    """0.x results carry ``ips[].version`` and always a ``dns`` object."""
+    return parse_version(v) < (1, 0, 0)

@@ -1,0 +1,224 @@
+"""multusd.cni.invoke: finding plugins and running them (real subprocesses, stub plugins)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from conftest import wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
+from multusd.cni import invoke
+from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig,
+                            PluginError)
+
+STUBS = os.path.join(os.path.dirname(__file__), "..", "..", "stubs")
+
+
+@pytest.fixture
+def stub_bin(tmp_path) -> str:
+    """A private bin dir holding the engine's stub plugins (tests/stubs), executable."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("stub-record", "stub-error", "stub-exit", "stub-garbage", "stub-hang"):
+        shutil.copyfile(os.path.join(STUBS, name), bin_dir / name)
+        os.chmod(bin_dir / name, 0o755)
+    return str(bin_dir)
+
+
+ENV = invoke.build_env("ADD", "cid1", "/var/run/netns/x", "eth0", "A=1;B=2", "/opt/cni/bin")
+
+
+def _exec(path: str, stdin: dict, timeout: float = 30.0, command: str = "ADD"):
+    return invoke.exec_plugin(path, command=command, stdin=json.dumps(stdin).encode(),
+                              env=dict(ENV, CNI_COMMAND=command),
+                              deadline=time.monotonic() + timeout)
+
+
+def test_build_env_sets_all_six_variables():
+    assert ENV == {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "cid1",
+                   "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",
+                   "CNI_ARGS": "A=1;B=2", "CNI_PATH": "/opt/cni/bin"}
+
+
+def test_find_plugin_takes_the_first_directory_that_has_it(tmp_path, stub_bin):
+    assert invoke.find_plugin("stub-record", [str(tmp_path / "nope"), stub_bin]) == \
+        os.path.join(stub_bin, "stub-record")
+
+
+def test_find_plugin_missing_names_plugin_and_every_dir(tmp_path):
+    dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    with pytest.raises(InvalidNetworkConfig) as err:
+        invoke.find_plugin("no-such-plugin", dirs)
+    assert "'no-such-plugin'" in err.value.msg
+    assert all(d in err.value.msg for d in dirs)
+
+
+def test_find_plugin_skips_non_executable_and_says_so(tmp_path):
+    plugin = tmp_path / "plain"
+    plugin.write_text("#!/bin/sh\n")
+    os.chmod(plugin, 0o644)
+    with pytest.raises(InvalidNetworkConfig) as err:
+        invoke.find_plugin("plain", [str(tmp_path)])
+    assert "not executable" in err.value.msg
+
+
+@pytest.mark.parametrize("bad", ["../bin/bridge", "/usr/lib/cni/bridge", "", ".."])
+def test_find_plugin_rejects_paths(bad, stub_bin):
+    with pytest.raises(InvalidNetworkConfig):
+        invoke.find_plugin(bad, [stub_bin])
+
+
+def test_exec_passes_stdin_and_only_the_given_env_plus_path(stub_bin, tmp_path, monkeypatch):
+    # A daemon variable must not reach the plugin: each call gets its own environment.
+    monkeypatch.setenv("MULTUSD_TEST_SECRET", "leak")
+    record = tmp_path / "record.jsonl"
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": "stub-record",
+            "recordFile": str(record), "result": {"ips": [{"address": "10.0.0.2/24"}]}}
+    before = dict(os.environ)
+    result = _exec(os.path.join(stub_bin, "stub-record"), conf)
+    assert result == {"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}]}
+    call = json.loads(record.read_text())
+    assert call["stdin"] == conf
+    env = {k: v for k, v in call["env"].items() if k not in ("PWD", "SHLVL", "_", "LC_CTYPE")}
+    assert env == dict(ENV, PATH=os.environ["PATH"])
+    assert dict(os.environ) == before
+
+
+def test_exec_empty_stdout_is_none(stub_bin):
+    assert _exec(os.path.join(stub_bin, "stub-record"),
+                 {"cniVersion": "1.0.0", "type": "stub-record"}, command="DEL") is None
+
+
+def test_plugin_cni_error_passes_through_unchanged(stub_bin):
+    with pytest.raises(PluginError) as err:
+        _exec(os.path.join(stub_bin, "stub-error"), {})
+    assert err.value.code == 42
+    assert err.value.to_cni_error() == {
+        "cniVersion": "1.0.0", "code": 42, "msg": "stub error: the flux capacitor is empty",
+        "details": "refill it", "extraKey": "kept"}
+
+
+def test_exit_code_without_json_is_delegate_error_with_details(stub_bin):
+    path = os.path.join(stub_bin, "stub-exit")
+    with pytest.raises(DelegateError) as err:
+        _exec(path, {})
+    assert "'stub-exit'" in err.value.msg and "exited with code 3" in err.value.msg
+    assert "it said: 'stub-exit: second line'" in err.value.msg
+    details = err.value.details
+    assert f"Plugin: {path}" in details
+    assert "Command: ADD" in details and "Exit code: 3" in details
+    # the multi-line stderr is kept, continuation lines indented under "Stderr:"
+    assert "Stderr: stub-exit: something broke\n        stub-exit: second line" in details
+    assert err.value.exit_code == 3 and "second line" in err.value.stderr
+
+
+def test_garbage_on_stdout_is_a_clear_error(stub_bin):
+    with pytest.raises(DelegateError) as err:
+        _exec(os.path.join(stub_bin, "stub-garbage"), {})
+    assert "'stub-garbage'" in err.value.msg and "not a JSON object" in err.value.msg
+    assert "Stdout: this is <not> json" in err.value.details
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"  # zombie: not running
+    except FileNotFoundError:
+        return True
+
+
+def test_hanging_plugin_and_its_children_are_killed_at_the_deadline(stub_bin, tmp_path):
+    pid_file = tmp_path / "pids"
+    with pytest.raises(DeadlineExceeded) as err:
+        _exec(os.path.join(stub_bin, "stub-hang"), {"pidFile": str(pid_file)}, timeout=3.0)
+    assert "'stub-hang'" in err.value.msg and "deadline" in err.value.msg
+    assert err.value.code == 11
+    plugin_pid, child_pid = (int(p) for p in pid_file.read_text().split())
+    wait_for(lambda: _dead(plugin_pid) and _dead(child_pid), what="stub-hang and its child gone")
+
+
+def test_past_deadline_does_not_start_the_plugin(stub_bin, tmp_path):
+    record = tmp_path / "record.jsonl"
+    with pytest.raises(DeadlineExceeded):
+        invoke.exec_plugin(os.path.join(stub_bin, "stub-record"), command="ADD",
+                           stdin=json.dumps({"recordFile": str(record)}).encode(), env=ENV,
+                           deadline=time.monotonic() - 1)
+    assert not record.exists()
+
+
+def test_missing_binary_at_exec_time(tmp_path):
+    with pytest.raises(InvalidNetworkConfig) as err:
+        _exec(str(tmp_path / "vanished"), {})
+    assert "does not exist" in err.value.msg and "vanished" in err.value.details
+
+
+class _CloseOnRetry(logging.Handler):
+    """Closes the writer's fd when invoke logs its first ETXTBSY retry."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+        self.retries = 0
+
+    def emit(self, record):
+        if "ETXTBSY" in record.getMessage():
+            self.retries += 1
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+
+def test_etxtbsy_is_retried_until_the_writer_is_done(tmp_path):
+    plugin = tmp_path / "busy"
+    fd = os.open(plugin, os.O_WRONLY | os.O_CREAT, 0o755)
+    os.write(fd, b"#!/bin/sh\necho '{\"cniVersion\":\"1.0.0\"}'\n")
+    handler = _CloseOnRetry(fd)
+    logger = logging.getLogger("multusd.cni.invoke")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        assert _exec(str(plugin), {}) == {"cniVersion": "1.0.0"}
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        if handler.fd >= 0:
+            os.close(handler.fd)
+    assert handler.retries >= 1
+
+
+def test_etxtbsy_forever_gives_up_with_a_clear_error(tmp_path):
+    plugin = tmp_path / "busy"
+    fd = os.open(plugin, os.O_WRONLY | os.O_CREAT, 0o755)
+    try:
+        os.write(fd, b"#!/bin/sh\nexit 0\n")
+        with pytest.raises(InvalidNetworkConfig) as err:
+            _exec(str(plugin), {})
+    finally:
+        os.close(fd)
+    assert "busy" in err.value.msg.lower()
+
+
+def test_concurrent_execs_get_their_own_environment(stub_bin, tmp_path):
+    path = os.path.join(stub_bin, "stub-record")
+    results = {}
+
+    def run(index: int) -> None:
+        record = tmp_path / f"r{index}.jsonl"
+        env = dict(ENV, CNI_CONTAINERID=f"cid{index}")
+        invoke.exec_plugin(path, command="ADD", env=env, deadline=time.monotonic() + 30,
+                           stdin=json.dumps({"cniVersion": "1.0.0",
+                                             "recordFile": str(record)}).encode())
+        results[index] = json.loads(record.read_text())["env"]["CNI_CONTAINERID"]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {i: f"cid{i}" for i in range(10)}
