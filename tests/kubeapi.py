@@ -1,0 +1,726 @@
+"""A small, real Kubernetes API server for tests: pods, NetworkAttachmentDefinitions, events.
+
+The only stand-in in multusd's test suite. It is a real HTTP/1.1 server (standard library, in a
+thread, on 127.0.0.1 with an ephemeral port) that speaks enough of the Kubernetes REST API for
+the real ``kubernetes`` client to work against it:
+
+* pods: list and chunked watch (cluster-wide or per namespace, ``fieldSelector`` on
+  ``spec.nodeName``/``metadata.name``/``metadata.namespace``), GET, and ``PUT .../status`` with
+  kube-apiserver's status-subresource rules (spec, ownerReferences and deletionTimestamp keep
+  their stored values; metadata such as annotations and the status are taken from the body;
+  409 on a stale resourceVersion or a different UID);
+* NetworkAttachmentDefinitions: list and watch in all namespaces, GET one;
+* events: ``POST`` to core/v1 and events.k8s.io/v1, kept in :attr:`FakeKubeAPI.events`;
+* one increasing resourceVersion shared by every object (like etcd's revision); watches resume
+  from a resourceVersion and answer an ERROR event with 410 Gone once it was compacted away;
+* bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``.
+
+Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`add_nad`,
+:meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
+(same port), :meth:`fail_next`, :meth:`compact` and :attr:`kubeconfig_path`.
+
+Usage::
+
+    def test_something(kube_api):
+        kube_api.add_pod("default", "web", node=kube_api.node)
+        client = KubeClient(kube_api.kubeconfig_path, kube_api.node)
+
+Every response goes out in one write on a TCP_NODELAY socket: with the header and the body in
+two writes, each keep-alive request would pay the ~40 ms of Nagle's algorithm meeting delayed
+ACKs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+DEFAULT_TOKEN = "fake-kube-token-8c1d2f7e6b5a4930"
+DEFAULT_NODE = "node-a"
+NAD_GROUP_PATH = "/apis/k8s.cni.cncf.io/v1"
+CONFIG_SOURCE = "kubernetes.io/config.source"
+
+Obj = Dict[str, Any]
+Key = Tuple[str, str]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def status_object(code: int, reason: str, message: str) -> Obj:
+    """A metav1.Status failure body, as kube-apiserver sends with every error."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class ApiError(Exception):
+    """Raised inside a handler: becomes a Status response with this code."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status_object(code, reason, message)
+
+
+class _History:
+    """Every change, by resourceVersion, for watches to replay; older entries can be compacted."""
+
+    def __init__(self) -> None:
+        self.entries: List[Tuple[int, str, str, Optional[Obj], Optional[Obj]]] = []
+        self.compacted = 0  # watches from a resourceVersion below this get 410 Gone
+
+    def record(self, rv: int, kind: str, etype: str, old: Optional[Obj], new: Optional[Obj]) -> None:
+        self.entries.append((rv, kind, etype, copy.deepcopy(old), copy.deepcopy(new)))
+
+    def since(self, rv: int) -> List[Tuple[int, str, str, Optional[Obj], Optional[Obj]]]:
+        return [entry for entry in self.entries if entry[0] > rv]
+
+    def compact(self, upto: int) -> None:
+        self.entries = [entry for entry in self.entries if entry[0] > upto]
+        self.compacted = upto
+
+
+class _FieldSelector:
+    """``fieldSelector`` terms of the form ``field=value``/``field==value``/``field!=value``."""
+
+    FIELDS: Dict[str, Callable[[Obj], str]] = {
+        "spec.nodeName": lambda o: o.get("spec", {}).get("nodeName", ""),
+        "metadata.name": lambda o: o["metadata"]["name"],
+        "metadata.namespace": lambda o: o["metadata"]["namespace"],
+    }
+
+    def __init__(self, text: str) -> None:
+        self.terms: List[Tuple[Callable[[Obj], str], str, bool]] = []
+        for term in filter(None, (t.strip() for t in text.split(","))):
+            match = re.fullmatch(r"([\w.]+)\s*(==|=|!=)\s*(.*)", term)
+            if not match or match.group(1) not in self.FIELDS:
+                raise ApiError(400, "BadRequest", f'"{term}" is not a known field selector: '
+                               f"only {sorted(self.FIELDS)} are supported")
+            field, op, value = match.groups()
+            self.terms.append((self.FIELDS[field], value, op != "!="))
+
+    def matches(self, obj: Optional[Obj]) -> bool:
+        if obj is None:
+            return False
+        return all((get(obj) == value) == equal for get, value, equal in self.terms)
+
+
+class FakeKubeAPI:
+    """The fake API server and its test controls. Thread-safe; see the module docstring."""
+
+    def __init__(self, workdir: str, *, token: str = DEFAULT_TOKEN, node: str = DEFAULT_NODE,
+                 tls: bool = False, token_file: bool = False) -> None:
+        self.workdir = workdir
+        self.token = token
+        self.node = node
+        self.tls = tls
+        self.token_file = token_file
+        self.port = 0
+        self.requests: List[Tuple[str, str, Dict[str, str]]] = []
+        self.events: List[Obj] = []
+        self._cond = threading.Condition()
+        self._rv = 1
+        self._pods: Dict[Key, Obj] = {}
+        self._nads: Dict[Key, Obj] = {}
+        self._history = _History()
+        self._failures: List[Dict[str, Any]] = []
+        self._generation = 0  # bumped by stop(): watches of an earlier run end
+        self._running = False
+        self._watchers = 0  # watch streams open now
+        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+        self._connections: set = set()
+        self._ssl_context: Optional[ssl.SSLContext] = None
+        self.ca_path: Optional[str] = None
+        if tls:
+            self._ssl_context = self._make_tls()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def start(self) -> "FakeKubeAPI":
+        """Serve (again) on the same port; the store and its resourceVersions are kept."""
+        if self._running:
+            return self
+        httpd = _Server(("127.0.0.1", self.port), _Handler)
+        httpd.api = self
+        if self._ssl_context is not None:
+            httpd.socket = self._ssl_context.wrap_socket(httpd.socket, server_side=True)
+        self.port = httpd.server_address[1]
+        with self._cond:
+            self._running = True
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"kubeapi:{self.port}", daemon=True)
+        self._thread.start()
+        self._write_kubeconfig()
+        return self
+
+    def stop(self) -> None:
+        """Go away like a crashed API server: stop listening and cut every open connection."""
+        httpd = self._httpd
+        if httpd is None:
+            return
+        with self._cond:
+            self._running = False
+            self._generation += 1
+            self._cond.notify_all()
+        httpd.shutdown()
+        httpd.server_close()
+        with self._cond:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+        self._thread = None
+
+    # ---- kubeconfig and TLS ----------------------------------------------------------------
+
+    @property
+    def kubeconfig_path(self) -> str:
+        return os.path.join(self.workdir, "kubeconfig")
+
+    def write_kubeconfig(self, path: str, *, token: Optional[str] = None) -> str:
+        """Write a kubeconfig for this server (optionally with another token) at ``path``."""
+        user: Obj = {}
+        token = self.token if token is None else token
+        if self.token_file:
+            token_path = path + ".token"
+            with open(token_path, "w", encoding="utf-8") as handle:
+                handle.write(token + "\n")
+            user["tokenFile"] = token_path
+        else:
+            user["token"] = token
+        cluster: Obj = {"server": self.url}
+        if self.ca_path:
+            cluster["certificate-authority"] = self.ca_path
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": cluster}],
+            "users": [{"name": "multusd", "user": user}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "multusd"}}],
+        }
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=2)  # JSON is YAML: the client's loader reads it
+        return path
+
+    def _write_kubeconfig(self) -> None:
+        self.write_kubeconfig(self.kubeconfig_path)
+
+    def _make_tls(self) -> ssl.SSLContext:
+        cert = os.path.join(self.workdir, "apiserver.crt")
+        key = os.path.join(self.workdir, "apiserver.key")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=fake-kube-apiserver", "-addext",
+                        "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                        "-keyout", key, "-out", cert], check=True, capture_output=True)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self.ca_path = cert  # self-signed: the certificate is its own CA
+        return context
+
+    # ---- test controls: objects ------------------------------------------------------------
+
+    def _bump(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def add_pod(self, namespace: str, name: str, uid: Optional[str] = None, *,
+                node: Optional[str] = None, annotations: Optional[Dict[str, str]] = None,
+                static: bool = False, labels: Optional[Dict[str, str]] = None) -> Obj:
+        """Create a pod (scheduled on ``node``, default this server's node); returns a copy."""
+        annotations = dict(annotations or {})
+        if static:
+            annotations.setdefault(CONFIG_SOURCE, "file")
+            annotations.setdefault("kubernetes.io/config.mirror", uuid.uuid4().hex)
+        pod: Obj = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
+                "creationTimestamp": _now(), "annotations": annotations,
+                "labels": dict(labels or {"app": name}),
+                "ownerReferences": [] if static else [
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs",
+                     "uid": str(uuid.uuid4()), "controller": True}],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                                   "apiVersion": "v1", "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:metadata": {}}}],
+            },
+            "spec": {
+                "nodeName": self.node if node is None else node,
+                "containers": [{"name": "main", "image": "registry.invalid/app:1",
+                                "command": ["/app"], "env": [{"name": "A", "value": "1"}]}],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+            },
+            "status": {"phase": "Pending", "qosClass": "BestEffort"},
+        }
+        with self._cond:
+            key = (namespace, name)
+            if key in self._pods:
+                raise ValueError(f"pod {namespace}/{name} already exists in the fake API")
+            pod["metadata"]["resourceVersion"] = self._bump()
+            self._pods[key] = pod
+            self._history.record(self._rv, "pods", "ADDED", None, pod)
+            self._cond.notify_all()
+            return copy.deepcopy(pod)
+
+    def update_pod(self, namespace: str, name: str, *,
+                   annotations: Optional[Dict[str, Optional[str]]] = None,
+                   node: Optional[str] = None, phase: Optional[str] = None) -> Obj:
+        """Change a pod like another client would (annotation value None removes the key)."""
+        with self._cond:
+            old = self._pods[(namespace, name)]
+            pod = copy.deepcopy(old)
+            for key, value in (annotations or {}).items():
+                if value is None:
+                    pod["metadata"]["annotations"].pop(key, None)
+                else:
+                    pod["metadata"]["annotations"][key] = value
+            if node is not None:
+                pod["spec"]["nodeName"] = node
+            if phase is not None:
+                pod["status"]["phase"] = phase
+            return copy.deepcopy(self._store_update("pods", self._pods, old, pod))
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self._cond:
+            self._delete("pods", self._pods, (namespace, name))
+
+    def pod(self, namespace: str, name: str) -> Optional[Obj]:
+        """The stored pod as the API server has it now (a copy), or None."""
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod is not None else None
+
+    def add_nad(self, namespace: str, name: str, config: str, *,
+                annotations: Optional[Dict[str, str]] = None) -> Obj:
+        """Create or replace a NetworkAttachmentDefinition whose spec.config is ``config``."""
+        with self._cond:
+            key = (namespace, name)
+            old = self._nads.get(key)
+            nad: Obj = {
+                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": name, "namespace": namespace,
+                             "uid": old["metadata"]["uid"] if old else str(uuid.uuid4()),
+                             "creationTimestamp": _now(), "annotations": dict(annotations or {})},
+                "spec": {"config": config},
+            }
+            if old is not None:
+                return copy.deepcopy(self._store_update("nads", self._nads, old, nad))
+            nad["metadata"]["resourceVersion"] = self._bump()
+            self._nads[key] = nad
+            self._history.record(self._rv, "nads", "ADDED", None, nad)
+            self._cond.notify_all()
+            return copy.deepcopy(nad)
+
+    def delete_nad(self, namespace: str, name: str) -> None:
+        with self._cond:
+            self._delete("nads", self._nads, (namespace, name))
+
+    def compact(self) -> None:
+        """Forget the change history: watches resuming from an older version get 410 Gone."""
+        with self._cond:
+            self._history.compact(self._rv)
+
+    def _store_update(self, kind: str, store: Dict[Key, Obj], old: Obj, new: Obj) -> Obj:
+        new["metadata"]["resourceVersion"] = self._bump()
+        store[(new["metadata"]["namespace"], new["metadata"]["name"])] = new
+        self._history.record(self._rv, kind, "MODIFIED", old, new)
+        self._cond.notify_all()
+        return new
+
+    def _delete(self, kind: str, store: Dict[Key, Obj], key: Key) -> None:
+        old = store.pop(key, None)
+        if old is None:
+            raise KeyError(f"no {kind} {key[0]}/{key[1]} in the fake API")
+        gone = copy.deepcopy(old)
+        gone["metadata"]["resourceVersion"] = self._bump()
+        self._history.record(self._rv, kind, "DELETED", old, gone)
+        self._cond.notify_all()
+
+    # ---- test controls: requests and failures ----------------------------------------------
+
+    def fail_next(self, method: str, path_prefix: str, status: int, *, times: Optional[int] = 1,
+                  watch: Optional[bool] = None) -> None:
+        """Answer the next ``times`` matching requests (None: all of them) with ``status``.
+
+        ``watch`` narrows the match to watch (True) or non-watch (False) requests.
+        """
+        with self._cond:
+            self._failures.append({"method": method.upper(), "prefix": path_prefix,
+                                   "status": status, "times": times, "watch": watch})
+
+    def clear_failures(self) -> None:
+        with self._cond:
+            self._failures.clear()
+
+    def count(self, method: Optional[str] = None, path_prefix: str = "",
+              watch: Optional[bool] = None) -> int:
+        """How many requests matched (method, path prefix, watch or not)."""
+        with self._cond:
+            return sum(1 for m, path, query in self.requests
+                       if (method is None or m == method.upper()) and path.startswith(path_prefix)
+                       and (watch is None or _is_watch(query) == watch))
+
+    def wait_for_watchers(self, count: int, timeout: float = 10.0) -> bool:
+        """Wait until ``count`` watch streams are open (a test synchronisation point)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._watchers >= count, timeout)
+
+    def _take_failure(self, method: str, path: str, query: Dict[str, str]) -> Optional[int]:
+        for failure in self._failures:
+            if failure["method"] != method or not path.startswith(failure["prefix"]):
+                continue
+            if failure["watch"] is not None and failure["watch"] != _is_watch(query):
+                continue
+            if failure["times"] is not None:
+                failure["times"] -= 1
+                if failure["times"] <= 0:
+                    self._failures.remove(failure)
+            return failure["status"]
+        return None
+
+
+def _is_watch(query: Dict[str, str]) -> bool:
+    return query.get("watch", "").lower() in ("true", "1")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    api: FakeKubeAPI
+
+
+ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
+    ("GET", re.compile(r"/api/v1/pods"), "list_pods"),
+    ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods"), "list_pods"),
+    ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)"), "get_pod"),
+    ("PUT", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/status"),
+     "put_pod_status"),
+    ("GET", re.compile(NAD_GROUP_PATH + r"/network-attachment-definitions"), "list_nads"),
+    ("GET", re.compile(NAD_GROUP_PATH + r"/namespaces/(?P<ns>[^/]+)/network-attachment-definitions"),
+     "list_nads"),
+    ("GET", re.compile(NAD_GROUP_PATH + r"/namespaces/(?P<ns>[^/]+)/network-attachment-definitions/"
+                       r"(?P<name>[^/]+)"), "get_nad"),
+    ("POST", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
+    ("POST", re.compile(r"/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
+    ("GET", re.compile(r"/version"), "version"),
+]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One connection; routes each request to a ``do_route_*`` method."""
+
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.server.api._cond:
+            self.server.api._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.api._cond:
+            self.server.api._connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass  # tests read api.requests instead of a stderr log
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        self._dispatch()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        api = self.server.api
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        body = self._read_body()
+        with api._cond:
+            api.requests.append((self.command, parts.path, query))
+            generation = api._generation
+        try:
+            if self.headers.get("Authorization", "") != f"Bearer {api.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            with api._cond:
+                injected = api._take_failure(self.command, parts.path, query)
+            if injected is not None:
+                reason = HTTPStatus(injected).phrase.replace(" ", "")
+                raise ApiError(injected, reason, f"injected failure {injected} for {parts.path}")
+            handler, params = self._route(parts.path)
+            getattr(self, "do_route_" + handler)(query=query, body=body, generation=generation,
+                                                 **params)
+        except ApiError as err:
+            self._send_json(err.status["code"], err.status)
+
+    def _route(self, path: str) -> Tuple[str, Dict[str, str]]:
+        path_matched = False
+        for method, pattern, handler in ROUTES:
+            match = pattern.fullmatch(path)
+            if match:
+                path_matched = True
+                if method == self.command:
+                    return handler, match.groupdict()
+        if path_matched:
+            raise ApiError(405, "MethodNotAllowed", f"{self.command} is not supported on {path}")
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _read_body(self) -> Optional[Obj]:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return None
+        raw = self.rfile.read(length)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return {"__invalid__": raw.decode("utf-8", "replace")}
+
+    def _send_json(self, code: int, obj: Obj) -> None:
+        body = json.dumps(obj).encode()
+        head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"Cache-Control: no-cache, private\r\n\r\n").encode()
+        self.wfile.write(head + body)  # one write: see the module docstring
+
+    # ---- lists and watches ---------------------------------------------------------------------
+
+    def do_route_list_pods(self, query: Dict[str, str], generation: int, ns: str = "",
+                           **_: Any) -> None:
+        self._list_or_watch("pods", self.server.api._pods, "PodList", "v1", query, ns, generation)
+
+    def do_route_list_nads(self, query: Dict[str, str], generation: int, ns: str = "",
+                           **_: Any) -> None:
+        self._list_or_watch("nads", self.server.api._nads, "NetworkAttachmentDefinitionList",
+                            "k8s.cni.cncf.io/v1", query, ns, generation)
+
+    def _list_or_watch(self, kind: str, store: Dict[Key, Obj], list_kind: str, api_version: str,
+                       query: Dict[str, str], ns: str, generation: int) -> None:
+        selector = _FieldSelector(query.get("fieldSelector", ""))
+        if ns:
+            selector.terms.append((_FieldSelector.FIELDS["metadata.namespace"], ns, True))
+        api = self.server.api
+        if _is_watch(query):
+            self._watch(kind, store, selector, query, generation)
+            return
+        with api._cond:
+            items = [copy.deepcopy(o) for o in store.values() if selector.matches(o)]
+            rv = str(api._rv)
+        self._send_json(200, {"kind": list_kind, "apiVersion": api_version,
+                              "metadata": {"resourceVersion": rv}, "items": items})
+
+    def _watch(self, kind: str, store: Dict[Key, Obj], selector: _FieldSelector,
+               query: Dict[str, str], generation: int) -> None:
+        api = self.server.api
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        requested = query.get("resourceVersion", "")
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\nCache-Control: no-cache, private\r\n\r\n")
+        try:
+            with api._cond:
+                api._watchers += 1
+                api._cond.notify_all()
+                if requested in ("", "0"):
+                    # "any version": synthetic ADDED events for what exists, then changes
+                    initial = [("ADDED", copy.deepcopy(o)) for o in store.values()
+                               if selector.matches(o)]
+                    sent = api._rv
+                elif int(requested) < api._history.compacted:
+                    # like kube-apiserver: a 200 stream that carries one ERROR event, then ends
+                    expired = status_object(410, "Expired", f"too old resource version: "
+                                            f"{requested} ({api._history.compacted})")
+                    initial, sent, deadline = [("ERROR", expired)], api._rv, 0.0
+                else:
+                    initial, sent = [], int(requested)
+            for etype, obj in initial:
+                self._send_event(etype, obj)
+            while deadline:
+                with api._cond:
+                    api._cond.wait_for(lambda: api._generation != generation or not api._running
+                                       or api._rv > sent or time.monotonic() >= deadline,
+                                       max(0.0, deadline - time.monotonic()))
+                    if api._generation != generation or not api._running:
+                        self.close_connection = True
+                        return  # the server is going away: cut the stream without its end
+                    changes = api._history.since(sent)
+                    sent = api._rv
+                for _rv, entry_kind, etype, old, new in changes:
+                    if entry_kind == kind:
+                        self._send_change(etype, old, new, selector)
+                if time.monotonic() >= deadline:
+                    break
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
+        finally:
+            with api._cond:
+                api._watchers -= 1
+
+    def _send_change(self, etype: str, old: Optional[Obj], new: Optional[Obj],
+                     selector: _FieldSelector) -> None:
+        # kube-apiserver turns selector transitions into ADDED/DELETED for the watcher
+        was, now = selector.matches(old), selector.matches(new)
+        if etype == "DELETED":
+            if was:
+                self._send_event("DELETED", new)
+        elif was and now:
+            self._send_event("MODIFIED", new)
+        elif now:
+            self._send_event("ADDED", new)
+        elif was:
+            self._send_event("DELETED", new)
+
+    def _send_event(self, etype: str, obj: Optional[Obj]) -> None:
+        line = json.dumps({"type": etype, "object": obj}).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+
+    # ---- single objects ------------------------------------------------------------------------
+
+    def do_route_get_pod(self, ns: str, name: str, **_: Any) -> None:
+        self._send_json(200, self._get("pods", self.server.api._pods, ns, name))
+
+    def do_route_get_nad(self, ns: str, name: str, **_: Any) -> None:
+        obj = self._get("network-attachment-definitions.k8s.cni.cncf.io", self.server.api._nads,
+                        ns, name)
+        self._send_json(200, obj)
+
+    def _get(self, resource: str, store: Dict[Key, Obj], ns: str, name: str) -> Obj:
+        with self.server.api._cond:
+            obj = store.get((ns, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            return copy.deepcopy(obj)
+
+    def do_route_put_pod_status(self, ns: str, name: str, body: Optional[Obj], **_: Any) -> None:
+        api = self.server.api
+        if not isinstance(body, dict) or "__invalid__" in body or "metadata" not in body:
+            raise ApiError(400, "BadRequest", "the body of a pods/status update must be a Pod")
+        meta = body["metadata"]
+        if meta.get("name", name) != name or meta.get("namespace", ns) != ns:
+            raise ApiError(400, "BadRequest", "the name or namespace of the body does not match "
+                                              "the request URL")
+        with api._cond:
+            old = api._pods.get((ns, name))
+            if old is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            uid = meta.get("uid")
+            if uid and uid != old["metadata"]["uid"]:
+                raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on pods \"{name}\": "
+                               f"Precondition failed: UID in precondition: {uid}, UID in object "
+                               f"meta: {old['metadata']['uid']}")
+            rv = meta.get("resourceVersion")
+            if rv and rv != old["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": '
+                               "the object has been modified; please apply your changes to the "
+                               "latest version and try again")
+            new = self._status_update(old, body)
+            if new != old:
+                new = api._store_update("pods", api._pods, old, new)
+            result = copy.deepcopy(new)
+        self._send_json(200, result)
+
+    @staticmethod
+    def _status_update(old: Obj, body: Obj) -> Obj:
+        """kube-apiserver's pod status strategy: the body wins except for these fields."""
+        new = copy.deepcopy(body)
+        new["apiVersion"], new["kind"] = "v1", "Pod"
+        new["spec"] = copy.deepcopy(old["spec"])
+        meta = new["metadata"]
+        for kept in ("name", "namespace", "uid", "creationTimestamp", "ownerReferences",
+                     "resourceVersion", "managedFields"):
+            if kept in old["metadata"]:
+                meta[kept] = copy.deepcopy(old["metadata"][kept])
+        meta.pop("deletionTimestamp", None)
+        meta.setdefault("annotations", {})
+        if "status" not in new:
+            new["status"] = {}
+        return new
+
+    def do_route_post_event(self, ns: str, body: Optional[Obj], **_: Any) -> None:
+        api = self.server.api
+        if not isinstance(body, dict) or "__invalid__" in body:
+            raise ApiError(400, "BadRequest", "the body of an event must be JSON")
+        event = copy.deepcopy(body)
+        meta = event.setdefault("metadata", {})
+        involved = event.get("involvedObject") or event.get("regarding") or {}
+        if meta.get("namespace", ns) != ns or involved.get("namespace", ns) != ns:
+            raise ApiError(422, "Invalid", "event namespace must match the involved object's")
+        if not meta.get("name") and not meta.get("generateName"):
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        with api._cond:
+            meta.setdefault("name", meta.get("generateName", "") + uuid.uuid4().hex[:5])
+            meta.update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion=api._bump(),
+                        creationTimestamp=_now())
+            api.events.append(event)
+            api._cond.notify_all()
+        self._send_json(201, event)
+
+    def do_route_version(self, **_: Any) -> None:
+        self._send_json(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-multusd-fake",
+                              "platform": "linux/amd64"})
+
+
+@pytest.fixture
+def make_kube_api(tmp_path) -> Iterator[Callable[..., FakeKubeAPI]]:
+    """Factory of started fake API servers (keyword options as :class:`FakeKubeAPI`).
+
+    Every server it made is stopped at teardown.
+    """
+    made: List[FakeKubeAPI] = []
+
+    def make(**options: Any) -> FakeKubeAPI:
+        workdir = tmp_path / f"kubeapi{len(made)}"
+        workdir.mkdir()
+        api = FakeKubeAPI(str(workdir), **options).start()
+        made.append(api)
+        return api
+
+    yield make
+    for api in made:
+        api.stop()
+
+
+@pytest.fixture
+def kube_api(make_kube_api) -> FakeKubeAPI:
+    """One started fake API server on plain HTTP with the default token and node."""
+    return make_kube_api()

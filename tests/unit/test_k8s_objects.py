@@ -1,0 +1,104 @@
+"""Unit tests of multusd.k8s that need no API server: trimming, static pods, kubeconfig errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from multusd.errors import InvalidNetworkConfig
+from multusd.k8s import (KubeClient, is_static_pod, nad_from_object, pod_from_object,
+                         NETWORK_STATUS_ANNOTATION)
+
+SECRET = "unit-secret-token-4b0a9c8d7e6f"
+
+
+def full_pod() -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "team", "uid": "u-1", "resourceVersion": "42",
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": "net1"},
+                     "managedFields": [{"manager": "kubelet"}]},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "env": [{"name": "X"}]}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_import_does_not_load_kubernetes():
+    code = "import sys, multusd.k8s; print(any(m.startswith('kubernetes') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_pod_is_trimmed_to_what_multusd_reads():
+    pod = pod_from_object(full_pod())
+    assert (pod.namespace, pod.name, pod.uid, pod.resource_version) == ("team", "web", "u-1", "42")
+    assert dict(pod.annotations) == {"k8s.v1.cni.cncf.io/networks": "net1"}
+    assert pod.is_static is False
+    with pytest.raises(TypeError):
+        pod.annotations[NETWORK_STATUS_ANNOTATION] = "[]"  # read-only view
+
+
+def test_pod_without_annotations():
+    obj = full_pod()
+    del obj["metadata"]["annotations"]
+    assert dict(pod_from_object(obj).annotations) == {}
+
+
+@pytest.mark.parametrize("annotations, expected", [
+    ({}, False),
+    ({"kubernetes.io/config.source": "api"}, False),
+    ({"kubernetes.io/config.source": "file"}, True),
+    ({"kubernetes.io/config.source": "http"}, True),
+    ({"kubernetes.io/config.mirror": "abc"}, False),
+])
+def test_is_static_pod(annotations, expected):
+    assert is_static_pod(annotations) is expected
+
+
+def test_nad_keeps_config_and_annotations():
+    nad = nad_from_object({
+        "metadata": {"name": "net1", "namespace": "team",
+                     "annotations": {"k8s.v1.cni.cncf.io/resourceName": "intel.com/sriov"}},
+        "spec": {"config": '{"cniVersion":"1.0.0","type":"macvlan"}'}})
+    assert (nad.namespace, nad.name) == ("team", "net1")
+    assert json.loads(nad.config)["type"] == "macvlan"
+    assert nad.annotations["k8s.v1.cni.cncf.io/resourceName"] == "intel.com/sriov"
+
+
+def test_nad_without_spec_has_empty_config():
+    assert nad_from_object({"metadata": {"name": "n", "namespace": "d"}}).config == ""
+
+
+def test_missing_kubeconfig_names_the_file(tmp_path):
+    path = str(tmp_path / "absent.kubeconfig")
+    with pytest.raises(InvalidNetworkConfig) as info:
+        KubeClient(path, "node-a")
+    assert repr(path) in info.value.msg
+    assert "kubeconfig" in info.value.msg
+
+
+def test_broken_kubeconfig_does_not_leak_its_contents(tmp_path):
+    path = tmp_path / "kubeconfig"
+    # a YAML syntax error on the token's line: parsers like to quote the line back
+    path.write_text(f"apiVersion: v1\nusers:\n- name: u\n  user: {{token: {SECRET}\n")
+    with pytest.raises(InvalidNetworkConfig) as info:
+        KubeClient(str(path), "node-a")
+    assert SECRET not in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert str(path) in info.value.msg
+
+
+def test_kubeconfig_without_server_is_a_config_error(tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {}}],
+        "users": [{"name": "u", "user": {"token": SECRET}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    with pytest.raises(InvalidNetworkConfig) as info:
+        KubeClient(str(path), "node-a")
+    assert "'server'" in info.value.msg
+    assert SECRET not in str(info.value)
