@@ -1,0 +1,196 @@
+"""What each delegate receives besides its config: capability args, legacy CNI_ARGS, cni-args.
+
+Upstream: ``types/conf.go:mergeCNIRuntimeConfig``, ``delegateRuntimeConfig``, ``injectCNIArgs``
+and ``multus.go:DelegateAdd``. Every function here returns new objects and never mutates its
+inputs: before upstream's fix 91e4efcd6 one delegate's ``mac``/``ips`` leaked into the next
+because the global runtimeConfig was modified in place.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+
+from .errors import InvalidNetworkConfig
+from .netstatus import go_json
+from .selection import NetworkSelection, parse_ip_or_cidr, parse_mac
+
+if TYPE_CHECKING:
+    from .delegates import Delegate
+
+LOG = logging.getLogger(__name__)
+
+DEVINFO_CNI_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
+
+# runtimeConfig keys upstream only passes on when they carry a value.
+_CAPABILITY_KEYS = ("portMappings", "bandwidth", "ips", "mac", "infinibandGUID", "deviceID",
+                    "CNIDeviceInfoFile")
+
+# NetworkSelection attribute -> (annotation key, capability a plugin must declare) (F63a).
+_REQUESTED_CAPABILITIES = (
+    ("ips", "ips", "ips"),
+    ("mac", "mac", "mac"),
+    ("infiniband_guid", "infiniband-guid", "infinibandGUID"),
+    ("port_mappings", "portMappings", "portMappings"),
+    ("bandwidth", "bandwidth", "bandwidth"),
+)
+
+
+def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],
+                             delegate: "Delegate", *, container_id: str = "") -> Dict[str, Any]:
+    """The capability args (libcni ``CapabilityArgs``) for one delegate.
+
+    A deep copy of the runtime's global ``runtimeConfig``; for a non-master delegate the
+    selection's ``portMappings``, ``bandwidth``, ``ips``, ``mac``, ``infinibandGUID`` and
+    ``deviceID`` replace the global values. With a ``deviceID`` and ``container_id`` the
+    ``CNIDeviceInfoFile`` path is added (F42). Empty values of these keys are left out.
+    The plugin invoker later keeps only the keys the plugin declares in ``capabilities``.
+    """
+    args: Dict[str, Any] = copy.deepcopy(dict(global_runtime_config or {}))
+    if not delegate.master:
+        if delegate.port_mappings:
+            args["portMappings"] = [dict(m) for m in delegate.port_mappings]
+        if delegate.bandwidth is not None:
+            args["bandwidth"] = dict(delegate.bandwidth)
+        if delegate.ip_request:
+            args["ips"] = list(delegate.ip_request)
+        if delegate.mac_request:
+            args["mac"] = delegate.mac_request
+        if delegate.infiniband_guid_request:
+            args["infinibandGUID"] = delegate.infiniband_guid_request
+        if delegate.device_id:
+            args["deviceID"] = delegate.device_id
+    if args.get("deviceID") and container_id:
+        # Always our own path, even if the runtime sent one: two delegates must not share it.
+        args["CNIDeviceInfoFile"] = device_info_path(delegate.name, container_id,
+                                                     delegate.ifname)
+    for key in _CAPABILITY_KEYS:
+        if key in args and (args[key] is None or (key != "bandwidth" and not args[key])):
+            del args[key]
+    return args
+
+
+def device_info_path(delegate_name: str, container_id: str, ifname: str) -> str:
+    """Where the delegate's device-info file lives (NAD utils ``GetCNIDeviceInfoPath``)."""
+    filename = f"{delegate_name}-{container_id}_{ifname}".replace("/", "-")
+    return os.path.join(DEVINFO_CNI_DIR, filename)
+
+
+def legacy_cni_args(delegate: "Delegate") -> List[Tuple[str, str]]:
+    """The deprecated ``MAC=``/``IP=`` CNI_ARGS upstream still adds for requested MAC/IPs (F39).
+
+    :raises InvalidNetworkConfig: when the requested MAC or an IP does not parse.
+    """
+    extra: List[Tuple[str, str]] = []
+    if delegate.mac_request:
+        try:
+            parse_mac(delegate.mac_request)
+        except ValueError:
+            raise InvalidNetworkConfig(
+                f"network {delegate.name!r}: failed to parse mac address "
+                f"{delegate.mac_request!r}; request a MAC such as 'c2:11:22:33:44:55'") from None
+        extra.append(("MAC", delegate.mac_request))
+    if delegate.ip_request:
+        for ip in delegate.ip_request:
+            try:
+                parse_ip_or_cidr(ip)
+            except ValueError:
+                raise InvalidNetworkConfig(
+                    f"network {delegate.name!r}: failed to parse IP address {ip!r}; request "
+                    "an IP or CIDR such as '10.1.1.5/24'") from None
+        extra.append(("IP", ",".join(delegate.ip_request)))
+    return extra
+
+
+def inject_cni_args(conf: bytes, cni_args: Mapping[str, Any]) -> bytes:
+    """Merge ``cni_args`` into ``args.cni`` of a conf, or of every plugin of a conflist (F40).
+
+    Keys of ``cni_args`` override existing ``args.cni`` keys; other keys are kept, and every
+    other part of the config round-trips. Written with sorted keys, as upstream re-encodes it.
+
+    :raises InvalidNetworkConfig: when the config or its ``args`` is not a JSON object.
+    """
+    data = _load_object(conf, "a network config")
+    name = data.get("name", "")
+    if data.get("type"):
+        _merge_cni_args(data, cni_args, name)
+    elif isinstance(data.get("plugins"), list):
+        for plugin in data["plugins"]:
+            if not isinstance(plugin, dict):
+                raise InvalidNetworkConfig(f"network {name!r}: every element of 'plugins' "
+                                           "must be an object")
+            _merge_cni_args(plugin, cni_args, name)
+    else:
+        raise InvalidNetworkConfig(f"network {name!r}: cannot add cni-args: the config has "
+                                   "neither 'type' nor 'plugins'")
+    return go_json(data, sort_keys=True).encode()
+
+
+def declared_capabilities(conf: bytes) -> Dict[str, bool]:
+    """Capabilities set to true in a conf, or in any plugin of a conflist."""
+    data = _load_object(conf, "a network config")
+    plugins = data.get("plugins") if not data.get("type") else [data]
+    declared: Dict[str, bool] = {}
+    for plugin in plugins if isinstance(plugins, list) else []:
+        capabilities = plugin.get("capabilities") if isinstance(plugin, dict) else None
+        if isinstance(capabilities, dict):
+            declared.update({k: True for k, v in capabilities.items() if v is True})
+    return declared
+
+
+def check_requested_capabilities(conf: bytes, selection: Optional[NetworkSelection]) -> None:
+    """Fail when the selection requests something no plugin of ``conf`` can apply (F63a).
+
+    The NPWG spec says an attachment whose ``ips``, ``mac``, ``infiniband-guid``,
+    ``portMappings`` or ``bandwidth`` request cannot be honoured must fail; upstream silently
+    drops the request. This enforces the spec.
+
+    :raises InvalidNetworkConfig: naming the network, the request and the capability.
+    """
+    if selection is None:
+        return
+    declared = declared_capabilities(conf)
+    for attribute, annotation_key, capability in _REQUESTED_CAPABILITIES:
+        value = getattr(selection, attribute)
+        if (value is not None and value != () and value != "") and capability not in declared:
+            network = f"{selection.namespace}/{selection.name}"
+            raise InvalidNetworkConfig(
+                f"network {network!r}: the pod requests {annotation_key!r} but no plugin of "
+                f"the network-attachment-definition declares "
+                f"\"capabilities\": {{\"{capability}\": true}}; add that capability to the "
+                f"plugin that applies it, or remove {annotation_key!r} from the pod's "
+                "annotation")
+
+
+# --- internals -------------------------------------------------------------------------------
+
+
+def _load_object(conf: bytes, what: str) -> Dict[str, Any]:
+    try:
+        data = json.loads(conf)
+    except ValueError as exc:
+        raise InvalidNetworkConfig(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidNetworkConfig(f"{what} must be a JSON object, got "
+                                   f"{type(data).__name__}")
+    return data
+
+
+def _merge_cni_args(plugin: Dict[str, Any], cni_args: Mapping[str, Any], name: str) -> None:
+    args = plugin.get("args")
+    if args is None:
+        args = plugin["args"] = {}
+    if not isinstance(args, dict):
+        raise InvalidNetworkConfig(f"network {name!r}: 'args' must be an object to receive "
+                                   f"the pod's cni-args, got {json.dumps(args)}")
+    cni = args.get("cni")
+    if cni is None:
+        args["cni"] = copy.deepcopy(dict(cni_args))
+        return
+    if not isinstance(cni, dict):
+        raise InvalidNetworkConfig(f"network {name!r}: 'args.cni' must be an object to receive "
+                                   f"the pod's cni-args, got {json.dumps(cni)}")
+    cni.update(copy.deepcopy(dict(cni_args)))

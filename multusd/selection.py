@@ -1,0 +1,412 @@
+"""The pod's network-selection annotations: what networks a pod asks for, parsed and validated.
+
+Owns the ``k8s.v1.cni.cncf.io/networks`` and ``v1.multus-cni.io/default-network`` values, in
+both forms upstream Multus accepts (upstream ``k8sclient.go:parsePodNetworkAnnotation``):
+
+* the comma form, ``[<namespace>/]<name>[@<interface>]`` items separated by commas;
+* the JSON form, a list of network-selection objects (NPWG spec section 4.1.2).
+
+Pure logic: no Kubernetes, no files. Every malformed value raises
+:class:`~multusd.errors.InvalidNetworkConfig` naming the pod, the annotation and the bad part.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+from .errors import InvalidNetworkConfig
+
+LOG = logging.getLogger(__name__)
+
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+DEFAULT_NETWORK_ANNOTATION = "v1.multus-cni.io/default-network"
+NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
+
+# DNS-1123 label: what the comma form accepts for a namespace and a network name.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# IFNAMSIZ is 16 including the terminating NUL.
+MAX_IFNAME_LEN = 15
+_IFNAME_FORBIDDEN = set(" \t\n\v\f\r/")
+_COMMA_FORM = "[<namespace>/]<name>[@<interface>] items separated by commas"
+_JSON_FORM = 'a JSON list of objects such as [{"name": "net1", "interface": "net1"}]'
+
+
+@dataclass(frozen=True)
+class NetworkSelection:
+    """One element of a network-selection annotation.
+
+    ``default_route`` is None when the key is absent and ``()`` when it is present but empty:
+    upstream treats any present ``default-route`` as "filter default routes" (F50).
+    ``cni_args`` and ``bandwidth`` are plain dicts; treat them as read-only.
+    """
+
+    name: str
+    namespace: str
+    interface: str = ""
+    ips: Tuple[str, ...] = ()
+    mac: str = ""
+    infiniband_guid: str = ""
+    cni_args: Optional[Dict[str, Any]] = None
+    port_mappings: Tuple[Dict[str, Any], ...] = ()
+    bandwidth: Optional[Dict[str, Any]] = None
+    default_route: Optional[Tuple[str, ...]] = None
+    device_id: str = ""
+    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], default_namespace: str = "") -> "NetworkSelection":
+        """Build from one JSON element.
+
+        :raises ValueError: naming the bad key (callers add the pod and annotation).
+        """
+        return _element_from_dict(data, default_namespace)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The element as JSON, with upstream's keys in upstream's order, empty values left out."""
+        out: Dict[str, Any] = {"name": self.name}
+        if self.namespace:
+            out["namespace"] = self.namespace
+        if self.ips:
+            out["ips"] = list(self.ips)
+        if self.mac:
+            out["mac"] = self.mac
+        if self.infiniband_guid:
+            out["infiniband-guid"] = self.infiniband_guid
+        if self.interface:
+            out["interface"] = self.interface
+        if self.port_mappings:
+            out["portMappings"] = [dict(p) for p in self.port_mappings]
+        if self.bandwidth is not None:
+            out["bandwidth"] = dict(self.bandwidth)
+        if self.device_id:
+            out["deviceID"] = self.device_id
+        if self.cni_args is not None:
+            out["cni-args"] = dict(self.cni_args)
+        if self.default_route is not None:
+            out["default-route"] = list(self.default_route)
+        return out
+
+
+def parse_selections(value: str, pod_namespace: str, *, pod: str = "",
+                     annotation: str = NETWORKS_ANNOTATION) -> List[NetworkSelection]:
+    """Parse a ``k8s.v1.cni.cncf.io/networks`` value into its elements, in order.
+
+    An empty (or blank) value selects nothing. Elements without a namespace get
+    ``pod_namespace``. The same network may appear twice (two attachments).
+
+    :param pod: ``"namespace/name"`` of the pod, used in error messages only.
+    :raises InvalidNetworkConfig: on any malformed value; the message names the pod, the
+        annotation, the bad part and the expected form.
+    """
+    if not value or not value.strip():
+        return []
+    fail = _failer(pod, annotation)
+    if any(c in value for c in '[{"'):
+        selections = _parse_json_form(value, pod_namespace, fail)
+    else:
+        selections = [_parse_comma_item(item, pod_namespace, fail) for item in value.split(",")]
+    for index, selection in enumerate(selections):
+        _validate_requests(selection, index, fail)
+    LOG.debug("parsed %s of pod %s: %s", annotation, pod, selections)
+    return selections
+
+
+def parse_default_network(value: str, multus_namespace: str, pod: str = "") -> NetworkSelection:
+    """Parse a ``v1.multus-cni.io/default-network`` value: exactly one network.
+
+    Its default namespace is ``multus_namespace`` (upstream: the pod's primary network lives
+    there), not the pod's.
+
+    :raises InvalidNetworkConfig: when malformed, empty, or naming more than one network.
+    """
+    fail = _failer(pod, DEFAULT_NETWORK_ANNOTATION)
+    if not value or not value.strip():
+        raise fail("the value is empty; name one network-attachment-definition, e.g. "
+                   "'kube-system/alt-net'")
+    selections = parse_selections(value, multus_namespace, pod=pod,
+                                  annotation=DEFAULT_NETWORK_ANNOTATION)
+    if len(selections) > 1:
+        raise fail(f"more than one default network is specified: {value!r}; "
+                   "name exactly one network")
+    if not selections:
+        raise fail(f"no network is named in {value!r}; name exactly one network")
+    return selections[0]
+
+
+def is_valid_ifname(name: str) -> bool:
+    """True if ``name`` can be a Linux interface name (length and characters)."""
+    return (0 < len(name.encode()) <= MAX_IFNAME_LEN and name not in (".", "..")
+            and not any(c in _IFNAME_FORBIDDEN for c in name))
+
+
+def parse_mac(text: str) -> bytes:
+    """Parse a MAC the way Go's ``net.ParseMAC`` does: 6, 8 or 20 bytes, ``:``/``-``/``.`` forms.
+
+    :raises ValueError: when ``text`` is not such an address.
+    """
+    if len(text) >= 14:
+        if text[2] in ":-" and (len(text) + 1) % 3 == 0:
+            sep = text[2]
+            groups = text.split(sep)
+            if len(groups) in (6, 8, 20) and all(_is_hex(g, 2) for g in groups):
+                return bytes(int(g, 16) for g in groups)
+        elif text[4] == "." and (len(text) + 1) % 5 == 0:
+            groups = text.split(".")
+            if 2 * len(groups) in (6, 8, 20) and all(_is_hex(g, 4) for g in groups):
+                return b"".join(int(g, 16).to_bytes(2, "big") for g in groups)
+    raise ValueError(f"address {text}: invalid MAC address")
+
+
+def parse_ip(text: str) -> Union[ipaddress.IPv4Address, ipaddress.IPv6Address]:
+    """Parse an IP the way Go's ``net.ParseIP`` does (no zone, no leading zeros in IPv4)."""
+    if "%" in text or not text:
+        raise ValueError(f"invalid IP address: {text}")
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        raise ValueError(f"invalid IP address: {text}") from None
+
+
+def parse_ip_or_cidr(text: str) -> None:
+    """Accept ``10.1.1.5`` or ``10.1.1.5/24`` (host bits allowed), as upstream does.
+
+    :raises ValueError: with upstream's wording.
+    """
+    if "/" in text:
+        address, _, prefix = text.partition("/")
+        try:
+            ip = parse_ip(address)
+        except ValueError:
+            ip = None
+        if ip is None or not prefix.isdigit() or int(prefix) > ip.max_prefixlen:
+            raise ValueError(f"failed to parse CIDR {text!r}: invalid CIDR address: {text}")
+        return
+    try:
+        parse_ip(text)
+    except ValueError:
+        raise ValueError(f"failed to parse IP address {text!r}") from None
+
+
+# --- internals -------------------------------------------------------------------------------
+
+Fail = Callable[[str], InvalidNetworkConfig]
+
+
+def _failer(pod: str, annotation: str) -> Fail:
+    where = f"pod {pod!r} annotation {annotation!r}" if pod else f"annotation {annotation!r}"
+
+    def fail(problem: str) -> InvalidNetworkConfig:
+        return InvalidNetworkConfig(f"{where}: {problem}")
+
+    return fail
+
+
+def _is_hex(group: str, width: int) -> bool:
+    return len(group) == width and all(c in "0123456789abcdefABCDEF" for c in group)
+
+
+def _parse_comma_item(item: str, pod_namespace: str, fail: Fail) -> NetworkSelection:
+    item = item.strip()
+    if not item:
+        raise fail("an empty item in the comma-separated list (a stray or trailing ','?); "
+                   f"expected {_COMMA_FORM}")
+    slash_parts = item.split("/")
+    if len(slash_parts) > 2:
+        raise fail(f"Invalid network object (failed at '/') in {item!r}: "
+                   f"expected {_COMMA_FORM}")
+    namespace = slash_parts[0].strip() if len(slash_parts) == 2 else ""
+    at_parts = slash_parts[-1].split("@")
+    if len(at_parts) > 2:
+        raise fail(f"Invalid network object (failed at '@') in {item!r}: "
+                   f"expected {_COMMA_FORM}")
+    name = at_parts[0].strip()
+    interface = at_parts[1].strip() if len(at_parts) == 2 else ""
+    for part in (namespace, name):
+        if part and not _DNS_LABEL.match(part):
+            raise fail(f"{part!r} in {item!r} is not a valid name: namespaces and network "
+                       "names must consist of lower case alphanumeric characters or '-', and "
+                       f"start and end with an alphanumeric character; expected {_COMMA_FORM}")
+    if not name:
+        raise fail(f"{item!r} names no network; expected {_COMMA_FORM}")
+    return NetworkSelection(name=name, namespace=namespace or pod_namespace, interface=interface,
+                            raw={"name": name, "namespace": namespace, "interface": interface})
+
+
+def _parse_json_form(value: str, pod_namespace: str, fail: Fail) -> List[NetworkSelection]:
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise fail("failed to parse pod Network Attachment Selection Annotation JSON format: "
+                   f"{exc}; expected {_JSON_FORM} or {_COMMA_FORM}") from None
+    if data is None:
+        return []
+    if isinstance(data, dict):
+        raise fail("the JSON value is a single object, but a list is required: wrap it in "
+                   f"[ ], i.e. {_JSON_FORM}")
+    if not isinstance(data, list):
+        raise fail(f"the JSON value is a {type(data).__name__}, not a list; "
+                   f"expected {_JSON_FORM}")
+    selections = []
+    for index, element in enumerate(data):
+        if not isinstance(element, dict):
+            raise fail(f"element {index} is {json.dumps(element)}, not an object; "
+                       f"expected {_JSON_FORM}")
+        try:
+            selections.append(_element_from_dict(element, pod_namespace))
+        except ValueError as exc:
+            raise fail(f"element {index} ({json.dumps(element)}): {exc}") from None
+    return selections
+
+
+# JSON key -> (attribute, converter). Go's decoder matches keys case-insensitively when no
+# exact match exists, and so do we, so annotations upstream accepts are accepted here too.
+def _string(key: str) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise ValueError(f'"{key}" must be a string, got {json.dumps(value)}')
+        return value
+    return convert
+
+
+def _string_list(key: str) -> Callable[[Any], Optional[Tuple[str, ...]]]:
+    def convert(value: Any) -> Optional[Tuple[str, ...]]:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f'"{key}" must be a list of strings, got {json.dumps(value)}')
+        return tuple(value)
+    return convert
+
+
+def _int_field(obj: Mapping[str, Any], key: str, owner: str, required: bool) -> Optional[int]:
+    value = obj.get(key)
+    if value is None:
+        return 0 if required else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'"{owner}.{key}" must be an integer, got {json.dumps(value)}')
+    return value
+
+
+def _port_mappings(value: Any) -> Tuple[Dict[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError('"portMappings" must be a list of objects such as '
+                         '{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}')
+    mappings = []
+    for entry in value:
+        # Upstream re-encodes each entry through its PortMapEntry struct: these keys only.
+        mapping: Dict[str, Any] = {
+            "hostPort": _int_field(entry, "hostPort", "portMappings", True),
+            "containerPort": _int_field(entry, "containerPort", "portMappings", True),
+        }
+        for key in ("protocol", "hostIP"):
+            text = _string(f"portMappings.{key}")(entry.get(key))
+            if text:
+                mapping[key] = text
+        mappings.append(mapping)
+    return tuple(mappings)
+
+
+def _bandwidth(value: Any) -> Optional[Dict[str, Any]]:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError('"bandwidth" must be an object such as '
+                         '{"ingressRate": 1000, "ingressBurst": 1000, ...}')
+    keys = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
+    return {key: _int_field(value, key, "bandwidth", True) for key in keys}
+
+
+def _cni_args(value: Any) -> Optional[Dict[str, Any]]:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f'"cni-args" must be an object, got {json.dumps(value)}')
+    return dict(value)
+
+
+_FIELDS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
+    "name": ("name", _string("name")),
+    "namespace": ("namespace", _string("namespace")),
+    "ips": ("ips", _string_list("ips")),
+    "mac": ("mac", _string("mac")),
+    "infiniband-guid": ("infiniband_guid", _string("infiniband-guid")),
+    "interface": ("interface", _string("interface")),
+    "interfaceRequest": ("interface_request", _string("interfaceRequest")),
+    "portMappings": ("port_mappings", _port_mappings),
+    "bandwidth": ("bandwidth", _bandwidth),
+    "deviceID": ("device_id", _string("deviceID")),
+    "cni-args": ("cni_args", _cni_args),
+    "default-route": ("default_route", _string_list("default-route")),
+}
+_FOLDED = {key.lower(): key for key in _FIELDS}
+
+
+def _element_from_dict(data: Mapping[str, Any], default_namespace: str) -> NetworkSelection:
+    values: Dict[str, Any] = {}
+    for key, value in data.items():
+        known = key if key in _FIELDS else _FOLDED.get(key.lower())
+        if known is None:
+            continue  # unknown keys (e.g. ipam-claim-reference) are ignored, as upstream does
+        attribute, convert = _FIELDS[known]
+        values[attribute] = convert(value)
+    name = values.get("name") or ""
+    if not name:
+        raise ValueError('"name" is missing or empty; every element must name a '
+                         "network-attachment-definition")
+    # "interfaceRequest" is the pre-3.2 spelling of "interface"; the new key wins.
+    interface = values.get("interface") or values.get("interface_request") or ""
+    return NetworkSelection(
+        name=name,
+        namespace=values.get("namespace") or default_namespace,
+        interface=interface,
+        ips=values.get("ips") or (),
+        mac=values.get("mac", ""),
+        infiniband_guid=values.get("infiniband_guid", ""),
+        cni_args=values.get("cni_args"),
+        port_mappings=values.get("port_mappings", ()),
+        bandwidth=values.get("bandwidth"),
+        default_route=values.get("default_route"),
+        device_id=values.get("device_id", ""),
+        raw=dict(data),
+    )
+
+
+def _validate_requests(selection: NetworkSelection, index: int, fail: Fail) -> None:
+    where = f"network {selection.namespace}/{selection.name} (element {index})"
+    if selection.interface and not is_valid_ifname(selection.interface):
+        raise fail(f"{where}: interface name {selection.interface!r} is invalid: it must be "
+                   f"1 to {MAX_IFNAME_LEN} characters without '/' or whitespace")
+    if selection.mac:
+        try:
+            parse_mac(selection.mac)
+        except ValueError as exc:
+            raise fail(f"{where}: failed to parse mac {selection.mac!r}: {exc}; expected "
+                       "a MAC address such as 'c2:11:22:33:44:55'") from None
+    if selection.infiniband_guid:
+        try:
+            parse_mac(selection.infiniband_guid)
+        except ValueError as exc:
+            raise fail(f"{where}: failed to validate infiniband GUID "
+                       f"{selection.infiniband_guid!r}: {exc}; expected 8 or 20 "
+                       "colon-separated hex bytes") from None
+    for ip in selection.ips:
+        try:
+            parse_ip_or_cidr(ip)
+        except ValueError as exc:
+            raise fail(f"{where}: {exc}; expected an IP address or CIDR such as "
+                       "'10.1.1.5/24'") from None
+    for gateway in selection.default_route or ():
+        try:
+            parse_ip(gateway)
+        except ValueError as exc:
+            raise fail(f"{where}: default-route {exc}; expected a list of gateway IP "
+                       "addresses such as [\"10.1.1.254\"]") from None

@@ -1,0 +1,526 @@
+"""Delegate resolution (cluster network, defaultNetworks, NADs, aux chain) and the scratch cache.
+
+Conf files are real files under tmp_path; NADs come from a dict behind the NadGetter seam
+(the only stand-in: Kubernetes itself).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import pytest
+
+from multusd.delegates import (Delegate, NadNotFound, add_device_id, build_delegates,
+                               delegates_from_cache, delegates_to_cache, find_conf_by_name,
+                               load_conf_file, load_settings, mark_gateway_filters, nad_config,
+                               resolve_network)
+from multusd.errors import ConfigError, DecodeFailure, InvalidNetworkConfig, TryAgainLater
+
+NETWORKS = "k8s.v1.cni.cncf.io/networks"
+DEFAULT_NETWORK = "v1.multus-cni.io/default-network"
+
+BRIDGE = {"cniVersion": "0.3.1", "name": "cbr0", "type": "bridge", "bridge": "cni0",
+          "ipam": {"type": "host-local", "subnet": "10.10.0.0/24", "dataDir": "/x"}}
+MACVLAN = ('{"cniVersion":"0.3.1","name":"net1","type":"macvlan","master":"dummy0",'
+           '"capabilities":{"mac":true}}')
+
+
+@dataclass
+class Nad:
+    namespace: str
+    name: str
+    config: str
+    annotations: Dict[str, str] = field(default_factory=dict)
+
+
+class Nads:
+    """The NadGetter seam: NADs by (namespace, name); records every lookup."""
+
+    def __init__(self, *nads: Nad) -> None:
+        self.nads = {(n.namespace, n.name): n for n in nads}
+        self.lookups = []
+
+    def __call__(self, namespace: str, name: str) -> Optional[Nad]:
+        self.lookups.append((namespace, name))
+        return self.nads.get((namespace, name))
+
+
+def write(path, data) -> str:
+    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+    with open(str(path), "w") as handle:
+        handle.write(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+@pytest.fixture
+def conf_dir(tmp_path):
+    return str(tmp_path / "multus.d")
+
+
+def build(netconf, annotations=None, nads=None, namespace="test", **kw):
+    return build_delegates(netconf, pod_namespace=namespace, pod_name="mypod",
+                           annotations=annotations, cni_ifname="eth0",
+                           get_nad=nads if nads is not None else Nads(), **kw)
+
+
+def summary(delegates):
+    return [(d.name, d.ifname, d.master) for d in delegates]
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+def test_settings_defaults_and_global_namespaces_forms():
+    settings = load_settings({"clusterNetwork": "x"})
+    assert settings.conf_dir == "/etc/cni/multus/net.d"
+    assert settings.multus_namespace == "kube-system"
+    assert settings.system_namespaces == ("kube-system",)
+    assert settings.global_namespaces == ("default",)
+    assert settings.namespace_isolation is False
+    assert load_settings({"clusterNetwork": "x", "globalNamespaces": " a, b"}) \
+        .global_namespaces == ("a", "b")
+    assert load_settings({"clusterNetwork": "x", "globalNamespaces": ["c"]}) \
+        .global_namespaces == ("c",)
+    assert load_settings({"clusterNetwork": "x", "systemNamespaces": None}) \
+        .system_namespaces == ()
+
+
+def test_settings_list_every_problem():
+    with pytest.raises(ConfigError) as err:
+        load_settings({"clusterNetwork": 3, "systemNamespaces": "kube-system",
+                       "namespaceIsolation": "yes"})
+    paths = [p.path for p in err.value.problems]
+    assert paths == ["systemNamespaces", "namespaceIsolation", "clusterNetwork"]
+    assert "must be a list of strings" in err.value.msg
+
+
+def test_settings_need_delegates_or_cluster_network():
+    with pytest.raises(ConfigError, match="at least one delegate/clusterNetwork"):
+        load_settings({"name": "multus"})
+
+
+# --- delegates mode ------------------------------------------------------------------------
+
+
+def test_delegates_mode_first_is_master():
+    delegates = build({"delegates": [BRIDGE, {"type": "macvlan", "name": "mv"}]},
+                      annotations=None, nads=None)
+    assert summary(delegates) == [("cbr0", "eth0", True), ("mv", "net1", False)]
+    # Upstream re-encodes inline delegates through a Go map: sorted keys.
+    assert delegates[1].conf == b'{"name":"mv","type":"macvlan"}'
+
+
+@pytest.mark.parametrize("delegate, expected", [
+    ({"name": "x"}, "delegate must have the 'type' or 'plugin' field"),
+    ({"name": "x", "plugins": [{"name": "p"}]}, "a plugin delegate must have the 'type' field"),
+])
+def test_delegates_mode_errors(delegate, expected):
+    with pytest.raises(InvalidNetworkConfig) as err:
+        build({"delegates": [BRIDGE, delegate]})
+    assert "failed to load delegate 1 config" in err.value.msg and expected in err.value.msg
+
+
+def test_default_network_annotation_replaces_master_in_delegates_mode():
+    nads = Nads(Nad("kube-system", "alt", '{"cniVersion":"0.3.1","type":"bridge"}'))
+    delegates = build({"delegates": [BRIDGE]}, {DEFAULT_NETWORK: "alt"}, nads)
+    assert summary(delegates) == [("kube-system/alt", "eth0", True)]
+    # The NAD had no name: the NAD's name is injected (and the JSON re-encoded sorted).
+    assert delegates[0].conf == b'{"cniVersion":"0.3.1","name":"alt","type":"bridge"}'
+
+
+# --- clusterNetwork ------------------------------------------------------------------------
+
+
+def test_cluster_network_from_a_nad_in_multus_namespace(conf_dir):
+    nads = Nads(Nad("kube-system", "mynet", json.dumps(BRIDGE)))
+    (master,) = build({"clusterNetwork": "mynet", "confDir": conf_dir}, {}, nads)
+    assert (master.name, master.ifname, master.master) == ("kube-system/mynet", "eth0", True)
+    assert master.conf == json.dumps(BRIDGE).encode()  # a named config is used as written
+
+
+def test_cluster_network_from_a_conf_named_in_conf_dir(conf_dir):
+    write(f"{conf_dir}/05-other.conf", {"name": "other", "type": "ptp"})
+    path = write(f"{conf_dir}/10-b.json", BRIDGE)
+    nads = Nads()
+    (master,) = build({"clusterNetwork": "cbr0", "confDir": conf_dir}, {}, nads)
+    assert nads.lookups == [("kube-system", "cbr0")]
+    assert master.name == "cbr0" and master.conf == open(path, "rb").read()
+
+
+def test_cluster_network_name_falls_back_to_file_when_the_api_fails(conf_dir):
+    write(f"{conf_dir}/10-b.conf", BRIDGE)
+
+    def api_down(namespace, name):
+        raise TryAgainLater("apiserver unreachable")
+
+    (master,) = build({"clusterNetwork": "cbr0", "confDir": conf_dir}, {}, api_down)
+    assert master.name == "cbr0"
+    with pytest.raises(TryAgainLater, match="failed to get clusterNetwork 'nope'.*unreachable"):
+        build({"clusterNetwork": "nope", "confDir": conf_dir}, {}, api_down)
+
+
+def test_cluster_network_from_a_directory_takes_its_first_file(tmp_path):
+    directory = tmp_path / "net.d"
+    write(directory / "20-z.conf", {"name": "z", "type": "ptp"})
+    write(directory / "10-a.json", BRIDGE)
+    (master,) = build({"clusterNetwork": str(directory)}, {})
+    assert master.name == "cbr0"  # lexically first of .conf/.json/.conflist; name unchecked
+
+
+def test_cluster_network_from_a_conflist_with_subdirectory_chain(tmp_path):
+    path = write(tmp_path / "net.d" / "10-mynet.conflist",
+                 '{"name":"mynet","cniVersion":"1.0.0","x-vendor":{"b":1,"a":2},'
+                 '"plugins":[{"type":"bridge",'
+                 '"ipam":{"type":"host-local","subnet":"10.1.0.0/24"}}]}')
+    write(tmp_path / "net.d" / "mynet" / "50-tuning.conf",
+          '{"type":"tuning","sysctl":{"z":"1","a":"2"},"kubernetes":{"kubeconfig":"/k"}}')
+    write(tmp_path / "net.d" / "mynet" / "60-ignored.json", {"type": "x"})
+    (master,) = build({"clusterNetwork": path}, {})
+    assert master.name == "mynet" and master.is_conflist
+    # Upstream's lossless bytes: list keys sorted, inline plugins sorted, chained kept as is.
+    assert master.conf == (
+        b'{"cniVersion":"1.0.0","name":"mynet","plugins":[{"ipam":{"subnet":"10.1.0.0/24",'
+        b'"type":"host-local"},"type":"bridge"},{"type":"tuning","sysctl":{"z":"1","a":"2"},'
+        b'"kubernetes":{"kubeconfig":"/k"}}],"x-vendor":{"b":1,"a":2}}')
+
+
+def test_conflist_load_only_inlined_plugins_skips_the_chain(tmp_path):
+    path = write(tmp_path / "l.conflist", '{"name":"l","loadOnlyInlinedPlugins":"true",'
+                                          '"plugins":[{"type":"bridge"}]}')
+    write(tmp_path / "l" / "50-tuning.conf", {"type": "tuning"})
+    assert b"tuning" not in load_conf_file(path)
+
+
+@pytest.mark.parametrize("filename, content, expected", [
+    ("x.conf", {"name": "l", "plugins": [{"type": "bridge"}]},
+     "no 'type'; perhaps this is supposed to be a .conflist?"),
+    ("x.conflist", {"plugins": [{"type": "bridge"}]}, "no name"),
+    ("x.conflist", {"name": "l", "plugins": []}, "'plugins' must be a non-empty list"),
+    ("x.conflist", {"name": "l"}, "no plugin configs found"),
+    ("x.conflist", {"name": "l", "plugins": [{"name": "p"}]},
+     "failed to parse plugin config 0: missing 'type'"),
+    ("x.conflist", {"name": "../l", "plugins": [{"type": "bridge"}]},
+     "invalid network config name '../l'"),
+    ("x.conf", "{not json", "error parsing configuration"),
+])
+def test_load_conf_file_errors(tmp_path, filename, content, expected):
+    path = write(tmp_path / filename, content)
+    with pytest.raises(InvalidNetworkConfig) as err:
+        load_conf_file(path)
+    assert expected in err.value.msg and repr(path) in err.value.msg
+
+
+def test_cluster_network_errors_name_the_value_and_namespace(tmp_path, conf_dir):
+    with pytest.raises(InvalidNetworkConfig) as err:
+        build({"clusterNetwork": "nope", "confDir": conf_dir}, {})
+    assert "failed to get clusterNetwork 'nope' in namespace 'kube-system'" in err.value.msg
+    assert "no network-attachment-definition kube-system/nope" in err.value.msg
+    with pytest.raises(InvalidNetworkConfig, match="does not exist"):
+        build({"clusterNetwork": str(tmp_path / "missing.conf")}, {})
+    os.makedirs(str(tmp_path / "empty"))
+    with pytest.raises(InvalidNetworkConfig, match="without any .conf or .conflist"):
+        build({"clusterNetwork": str(tmp_path / "empty")}, {})
+
+
+def test_find_conf_by_name_and_broken_files(conf_dir):
+    assert find_conf_by_name(conf_dir, "x") is None  # no directory: nothing found
+    write(f"{conf_dir}/20-b.conflist", {"name": "b", "plugins": [{"type": "bridge"}]})
+    write(f"{conf_dir}/30-odd.conflist", {"name": "has space", "plugins": [{"type": "ptp"}]})
+    write(f"{conf_dir}/.10-a.conf.tmp", "garbage")
+    assert json.loads(find_conf_by_name(conf_dir, "b"))["name"] == "b"
+    assert json.loads(find_conf_by_name(conf_dir, "has space"))["name"] == "has space"
+    assert find_conf_by_name(conf_dir, "zzz") is None
+    write(f"{conf_dir}/10-broken.conf", {"name": "broken"})
+    with pytest.raises(InvalidNetworkConfig, match="10-broken.conf.*no 'type'"):
+        find_conf_by_name(conf_dir, "b")
+
+
+# --- defaultNetworks -----------------------------------------------------------------------
+
+
+def test_default_networks_follow_master_except_in_system_namespaces(conf_dir):
+    write(f"{conf_dir}/10-b.conf", BRIDGE)
+    nads = Nads(Nad("kube-system", "extra", MACVLAN))
+    netconf = {"clusterNetwork": "cbr0", "defaultNetworks": ["extra"], "confDir": conf_dir}
+    assert summary(build(netconf, {}, nads)) == [("cbr0", "eth0", True),
+                                                 ("kube-system/extra", "net1", False)]
+    assert summary(build(netconf, {}, nads, namespace="kube-system")) == [("cbr0", "eth0", True)]
+    # No pod (annotations None): no defaultNetworks either, as upstream.
+    assert summary(build(netconf, None, nads)) == [("cbr0", "eth0", True)]
+    with pytest.raises(InvalidNetworkConfig, match="failed to get defaultNetworks entry 'gone'"):
+        build(dict(netconf, defaultNetworks=["gone"]), {}, nads)
+
+
+# --- pod selections ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(conf_dir):
+    write(f"{conf_dir}/10-b.conf", BRIDGE)
+    return {"clusterNetwork": "cbr0", "confDir": conf_dir}
+
+
+def test_annotation_networks_get_positional_names_and_requests_win(cluster):
+    nads = Nads(Nad("test", "net1", MACVLAN), Nad("other", "net2", MACVLAN))
+    delegates = build(cluster, {NETWORKS: "net1, other/net2@fast0, net1"}, nads)
+    assert summary(delegates) == [("cbr0", "eth0", True), ("test/net1", "net1", False),
+                                  ("other/net2", "fast0", False), ("test/net1", "net3", False)]
+    assert delegates[2].ifname_request == "fast0" and delegates[2].selection.name == "net2"
+
+
+def test_an_interface_name_used_twice_is_rejected(cluster):
+    nads = Nads(Nad("test", "net1", MACVLAN))
+    with pytest.raises(InvalidNetworkConfig) as err:
+        build(cluster, {NETWORKS: "net1@net2,net1"}, nads)
+    assert "interface name 'net2' would be used twice" in err.value.msg
+    with pytest.raises(InvalidNetworkConfig, match="'eth0' would be used twice"):
+        build(cluster, {NETWORKS: "net1@eth0"}, nads)
+
+
+def test_missing_nad_raises_nad_not_found_with_event_text(cluster):
+    with pytest.raises(NadNotFound) as err:
+        build(cluster, {NETWORKS: "net1"}, Nads())
+    assert (err.value.namespace, err.value.nad_name) == ("test", "net1")
+    assert err.value.event_message == (
+        "cannot find a network-attachment-definition (net1) in namespace (test): "
+        'network-attachment-definitions.k8s.cni.cncf.io "net1" not found')
+    assert err.value.code == 7
+
+
+def test_selections_without_a_kubernetes_client_are_an_error(cluster):
+    with pytest.raises(InvalidNetworkConfig, match="no Kubernetes client"):
+        build_delegates(cluster, pod_namespace="test", pod_name="p",
+                        annotations={NETWORKS: "net1"}, cni_ifname="eth0", get_nad=None)
+
+
+def test_namespace_isolation(cluster):
+    nads = Nads(Nad("kube-system", "net1", MACVLAN), Nad("default", "net1", MACVLAN))
+    isolated = dict(cluster, namespaceIsolation=True)
+    with pytest.raises(InvalidNetworkConfig) as err:
+        build(isolated, {NETWORKS: "kube-system/net1"}, nads)
+    assert ("namespace isolation enabled, annotation violates permission, pod is in namespace "
+            "test but refers to target namespace kube-system") in err.value.msg
+    assert len(build(isolated, {NETWORKS: "default/net1"}, nads)) == 2
+    allowed = dict(isolated, globalNamespaces="kube-system,x")
+    assert len(build(allowed, {NETWORKS: "kube-system/net1"}, nads)) == 2
+
+
+def test_default_network_annotation_uses_multus_namespace_and_may_rename(cluster):
+    nads = Nads(Nad("kube-system", "alt", MACVLAN), Nad("test", "alt", "{}"))
+    delegates = build(cluster, {DEFAULT_NETWORK: "alt@primary"}, nads)
+    assert summary(delegates) == [("kube-system/alt", "primary", True)]
+    assert nads.lookups[-1] == ("kube-system", "alt")  # not the pod's namespace
+
+
+def test_nad_with_empty_spec_uses_the_conf_dir_file_of_its_name(cluster, conf_dir):
+    write(f"{conf_dir}/20-net1.conflist", {"cniVersion": "1.0.0", "name": "net1",
+                                           "plugins": [{"type": "macvlan"}]})
+    nads = Nads(Nad("test", "net1", ""), Nad("test", "ghost", ""))
+    delegates = build(cluster, {NETWORKS: "net1"}, nads)
+    assert delegates[1].name == "test/net1" and delegates[1].is_conflist
+    with pytest.raises(InvalidNetworkConfig, match="has an empty spec and no file"):
+        build(cluster, {NETWORKS: "ghost"}, nads)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("{bad", "spec.config is not valid JSON"),
+    ('["x"]', "must be a JSON object"),
+    ('{"name":"n"}', "delegate must have the 'type' or 'plugin' field"),
+])
+def test_nad_config_errors(conf_dir, config, expected):
+    with pytest.raises(InvalidNetworkConfig) as err:
+        nad_config(Nad("test", "n", config), conf_dir)
+    assert "network-attachment-definition test/n" in err.value.msg and expected in err.value.msg
+
+
+def test_cni_args_and_device_id_are_injected_into_the_executed_conf(cluster):
+    nads = Nads(Nad("test", "sriov", '{"cniVersion":"1.0.0","name":"sriov","type":"sriov"}',
+                    {"k8s.v1.cni.cncf.io/resourceName": "intel.com/sriov"}))
+    allocated = iter(["0000:03:00.1", "0000:03:00.2"])
+    delegates = build(cluster, {NETWORKS: '[{"name":"sriov","cni-args":{"a":"b"}},'
+                                          '{"name":"sriov","deviceID":"mine"}]'},
+                      nads, device_id_for=lambda resource: next(allocated))
+    first, second = delegates[1], delegates[2]
+    assert json.loads(first.conf) == {"cniVersion": "1.0.0", "name": "sriov", "type": "sriov",
+                                      "deviceID": "0000:03:00.1", "pciBusID": "0000:03:00.1",
+                                      "args": {"cni": {"a": "b"}}}
+    assert first.device_id == "0000:03:00.1" and first.resource_name == "intel.com/sriov"
+    # The kubelet's allocation wins over the pod's own deviceID request.
+    assert second.device_id == "0000:03:00.2"
+
+
+def test_add_device_id_to_every_plugin_of_a_conflist():
+    out = json.loads(add_device_id(b'{"name":"l","plugins":[{"type":"a"},{"type":"b"}]}', "d"))
+    assert [p["pciBusID"] for p in out["plugins"]] == ["d", "d"]
+
+
+# --- default-route -------------------------------------------------------------------------
+
+
+def test_default_route_marks_filters_on_every_other_delegate(cluster):
+    nads = Nads(Nad("test", "net1", MACVLAN), Nad("test", "net2", MACVLAN))
+    delegates = build(cluster, {NETWORKS: '[{"name":"net1","default-route":["10.1.1.254"]},'
+                                          '{"name":"net2"}]'}, nads)
+    assert [(d.filter_v4_gateway, d.filter_v6_gateway) for d in delegates] == [
+        (True, True), (False, True), (True, True)]
+    plain = build(cluster, {NETWORKS: "net1"}, nads)
+    assert not any(d.filter_v4_gateway or d.filter_v6_gateway for d in plain)
+
+
+def test_empty_default_route_filters_everything_and_v6_is_counted_apart(cluster):
+    nads = Nads(Nad("test", "net1", MACVLAN), Nad("test", "net2", MACVLAN))
+    delegates = build(cluster, {NETWORKS: '[{"name":"net1","default-route":[]},'
+                                          '{"name":"net2","default-route":["fd00::1"]}]'}, nads)
+    assert [(d.filter_v4_gateway, d.filter_v6_gateway) for d in delegates] == [
+        (True, True), (True, True), (True, False)]
+
+
+def test_ecmp_default_route_is_rejected(cluster):
+    nads = Nads(Nad("test", "net1", MACVLAN), Nad("test", "net2", MACVLAN))
+    with pytest.raises(InvalidNetworkConfig) as err:
+        build(cluster, {NETWORKS: '[{"name":"net1","default-route":["10.1.1.254"]},'
+                                  '{"name":"net2","default-route":["10.2.2.254"]}]'}, nads)
+    assert err.value.msg.startswith("multus does not support ECMP for default-route")
+    assert "10.1.1.254 (test/net1)" in err.value.msg
+    with pytest.raises(InvalidNetworkConfig, match="ECMP"):
+        mark_gateway_filters([Delegate(name="a", conf=b"{}", ifname="", master=False,
+                                       gateway_request=("10.0.0.1", "::ffff:10.0.0.2"))])
+
+
+# --- auxiliary chain -----------------------------------------------------------------------
+
+
+def test_auxiliary_chain_is_appended_last_with_a_positional_name(tmp_path):
+    primary = write(tmp_path / "net.d" / "10-b.conf", BRIDGE)
+    write(tmp_path / "net.d" / "aux" / "10-tuning.conf",
+          '{"type":"tuning","sysctl":{"net.ipv4.conf.eth0.arp_filter":"1"}}')
+    delegates = build({"clusterNetwork": primary, "cniVersion": "0.4.0",
+                       "auxiliaryCNIChainName": "aux"}, {})
+    assert summary(delegates) == [("cbr0", "eth0", True), ("aux", "net1", False)]
+    assert delegates[1].conf == (
+        b'{"cniVersion":"0.4.0","name":"aux","plugins":[{"name":"passthru-cni",'
+        b'"type":"passthru"},{"type":"tuning","sysctl":{"net.ipv4.conf.eth0.arp_filter":"1"}}]}')
+
+
+def test_auxiliary_chain_without_plugins_is_skipped_and_needs_a_path(tmp_path, cluster):
+    primary = write(tmp_path / "net.d" / "10-b.conf", BRIDGE)
+    assert len(build({"clusterNetwork": primary, "auxiliaryCNIChainName": "aux"}, {})) == 1
+    with pytest.raises(InvalidNetworkConfig, match="ClusterNetwork must be a path"):
+        build(dict(cluster, auxiliaryCNIChainName="aux"), {})
+    with pytest.raises(InvalidNetworkConfig, match="invalid network config name"):
+        build({"clusterNetwork": primary, "auxiliaryCNIChainName": "../up"}, {})
+
+
+# --- resolve_network ------------------------------------------------------------------------
+
+
+def test_resolve_network_returns_resource_name_of_a_nad(conf_dir):
+    nads = Nads(Nad("kube-system", "n", MACVLAN, {"k8s.v1.cni.cncf.io/resourceName": "r/x"}))
+    assert resolve_network("n", multus_namespace="kube-system", conf_dir=conf_dir,
+                           get_nad=nads) == ("kube-system/n", MACVLAN.encode(), "r/x")
+
+
+def test_a_broken_nad_is_reported_rather_than_hidden_by_the_file_fallback(conf_dir):
+    write(f"{conf_dir}/10-n.conf", {"name": "n", "type": "bridge"})
+    nads = Nads(Nad("kube-system", "n", "{broken"))
+    with pytest.raises(InvalidNetworkConfig, match="spec.config is not valid JSON"):
+        resolve_network("n", multus_namespace="kube-system", conf_dir=conf_dir, get_nad=nads)
+
+
+# --- scratch cache -------------------------------------------------------------------------
+
+# What upstream's json.Marshal([]*DelegateNetConf) writes for the delegates built in
+# test_cache_matches_upstream_bytes (derived from the Go struct tags and PluginConf.MarshalJSON).
+UPSTREAM_CACHE = (
+    '[{"Conf":{"cniVersion":"0.3.1","ipam":{"type":"host-local"},"name":"cbr0","type":"bridge"},'
+    '"ConfList":{},"Name":"cbr0","IsFilterV4Gateway":true,"IsFilterV6Gateway":true,'
+    '"Bytes":"%s"},'
+    '{"Conf":{"capabilities":{"mac":true},"cniVersion":"0.3.1","ipam":{},"name":"net1",'
+    '"type":"macvlan"},"ConfList":{},"Name":"test/net1","ifnameRequest":"if1",'
+    '"macRequest":"c2:11:22:33:44:55","ipRequest":["10.1.1.5/24"],'
+    '"default-route":["10.1.1.254"],"IsFilterV4Gateway":false,"IsFilterV6Gateway":true,'
+    '"Bytes":"%s"}]')
+
+
+def test_cache_matches_upstream_bytes(tmp_path):
+    primary = write(tmp_path / "10-b.conf", BRIDGE)
+    nads = Nads(Nad("test", "net1", MACVLAN))
+    delegates = build({"clusterNetwork": primary}, {NETWORKS: (
+        '[{"name":"net1","interface":"if1","mac":"c2:11:22:33:44:55",'
+        '"ips":["10.1.1.5/24"],"default-route":["10.1.1.254"]}]')}, nads)
+    expected = UPSTREAM_CACHE % (base64.b64encode(open(primary, "rb").read()).decode(),
+                                 base64.b64encode(MACVLAN.encode()).decode())
+    assert delegates_to_cache(delegates).decode() == expected
+
+
+def test_cache_round_trip_keeps_what_del_needs(cluster):
+    nads = Nads(Nad("test", "net1", MACVLAN))
+    delegates = build(cluster, {NETWORKS: '[{"name":"net1","interface":"if1",'
+                                          '"mac":"c2:11:22:33:44:55","default-route":[],'
+                                          '"portMappings":[{"hostPort":1,"containerPort":1}]}]'},
+                      nads)
+    loaded = delegates_from_cache(delegates_to_cache(delegates), top_cni_version="1.0.0")
+    assert summary(loaded) == summary(delegates)
+    assert [d.conf for d in loaded] == [d.conf for d in delegates]
+    assert loaded[1].mac_request == "c2:11:22:33:44:55"
+    assert loaded[1].gateway_request == ()
+    assert loaded[1].filter_v4_gateway and loaded[1].filter_v6_gateway
+    assert loaded[1].port_mappings == ()  # not cached, as upstream
+
+
+def test_upstream_written_cache_loads_and_conflist_gets_top_cni_version():
+    raw_conflist = (b'{"name":"l","plugins":[{"type":"bridge"},{"type":"calico",'
+                    b'"kubernetes":{"kubeconfig":"/etc/cni/net.d/calico-kubeconfig"}}]}')
+    upstream = json.dumps([
+        {"Conf": {"ipam": {}, "name": "l"},
+         "ConfList": {"name": "l", "plugins": [{"ipam": {}, "type": "bridge"},
+                                               {"ipam": {}, "type": "calico"}]},
+         "Name": "kube-system/l", "IsFilterV4Gateway": False, "IsFilterV6Gateway": False,
+         "Bytes": base64.b64encode(raw_conflist).decode()},
+        {"Conf": {"cniVersion": "0.3.1", "ipam": {}, "name": "net1", "type": "macvlan"},
+         "ConfList": {}, "Name": "test/net1", "ifnameRequest": "if1",
+         "ipRequest": ["10.1.1.5"], "IsFilterV4Gateway": True, "IsFilterV6Gateway": True,
+         "deviceID": "0000:03:00.1", "resourceName": "intel.com/sriov",
+         "Bytes": base64.b64encode(MACVLAN.encode()).decode()},
+        {"Conf": {"cniVersion": "0.3.1", "ipam": {}, "name": "m", "type": "macvlan"},
+         "ConfList": {}, "Name": "test/m", "IsFilterV4Gateway": False,
+         "IsFilterV6Gateway": False, "Bytes": base64.b64encode(b'{"type":"macvlan"}').decode()},
+    ]).encode()
+    first, second, third = delegates_from_cache(upstream, top_cni_version="0.4.0",
+                                                cni_ifname="eth9")
+    assert (first.name, first.ifname, first.master) == ("kube-system/l", "eth9", True)
+    assert first.conf == (b'{"cniVersion":"0.4.0","name":"l","plugins":[{"type":"bridge"},'
+                          b'{"type":"calico","kubernetes":{"kubeconfig":'
+                          b'"/etc/cni/net.d/calico-kubeconfig"}}]}')
+    assert (second.ifname, second.ip_request, second.device_id, second.resource_name) == \
+        ("if1", ("10.1.1.5",), "0000:03:00.1", "intel.com/sriov")
+    assert second.filter_v4_gateway and second.gateway_request is None
+    assert second.conf == MACVLAN.encode()  # a plain conf is never rewritten
+    assert third.ifname == "net2"
+
+
+def test_cache_without_bytes_is_rebuilt_from_the_parsed_views():
+    data = json.dumps([{"Conf": {"cniVersion": "0.3.1", "ipam": {}, "name": "c",
+                                 "type": "bridge"}, "ConfList": {}, "Name": "c"}]).encode()
+    (delegate,) = delegates_from_cache(data)
+    assert json.loads(delegate.conf)["type"] == "bridge"
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b"{", "not valid JSON"),
+    (b'{"a":1}', "not a JSON list"),
+    (b'[{"Bytes":"***"}]', "invalid base64"),
+    (b'[{"Name":"x"}]', "holds no delegate config"),
+    (b'[{"Name":3,"Bytes":"e30="}]', "non-string 'Name'"),
+])
+def test_corrupt_cache_is_a_decode_failure(data, expected):
+    with pytest.raises(DecodeFailure, match=expected):
+        delegates_from_cache(data)
+
+
+def test_empty_cache_list_gives_no_delegates():
+    assert delegates_from_cache(b"[]") == []
