@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config(args.config)
     if args.command == "generate-config":
+        from . import log
         from .confgen import run
 
+        log.setup("verbose", to_stderr=True, journal=False)  # a oneshot: stderr is the journal
         return run(args.config, remove=args.remove)
     build_parser().print_help()
     return 2

@@ -235,9 +235,19 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except ValueError:
             raise DecodeFailure(f"bad Content-Length {length_header!r}") from None
         if length > MAX_BODY:
+            self._discard(length)
             raise DecodeFailure(f"request body of {length} bytes is over the limit of "
                                 f"{MAX_BODY} bytes; a CNI config should be far smaller")
         return self.rfile.read(length)
+
+    def _discard(self, length: int) -> None:
+        """Read an oversized body away (bounded) so the client gets our answer, not EPIPE."""
+        remaining = min(length, 16 * MAX_BODY)
+        while remaining > 0:
+            chunk = self.rfile.read(min(remaining, 1 << 20))
+            if not chunk:
+                return
+            remaining -= len(chunk)
 
     def _read_chunked(self) -> bytes:
         body = b""

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import time
-import uuid
 from typing import Callable, Iterator
 
 import pytest
 
-PLUGIN_DIR = "/usr/lib/cni"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from testlib import PLUGIN_DIR, REPO, netns_links, netns_routes, run, unique, wait_for  # noqa: F401
+from kubeapi import kube_api, make_kube_api  # noqa: F401
 
 def pytest_collection_modifyitems(config, items):
     not_root = os.geteuid() != 0
@@ -27,28 +23,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs root for network namespaces"))
         elif no_plugins and "cni_plugins" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"no CNI plugins in {PLUGIN_DIR}"))
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 10.0,
-             interval: float = 0.01, what: str = "condition") -> object:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def unique(prefix: str) -> str:
-    """A short unique name (fits the 15-character interface name limit for short prefixes)."""
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
-
-
-def run(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), check=check, capture_output=True, text=True, **kw)
 
 
 @pytest.fixture
@@ -101,18 +75,3 @@ def cni_state(tmp_path) -> Iterator[dict]:
     shutil.rmtree(str(tmp_path), ignore_errors=True)
 
 
-def netns_links(netns_path: str) -> dict:
-    """Interfaces inside a namespace: name -> list of 'addr/prefix' strings (via ip -j)."""
-    import json
-
-    name = os.path.basename(netns_path)
-    out = run("ip", "-n", name, "-j", "addr", "show").stdout
-    return {link["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])]
-            for link in json.loads(out)}
-
-
-def netns_routes(netns_path: str, family: str = "-4") -> list:
-    import json
-
-    name = os.path.basename(netns_path)
-    return json.loads(run("ip", family, "-n", name, "-j", "route", "show").stdout)

@@ -22,7 +22,7 @@ import pytest
 
 from multusd import confgen
 
-from conftest import REPO, wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
+from testlib import REPO, wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
 
 PYTHON = sys.executable
 PRIMARY = {"cniVersion": "0.4.0", "name": "mycni-name", "type": "bridge", "ipam": {}}

@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import pytest
 
-from conftest import PLUGIN_DIR, netns_links, netns_routes, run, unique
+from testlib import PLUGIN_DIR, netns_links, netns_routes, run, unique
 from multusd.cni import cache
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
 from multusd.errors import MultusError, PluginError

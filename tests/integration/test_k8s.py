@@ -11,7 +11,7 @@ import threading
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import wait_for  # noqa: E402
+from testlib import wait_for  # noqa: E402
 from kubeapi import FakeKubeAPI, kube_api, make_kube_api  # noqa: E402,F401 - fixtures
 
 from multusd.errors import MultusError, PodNotFound, TryAgainLater  # noqa: E402

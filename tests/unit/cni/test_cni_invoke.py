@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
+from testlib import wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
 from multusd.cni import invoke
 from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig,
                             PluginError)

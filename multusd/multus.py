@@ -1,0 +1,310 @@
+"""ADD / DEL / CHECK / STATUS / GC of a pod sandbox: the Multus orchestration.
+
+No I/O of its own beyond the scratch cache: delegates are resolved by delegates.py, their
+runtime config by runtimeconf.py, executed by the CNI engine, and the pod's network-status
+written through k8s.py. The rules it keeps (architecture.md):
+
+* the scratch cache ``<cniDir>/<containerID>`` is written before the first delegate runs;
+* an ADD that fails part-way deletes, in reverse, everything it added (the failed delegate
+  included) and its scratch cache before answering: it never half-succeeds;
+* DEL is idempotent and best-effort complete: gone pod, NAD, netns or cache do not stop
+  it; a missing or corrupt scratch cache falls back to libcni's result cache;
+* a delegate's DEL error is returned, so that the runtime retries instead of leaking.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+from . import delegates as delegates_mod
+from . import netstatus, runtimeconf, store
+from .cmdargs import CmdArgs
+from .cni import cache as result_cache
+from .cni.args import build_delegate_args
+from .cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from .cni.result import convert_result, ip_addresses, is_empty
+from .cni.version import supports_check
+from .config import DaemonConfig
+from .errors import (InvalidNetworkConfig, MultusError, PodNotFound, TryAgainLater)
+
+LOG = logging.getLogger(__name__)
+
+DEFAULT_BIN_DIR = "/opt/cni/bin"
+DEFAULT_CNI_DIR = "/var/lib/cni/multus"
+WIRE_VERSION = "1.1.0"
+READINESS_TIMEOUT = 45.0
+
+
+class Multus:
+    """The Multus semantics for one daemon; safe to call from many threads at once."""
+
+    def __init__(self, config: DaemonConfig, kube=None) -> None:
+        self.config = config
+        self.kube = kube
+        self._daemon_cni_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
+
+    def ready(self) -> bool:
+        """Ready to serve ADD: the Kubernetes caches (if any) have synced."""
+        return self.kube is None or self.kube.synced()
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def cni(self, req: CmdArgs, deadline: float, log: logging.LoggerAdapter) -> dict | None:
+        handler = {"ADD": self.add, "DEL": self.delete, "CHECK": self.check,
+                   "STATUS": self.status, "GC": self.gc}[req.command]
+        return handler(req, deadline, log)
+
+    def engine(self, conf: Mapping[str, Any]) -> Engine:
+        bin_dir = conf.get("binDir") or DEFAULT_BIN_DIR
+        return Engine([bin_dir] + [p for p in self._daemon_cni_path if p != bin_dir])
+
+    # -- ADD --------------------------------------------------------------------------------
+    def add(self, req: CmdArgs, deadline: float, log) -> dict:
+        conf = req.config
+        require_delegates(conf)
+        wait_for_readiness_file(conf, deadline)
+        pod = self._pod_for_add(req)
+        if self.kube is not None and pod is None:
+            log.warning("pod %s/%s not found in the API: returning an empty result",
+                        req.pod_namespace, req.pod_name)
+            return empty_result(req)
+        delegates = self._resolve(req, pod)
+        cache_path = scratch_path(conf, req.container_id)
+        store.atomic_write(cache_path, delegates_mod.delegates_to_cache(delegates))
+        engine = self.engine(conf)
+        results: list[tuple[Any, dict]] = []
+        for index, delegate in enumerate(delegates):
+            try:
+                result = self._add_one(engine, req, delegate, deadline)
+            except MultusError as exc:
+                self._roll_back(engine, req, delegates[: index + 1], deadline, log)
+                store.remove(cache_path)
+                raise self._delegate_error(req, delegate, exc) from exc
+            results.append((delegate, result))
+            self._event_added(pod, delegate, result)
+        if pod is not None:
+            try:
+                self._write_network_status(pod, results)
+            except MultusError as exc:
+                self._roll_back(engine, req, delegates, deadline, log)
+                store.remove(cache_path)
+                raise exc.with_prefix(f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}]: "
+                                      "error setting the network-status annotation: ")
+        master = next((r for d, r in results if d.master), results[0][1])
+        log.info("ADD: %d network(s) attached: %s", len(results),
+                 ", ".join(f"{d.name}:{d.ifname}" for d, _ in results))
+        return convert_result(master, WIRE_VERSION)
+
+    def _pod_for_add(self, req: CmdArgs):
+        if self.kube is None:
+            return None
+        pod = self.kube.get_pod(req.pod_namespace, req.pod_name)
+        if pod is None:
+            return None
+        if req.pod_uid and pod.uid != req.pod_uid and not pod.is_static:
+            raise PodNotFound(f"expected pod UID \"{req.pod_uid}\" but got \"{pod.uid}\" from "
+                              "Kube API: the pod was deleted and re-created while its sandbox "
+                              "was being set up")
+        return pod
+
+    def _resolve(self, req: CmdArgs, pod) -> list:
+        get_nad = self.kube.get_nad if self.kube is not None else None
+        try:
+            return delegates_mod.build_delegates(
+                req.config, pod_namespace=req.pod_namespace, pod_name=req.pod_name,
+                annotations=dict(pod.annotations) if pod is not None else None,
+                cni_ifname=req.ifname, get_nad=get_nad)
+        except MultusError as exc:
+            missing = getattr(exc, "missing_nad", None)
+            if missing is not None and pod is not None:
+                self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.msg)
+            raise exc.with_prefix(f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}]: ")
+
+    def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> dict:
+        net = NetworkConfigList.load(delegate.conf, source=delegate.name)
+        return engine.add(net, self._runtime_conf(req, delegate), deadline)
+
+    def _runtime_conf(self, req: CmdArgs, delegate) -> RuntimeConf:
+        global_rc = req.config.get("runtimeConfig") or {}
+        capability_args = runtimeconf.delegate_capability_args(global_rc, delegate)
+        args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
+                                   req.pod_uid, runtimeconf.legacy_cni_args(delegate))
+        return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
+                           args=tuple(args), capability_args=capability_args,
+                           cache_dir=cni_dir(req.config))
+
+    def _roll_back(self, engine: Engine, req: CmdArgs, added: Sequence, deadline: float,
+                   log) -> None:
+        """DEL, in reverse, what an ADD set up (the failed delegate included); errors logged."""
+        for delegate in reversed(added):
+            try:
+                net = NetworkConfigList.load(delegate.conf, source=delegate.name)
+                engine.delete(net, self._runtime_conf(req, delegate), _rollback_deadline(deadline))
+            except MultusError as exc:
+                log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
+                          exc.msg)
+
+    def _delegate_error(self, req: CmdArgs, delegate, exc: MultusError) -> MultusError:
+        return exc.with_prefix(
+            f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}:{delegate.name}]: error adding "
+            f"container to network \"{delegate.name}\": ")
+
+    def _event_added(self, pod, delegate, result: dict) -> None:
+        if pod is None or is_empty(result):
+            return
+        addresses = ",".join(ip_addresses(result))
+        source = f" from {delegate.name}" if delegate.name else ""
+        self.kube.emit_event(pod, "Normal", "AddedInterface",
+                             f"Add {delegate.ifname} [{addresses}]{source}")
+
+    def _write_network_status(self, pod, results: Sequence[tuple[Any, dict]]) -> None:
+        entries: list[dict] = []
+        for delegate, result in results:
+            entries.extend(netstatus.status_entries(
+                delegate.name, convert_result(result, WIRE_VERSION), default=delegate.master))
+        if entries:
+            self.kube.set_network_status(pod, netstatus.format_network_status(entries))
+
+    # -- DEL --------------------------------------------------------------------------------
+    def delete(self, req: CmdArgs, deadline: float, log) -> None:
+        conf = req.config
+        path = scratch_path(conf, req.container_id)
+        delegates = self._delegates_for_del(req, path, log)
+        engine = self.engine(conf)
+        errors = []
+        for delegate in reversed(delegates):
+            try:
+                net = NetworkConfigList.load(delegate.conf, source=delegate.name)
+                engine.delete(net, self._runtime_conf(req, delegate), deadline)
+            except MultusError as exc:
+                errors.append(f"{delegate.name} ({delegate.ifname}): {exc.msg}")
+        if errors:
+            raise MultusError(f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}]: DEL failed "
+                              f"for {len(errors)} network(s), the runtime will retry: "
+                              + " / ".join(errors))
+        store.remove(path)
+        log.info("DEL: %d network(s) released", len(delegates))
+
+    def _delegates_for_del(self, req: CmdArgs, path: str, log) -> list:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            data = None
+        if data is not None:
+            try:
+                return delegates_mod.delegates_from_cache(data, top_cni_version=req.cni_version)
+            except MultusError as exc:
+                log.error("scratch cache %s is unreadable (%s): deleting what libcni's result "
+                          "cache still knows about", path, exc.msg)
+        return self._delegates_from_result_cache(req, log)
+
+    def _delegates_from_result_cache(self, req: CmdArgs, log) -> list:
+        """Rebuild the delegates from ``<cniDir>/results/*-<containerID>-*`` (no scratch cache)."""
+        found = []
+        for entry in result_cache.list_entries(cni_dir(req.config)):
+            if entry.get("containerId") != req.container_id:
+                continue
+            config = result_cache.decode_config(entry)
+            found.append(delegates_mod.Delegate(
+                name=str(entry.get("networkName", "")), conf=config,
+                ifname=str(entry.get("ifName", "")), master=entry.get("ifName") == req.ifname))
+        found.sort(key=lambda d: (not d.master, d.ifname))
+        if found:
+            log.warning("no scratch cache for %s: deleting %d attachment(s) found in the "
+                        "result cache", req.container_id, len(found))
+        return found
+
+    # -- CHECK, STATUS, GC ------------------------------------------------------------------
+    def check(self, req: CmdArgs, deadline: float, log) -> None:
+        path = scratch_path(req.config, req.container_id)
+        try:
+            with open(path, "rb") as handle:
+                delegates = delegates_mod.delegates_from_cache(handle.read(), top_cni_version=req.cni_version)
+        except FileNotFoundError:
+            raise MultusError(f"CHECK: no attachments recorded for container {req.container_id} "
+                              f"({path} is missing): was ADD run?") from None
+        engine = self.engine(req.config)
+        for delegate in delegates:
+            net = NetworkConfigList.load(delegate.conf, source=delegate.name)
+            if not supports_check(net.cni_version):
+                log.info("CHECK skipped for %s: cniVersion %s has no CHECK", delegate.name,
+                         net.cni_version)
+                continue
+            try:
+                engine.check(net, self._runtime_conf(req, delegate), deadline)
+            except MultusError as exc:
+                raise self._delegate_error(req, delegate, exc).with_prefix("CHECK: ") from exc
+
+    def status(self, req: CmdArgs, deadline: float, log) -> None:
+        wait_for_readiness_file(req.config, deadline)
+        net = self._cluster_network(req)
+        self.engine(req.config).status(net, deadline)
+
+    def gc(self, req: CmdArgs, deadline: float, log) -> None:
+        wait_for_readiness_file(req.config, deadline)
+        directory = cni_dir(req.config)
+        if not os.path.isdir(os.path.join(directory, "results")):
+            raise MultusError(f"error in gather valid attachments: {directory}/results does "
+                              "not exist")
+        valid = [{"containerID": e["containerId"], "ifname": e["ifName"]}
+                 for e in result_cache.list_entries(directory)
+                 if e.get("containerId") and e.get("ifName")]
+        net = self._cluster_network(req)
+        self.engine(req.config).gc(net, directory, valid, deadline)
+
+    def _cluster_network(self, req: CmdArgs) -> NetworkConfigList:
+        require_delegates(req.config)
+        delegates = delegates_mod.build_delegates(
+            req.config, pod_namespace="", pod_name="", annotations=None,
+            cni_ifname="eth0", get_nad=self.kube.get_nad if self.kube is not None else None)
+        return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
+
+    # -- /delegate (hot-plug) -----------------------------------------------------------------
+    def delegate(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
+                 log) -> dict | None:
+        from .hotplug import handle_delegate
+
+        return handle_delegate(self, req, attributes, deadline, log)
+
+
+def require_delegates(conf: Mapping[str, Any]) -> None:
+    if not conf.get("clusterNetwork") and not conf.get("delegates"):
+        raise InvalidNetworkConfig("at least one delegate/clusterNetwork must be specified: set "
+                                   "\"clusterNetwork\" (or \"delegates\") in daemon-config.json "
+                                   "or the runtime's CNI config")
+
+
+def wait_for_readiness_file(conf: Mapping[str, Any], deadline: float) -> None:
+    """Upstream's readinessindicatorfile wait (only present in non-auto mode, F28)."""
+    path = conf.get("readinessindicatorfile")
+    if not path:
+        return
+    limit = min(deadline, time.monotonic() + READINESS_TIMEOUT)
+    while not os.path.exists(path):
+        if time.monotonic() >= limit:
+            raise TryAgainLater(f"have you checked that your default network is ready? still "
+                                f"waiting for readinessindicatorfile @ {path}")
+        time.sleep(0.2)  # polling a file that another component creates
+
+
+def scratch_path(conf: Mapping[str, Any], container_id: str) -> str:
+    return os.path.join(cni_dir(conf), container_id)
+
+
+def cni_dir(conf: Mapping[str, Any]) -> str:
+    return str(conf.get("cniDir") or DEFAULT_CNI_DIR)
+
+
+def empty_result(req: CmdArgs) -> dict:
+    """Upstream's answer for a pod that is not in the API (no delegate runs, F44)."""
+    return {"cniVersion": WIRE_VERSION,
+            "interfaces": [{"name": req.ifname, "sandbox": req.netns}],
+            "ips": [{"address": "0.0.0.0/0", "gateway": "0.0.0.0"}]}
+
+
+def _rollback_deadline(deadline: float) -> float:
+    # A rollback must get a chance even when the ADD used up its own deadline.
+    return max(deadline, time.monotonic() + 30.0)

@@ -1,0 +1,165 @@
+"""Real multusd processes for tests, the demo and the benchmark.
+
+:class:`DaemonProcess` starts ``multusd serve`` under ``systemd-socket-activate`` (the real
+socket-activation protocol: LISTEN_FDS, a socket multusd did not create) with a config in
+a private directory; :func:`call_shim` runs the real ``multus-shim`` exactly as a container
+runtime does (CNI_* env, config on stdin) and returns its exit code and JSON output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from testlib import PLUGIN_DIR, wait_for
+
+PYTHON = sys.executable
+
+
+def bridge_conf(name: str, bridge: str, subnet: str, data_dir: str,
+                cni_version: str = "0.3.1", gateway: bool = True) -> dict:
+    """A bridge + host-local network whose leases live in ``data_dir``."""
+    return {"cniVersion": cni_version, "name": name, "type": "bridge", "bridge": bridge,
+            "isGateway": gateway, "ipMasq": False,
+            "ipam": {"type": "host-local", "subnet": subnet, "dataDir": data_dir,
+                     "routes": [{"dst": "0.0.0.0/0"}] if gateway else []}}
+
+
+def shim_conf(socket_dir: str, cni_version: str = "0.3.1", **extra: Any) -> dict:
+    """What the generated 00-multus.conf gives the shim."""
+    conf = {"cniVersion": cni_version, "name": "multus-cni-network", "type": "multus-shim",
+            "daemonSocketDir": socket_dir}
+    conf.update(extra)
+    return conf
+
+
+@dataclass
+class ShimOutput:
+    code: int
+    output: Any
+    stderr: str
+
+
+def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", netns: str = "",
+              ifname: str = "eth0", pod: tuple[str, str] = ("default", "pod"), uid: str = "",
+              cni_args: str | None = None, timeout: float = 120.0,
+              env_extra: Mapping[str, str] | None = None) -> ShimOutput:
+    """Run the real shim as a runtime would; ``output`` is its parsed stdout (or None)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+           "CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
+           "CNI_IFNAME": ifname, "CNI_PATH": "/opt/cni/bin"}
+    if cni_args is None:
+        cni_args = (f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod[0]};K8S_POD_NAME={pod[1]};"
+                    f"K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}")
+    env["CNI_ARGS"] = cni_args
+    env.update(env_extra or {})
+    proc = subprocess.run([PYTHON, "-m", "multusd.shim"], input=json.dumps(conf).encode(),
+                          env=env, capture_output=True, timeout=timeout)
+    text = proc.stdout.decode().strip()
+    return ShimOutput(proc.returncode, json.loads(text) if text else None, proc.stderr.decode())
+
+
+class DaemonProcess:
+    """``multusd serve`` under systemd-socket-activate, in a private directory."""
+
+    def __init__(self, config: Mapping[str, Any], workdir: str | None = None) -> None:
+        self.workdir = workdir or tempfile.mkdtemp(prefix="multusd-test-")
+        self.socket_dir = os.path.join(self.workdir, "run")
+        self.socket_path = os.path.join(self.socket_dir, "multus.sock")
+        self.cni_dir = os.path.join(self.workdir, "cni")
+        self.config_path = os.path.join(self.workdir, "daemon-config.json")
+        self.log_path = os.path.join(self.workdir, "daemon.log")
+        full = {"socketDir": self.socket_dir, "cniDir": self.cni_dir, "binDir": PLUGIN_DIR,
+                "logLevel": "debug", "logToStderr": True}
+        full.update(config)
+        self.config = full
+        os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+        with open(self.config_path, "w") as handle:
+            json.dump(full, handle)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, activate: bool = True) -> "DaemonProcess":
+        """Listen through systemd-socket-activate; ``activate`` connects once to start it."""
+        log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen(
+            ["systemd-socket-activate", "-l", self.socket_path, PYTHON, "-m", "multusd",
+             "serve", "--config", self.config_path],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        wait_for(lambda: os.path.exists(self.socket_path), 10, what="the activation socket")
+        if activate:
+            self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        from multusd import api
+
+        def healthy() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"multusd exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                return api.http_request(self.socket_path, "GET", "/healthz", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, timeout, what="multusd /healthz")
+
+    def shim_conf(self, cni_version: str = "0.3.1", **extra: Any) -> dict:
+        return shim_conf(self.socket_dir, cni_version, **extra)
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return ""
+
+    def terminate(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM and wait; SIGKILL the group if it does not exit in time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            return None
+
+    def cleanup(self) -> None:
+        self.terminate()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def new_netns() -> tuple[str, str]:
+    """A real network namespace (name, path) with lo up."""
+    name = f"mdt-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    return name, f"/var/run/netns/{name}"
+
+
+def del_netns(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def del_link(name: str) -> None:
+    subprocess.run(["ip", "link", "del", name], capture_output=True)
+
+
+def netns_addresses(name: str) -> dict[str, list[str]]:
+    out = subprocess.run(["ip", "-n", name, "-j", "addr", "show"], check=True,
+                         capture_output=True, text=True).stdout
+    return {link["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                             if a.get("family") == "inet"]
+            for link in json.loads(out)}

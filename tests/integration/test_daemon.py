@@ -1,0 +1,379 @@
+"""The real shim against the real daemon under systemd-socket-activate, with real plugins.
+
+Delegates mode (no Kubernetes): every test starts its own daemon in a private directory,
+its own network namespaces and bridges, and removes all of it afterwards.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+
+from harness import (PLUGIN_DIR, DaemonProcess, bridge_conf, call_shim, del_link, del_netns,
+                     netns_addresses, new_netns)
+from testlib import wait_for
+from multusd import api
+
+pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
+
+STUBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stubs")
+
+
+@pytest.fixture
+def env(tmp_path):
+    """Bridges, namespaces and daemons made by one test; all removed at teardown."""
+    made = {"bridges": [], "netns": [], "daemons": []}
+
+    class Env:
+        leases = str(tmp_path / "leases")
+        bin_dir = str(tmp_path / "bin")
+
+        def bridge(self) -> str:
+            name = f"mdb{uuid.uuid4().hex[:8]}"
+            made["bridges"].append(name)
+            return name
+
+        def netns(self) -> tuple[str, str]:
+            name, path = new_netns()
+            made["netns"].append(name)
+            return name, path
+
+        def net(self, name: str, subnet: str, **kw) -> dict:
+            return bridge_conf(name, self.bridge(), subnet, self.leases, **kw)
+
+        def daemon(self, config: dict, activate: bool = True) -> DaemonProcess:
+            config.setdefault("binDir", self.bin_dir)
+            proc = DaemonProcess(config, workdir=str(tmp_path / f"d{len(made['daemons'])}"))
+            made["daemons"].append(proc)
+            return proc.start(activate=activate)
+
+        def leases_held(self) -> list[str]:
+            held = []
+            for root, _, files in os.walk(self.leases):
+                held += [f for f in files if f[0].isdigit()]
+            return held
+
+    os.makedirs(Env.bin_dir)
+    for directory in (PLUGIN_DIR, STUBS):
+        for name in os.listdir(directory):
+            os.symlink(os.path.join(directory, name), os.path.join(Env.bin_dir, name))
+    yield Env()
+    for daemon in made["daemons"]:
+        daemon.cleanup()
+    for name in made["netns"]:
+        del_netns(name)
+    for name in made["bridges"]:
+        del_link(name)
+
+
+def pod_args(container_id: str, name: str = "web-0") -> dict:
+    return {"container_id": container_id, "pod": ("default", name), "uid": str(uuid.uuid4())}
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_add_check_del_with_n_delegates(env, count):
+    nets = [env.net(f"net{i}", f"10.{50 + i}.0.0/24", gateway=(i == 0)) for i in range(count)]
+    daemon = env.daemon({"cniVersion": "0.4.0", "delegates": nets})
+    ns_name, ns_path = env.netns()
+    cid = uuid.uuid4().hex
+    conf = daemon.shim_conf("0.4.0")
+
+    add = call_shim("ADD", conf, netns=ns_path, **pod_args(cid))
+    assert add.code == 0, add.output
+    assert [ip["address"] for ip in add.output["ips"]] == ["10.50.0.2/24"]
+    assert add.output["cniVersion"] == "0.4.0"
+    links = netns_addresses(ns_name)
+    expected = {"eth0": ["10.50.0.2/24"]}
+    expected.update({f"net{i}": [f"10.{50 + i}.0.2/24"] for i in range(1, count)})
+    assert {k: v for k, v in links.items() if k != "lo"} == expected
+    assert os.path.exists(os.path.join(daemon.cni_dir, cid))
+    assert len(env.leases_held()) == count
+
+    check = call_shim("CHECK", conf, netns=ns_path, **pod_args(cid))
+    assert check.code == 0, check.output
+
+    delete = call_shim("DEL", conf, netns=ns_path, **pod_args(cid))
+    assert delete.code == 0, delete.output
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert env.leases_held() == []
+    assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
+    assert os.listdir(os.path.join(daemon.cni_dir, "results")) == []
+
+    again = call_shim("DEL", conf, netns="", **pod_args(cid))  # containerd's second DEL
+    assert again.code == 0, again.output
+
+
+def test_failing_second_delegate_rolls_back_everything(env):
+    broken = {"cniVersion": "0.4.0", "name": "broken-macvlan", "type": "macvlan",
+              "master": "no-such-link0", "ipam": {"type": "host-local", "subnet": "10.61.0.0/24",
+                                                  "dataDir": env.leases}}
+    daemon = env.daemon({"cniVersion": "0.4.0",
+                         "delegates": [env.net("good", "10.60.0.0/24"), broken]})
+    ns_name, ns_path = env.netns()
+    cid = uuid.uuid4().hex
+
+    add = call_shim("ADD", daemon.shim_conf("0.4.0"), netns=ns_path, **pod_args(cid))
+
+    assert add.code == 1
+    assert add.output["cniVersion"] == "0.4.0"
+    assert 'error adding container to network "broken-macvlan"' in add.output["msg"]
+    assert "[default/web-0/" in add.output["msg"]
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert env.leases_held() == []
+    assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
+    assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args("x" + cid)).code == 1
+    daemon.wait_healthy()
+
+
+@pytest.mark.parametrize("version,has_ip_version", [("0.3.1", True), ("0.4.0", True),
+                                                    ("1.0.0", False)])
+def test_result_is_converted_to_the_runtime_config_version(env, version, has_ip_version):
+    daemon = env.daemon({"delegates": [env.net("primary", "10.62.0.0/24",
+                                                cni_version="0.3.1")]})
+    ns_name, ns_path = env.netns()
+    cid = uuid.uuid4().hex
+    conf = daemon.shim_conf(version)
+    add = call_shim("ADD", conf, netns=ns_path, **pod_args(cid))
+    assert add.code == 0, add.output
+    assert add.output["cniVersion"] == version
+    assert ("version" in add.output["ips"][0]) is has_ip_version
+    assert call_shim("DEL", conf, netns=ns_path, **pod_args(cid)).code == 0
+
+
+def test_version_is_answered_by_the_shim_alone():
+    out = call_shim("VERSION", {"cniVersion": "1.0.0", "daemonSocketDir": "/nonexistent"})
+    assert out.code == 0
+    assert out.output["cniVersion"] == "1.0.0"
+    assert "0.3.1" in out.output["supportedVersions"]
+
+
+def post(daemon: DaemonProcess, path: str, body: bytes, method: str = "POST"):
+    response = api.http_request(daemon.socket_path, method, path, body, timeout=30)
+    return response.status, response.body
+
+
+def cni_body(env_vars: dict, config: dict | bytes) -> bytes:
+    raw = config if isinstance(config, bytes) else json.dumps(config).encode()
+    return api.encode_request(env_vars, raw)
+
+
+BASE_ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/none",
+            "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p"}
+
+
+@pytest.mark.parametrize("case,body,message", [
+    ("malformed JSON", b"{not json", "not valid JSON"),
+    ("bad base64", json.dumps({"env": BASE_ENV, "config": "@@@"}).encode(), "not valid base64"),
+    ("missing CNI_COMMAND", cni_body({k: v for k, v in BASE_ENV.items() if k != "CNI_COMMAND"},
+                                     {"cniVersion": "0.4.0"}), "missing CNI_COMMAND"),
+    ("missing CNI_ARGS", cni_body({k: v for k, v in BASE_ENV.items() if k != "CNI_ARGS"},
+                                  {"cniVersion": "0.4.0"}), "missing CNI_ARGS"),
+    ("missing K8S_POD_NAME", cni_body(dict(BASE_ENV, CNI_ARGS="K8S_POD_NAMESPACE=default"),
+                                      {"cniVersion": "0.4.0"}), "missing K8S_POD_NAME"),
+    ("invalid CNI_ARGS item", cni_body(dict(BASE_ENV, CNI_ARGS="K8S_POD_NAME=p;garbage"),
+                                       {"cniVersion": "0.4.0"}), "invalid CNI_ARGS item 'garbage'"),
+    ("config not JSON", cni_body(BASE_ENV, b"{{"), "CNI config from the runtime is not valid"),
+])
+def test_bad_input_gets_a_clear_cni_error_and_the_daemon_keeps_serving(env, case, body, message):
+    daemon = env.daemon({"delegates": [env.net("primary", "10.63.0.0/24")]})
+    status, payload = post(daemon, "/cni", body)
+    assert status == 400, case
+    error = json.loads(payload)
+    assert set(error) >= {"cniVersion", "code", "msg", "details"}
+    assert message in error["msg"], error
+    assert post(daemon, "/healthz", b"", "GET")[0] == 200
+
+
+def test_http_edges_answer_as_upstream(env):
+    daemon = env.daemon({"delegates": [env.net("primary", "10.64.0.0/24")]})
+    assert post(daemon, "/nope", b"") == (404, b"")
+    assert post(daemon, "/cni", b"", "GET")[0] == 405
+    assert post(daemon, "/healthz", b"", "PUT")[0] == 405
+    assert post(daemon, "/readyz", b"null")[0] == 200  # upstream's shim POSTs null to /readyz
+    status, payload = post(daemon, "/cni", b"x" * (5 * 1024 * 1024))
+    assert status == 400 and "over the limit" in json.loads(payload)["msg"]
+
+
+def test_config_without_type_is_rejected_clearly(env):
+    daemon = env.daemon({"delegates": [{"cniVersion": "0.4.0", "name": "typeless"}]})
+    ns_name, ns_path = env.netns()
+    add = call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(uuid.uuid4().hex))
+    assert add.code == 1
+    assert "type" in add.output["msg"]
+    assert set(netns_addresses(ns_name)) == {"lo"}
+
+
+def test_a_hung_delegate_is_killed_at_the_deadline(env, tmp_path):
+    pid_file = str(tmp_path / "hang.pid")
+    hang = {"cniVersion": "0.4.0", "name": "hangs", "type": "stub-hang", "pidFile": pid_file}
+    daemon = env.daemon({"requestTimeout": 3, "delegates": [hang]})
+    ns_name, ns_path = env.netns()
+    add = call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(uuid.uuid4().hex))
+    assert add.code == 1
+    assert add.output["code"] == 11, add.output
+    assert "hangs" in add.output["msg"]
+    pids = [int(p) for p in open(pid_file).read().split()]
+    for pid in pids:
+        wait_for(lambda: not _alive(pid), 10, what=f"stub process {pid} to be gone")
+    daemon.wait_healthy()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_inherited_socket_is_not_touched(env):
+    daemon = env.daemon({"delegates": [env.net("primary", "10.65.0.0/24")]}, activate=False)
+    before = os.stat(daemon.socket_path)
+    daemon.wait_healthy()
+    after = os.stat(daemon.socket_path)
+    assert (before.st_ino, before.st_mode) == (after.st_ino, after.st_mode)
+    assert daemon.terminate() == 0
+    assert os.path.exists(daemon.socket_path)  # systemd's socket, not ours to unlink
+
+
+def test_self_bound_socket_modes_stale_file_and_live_daemon(tmp_path):
+    socket_dir = tmp_path / "run"
+    config = tmp_path / "daemon-config.json"
+    config.write_text(json.dumps({"socketDir": str(socket_dir), "cniDir": str(tmp_path / "cni"),
+                                  "delegates": [{"cniVersion": "0.4.0", "name": "n",
+                                                 "type": "loopback"}]}))
+    socket_dir.mkdir(mode=0o755)
+    stale = socket_dir / "multus.sock"
+    import socket as pysocket
+    old = pysocket.socket(pysocket.AF_UNIX)
+    old.bind(str(stale))
+    old.close()  # a socket file nobody listens on: stale
+    cmd = [sys.executable, "-m", "multusd", "serve", "--config", str(config)]
+    first = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: _answers(str(stale)), 20, what="the self-bound daemon")
+        assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(stale).st_mode) == 0o600
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 3
+        assert "another multusd is already serving" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+    assert not stale.exists()
+
+
+def _answers(path: str) -> bool:
+    try:
+        return api.http_request(path, "GET", "/healthz", timeout=1).status == 200
+    except OSError:
+        return False
+
+
+def test_sigterm_drains_in_flight_requests_and_still_serves_del(env, tmp_path):
+    gate, started = str(tmp_path / "gate"), str(tmp_path / "started")
+    slow = {"cniVersion": "0.4.0", "name": "slow", "type": "stub-gate", "gateFile": gate,
+            "startedFile": started}
+    daemon = env.daemon({"delegates": [slow]})
+    ns_name, ns_path = env.netns()
+    outcome = {}
+    adder = threading.Thread(target=lambda: outcome.update(
+        add=call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args("slowpod"))))
+    adder.start()
+    try:
+        wait_for(lambda: os.path.exists(started), 30, what="the slow ADD to reach its plugin")
+        daemon.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: post(daemon, "/readyz", b"", "GET")[0] == 500, 10, what="/readyz to turn 500")
+        assert post(daemon, "/healthz", b"", "GET")[0] == 200
+        delete = call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args("otherpod"))
+        assert delete.code == 0, delete.output
+        assert daemon.proc.poll() is None
+    finally:
+        open(gate, "w").close()
+        adder.join(60)
+    assert outcome["add"].code == 0, outcome["add"].output
+    assert daemon.proc.wait(30) == 0
+
+
+def test_fifty_concurrent_pods_add_and_del(env):
+    daemon = env.daemon({"cniVersion": "0.4.0", "workers": 8,
+                         "delegates": [env.net("cluster", "10.70.0.0/24"),
+                                       env.net("second", "10.71.0.0/24", gateway=False)]})
+    namespaces = [env.netns() for _ in range(50)]
+    conf = daemon.shim_conf("0.4.0")
+    results: dict[int, object] = {}
+
+    def run(index: int, command: str) -> None:
+        results[(index, command)] = call_shim(command, conf, netns=namespaces[index][1],
+                                              **pod_args(f"pod{index:03d}", f"web-{index}"))
+
+    for command in ("ADD", "DEL"):
+        threads = [threading.Thread(target=run, args=(i, command)) for i in range(50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(180)
+        if command == "ADD":
+            addresses = {results[(i, "ADD")].output["ips"][0]["address"] for i in range(50)
+                         if results[(i, "ADD")].code == 0}
+            assert len(addresses) == 50
+            assert len(env.leases_held()) == 100
+    assert all(results[(i, c)].code == 0 for i in range(50) for c in ("ADD", "DEL"))
+    assert env.leases_held() == []
+    assert all(set(netns_addresses(name)) == {"lo"} for name, _ in namespaces)
+    assert sorted(os.listdir(daemon.cni_dir)) == ["results"]
+
+
+def test_no_secret_reaches_the_log(env):
+    secret = "s3cr3t-token-" + uuid.uuid4().hex
+    net = env.net("primary", "10.66.0.0/24")
+    net["kubernetes"] = {"token": secret}
+    daemon = env.daemon({"delegates": [net], "logLevel": "debug"})
+    ns_name, ns_path = env.netns()
+    cid = uuid.uuid4().hex
+    assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+    assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+    log = daemon.log()
+    assert "ADD starting" in log and secret not in log
+
+
+def test_del_without_scratch_cache_falls_back_to_the_result_cache(env):
+    daemon = env.daemon({"cniVersion": "0.4.0",
+                         "delegates": [env.net("cluster", "10.67.0.0/24"),
+                                       env.net("second", "10.68.0.0/24", gateway=False)]})
+    ns_name, ns_path = env.netns()
+    cid = uuid.uuid4().hex
+    conf = daemon.shim_conf("0.4.0")
+    assert call_shim("ADD", conf, netns=ns_path, **pod_args(cid)).code == 0
+    with open(os.path.join(daemon.cni_dir, cid), "w") as handle:
+        handle.write("{corrupt")
+    delete = call_shim("DEL", conf, netns=ns_path, **pod_args(cid))
+    assert delete.code == 0, delete.output
+    assert env.leases_held() == []
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert "result cache" in daemon.log()
+
+
+def test_check_config_reports_every_problem(tmp_path):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"chrootDir": "/hostroot", "logLevel": "loud"}))
+    out = subprocess.run([sys.executable, "-m", "multusd", "check-config", "--config",
+                          str(config)], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "2 problem(s)" in out.stderr
+    assert "chrootDir:" in out.stderr and "logLevel:" in out.stderr
+
+
+def test_wire_body_is_upstreams_shape():
+    body = json.loads(api.encode_request({"CNI_COMMAND": "ADD"}, b'{"a":1}'))
+    assert body == {"env": {"CNI_COMMAND": "ADD"},
+                    "config": base64.b64encode(b'{"a":1}').decode()}

@@ -1,0 +1,49 @@
+"""Helpers shared by the tests (import them from here, not from conftest: pytest may load
+several conftest modules under that one name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from typing import Callable
+
+PLUGIN_DIR = "/usr/lib/cni"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 10.0,
+             interval: float = 0.01, what: str = "condition") -> object:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def unique(prefix: str) -> str:
+    """A short unique name (fits the 15-character interface name limit for short prefixes)."""
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def run(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True, **kw)
+
+
+def netns_links(netns_path: str) -> dict:
+    """Interfaces inside a namespace: name -> list of 'addr/prefix' strings (via ip -j)."""
+    name = os.path.basename(netns_path)
+    out = run("ip", "-n", name, "-j", "addr", "show").stdout
+    return {link["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])]
+            for link in json.loads(out)}
+
+
+def netns_routes(netns_path: str, family: str = "-4") -> list:
+    name = os.path.basename(netns_path)
+    return json.loads(run("ip", family, "-n", name, "-j", "route", "show").stdout)
