@@ -83,7 +83,7 @@ class Multus:
                 store.remove(cache_path)
                 raise self._delegate_error(req, delegate, exc) from exc
             results.append((delegate, result))
-            self._event_added(pod, delegate, result)
+            self.event_added(pod, delegate, result)
         if pod is not None:
             try:
                 self._write_network_status(pod, results)
@@ -100,7 +100,7 @@ class Multus:
     def _pod_for_add(self, req: CmdArgs):
         if self.kube is None:
             return None
-        pod = self.kube.get_pod(req.pod_namespace, req.pod_name)
+        pod = self.kube.get_pod(req.pod_namespace, req.pod_name, expected_uid=req.pod_uid)
         if pod is None:
             return None
         if req.pod_uid and pod.uid != req.pod_uid and not pod.is_static:
@@ -124,11 +124,14 @@ class Multus:
 
     def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> dict:
         net = NetworkConfigList.load(delegate.conf, source=delegate.name)
-        return engine.add(net, self._runtime_conf(req, delegate), deadline)
+        if not delegate.master:
+            runtimeconf.check_requested_capabilities(delegate.conf, delegate.selection)
+        return engine.add(net, self.runtime_conf(req, delegate), deadline)
 
-    def _runtime_conf(self, req: CmdArgs, delegate) -> RuntimeConf:
+    def runtime_conf(self, req: CmdArgs, delegate) -> RuntimeConf:
         global_rc = req.config.get("runtimeConfig") or {}
-        capability_args = runtimeconf.delegate_capability_args(global_rc, delegate)
+        capability_args = runtimeconf.delegate_capability_args(
+            global_rc, delegate, container_id=req.container_id)
         args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
                                    req.pod_uid, runtimeconf.legacy_cni_args(delegate))
         return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
@@ -141,7 +144,7 @@ class Multus:
         for delegate in reversed(added):
             try:
                 net = NetworkConfigList.load(delegate.conf, source=delegate.name)
-                engine.delete(net, self._runtime_conf(req, delegate), _rollback_deadline(deadline))
+                engine.delete(net, self.runtime_conf(req, delegate), _rollback_deadline(deadline))
             except MultusError as exc:
                 log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
                           exc.msg)
@@ -151,7 +154,7 @@ class Multus:
             f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}:{delegate.name}]: error adding "
             f"container to network \"{delegate.name}\": ")
 
-    def _event_added(self, pod, delegate, result: dict) -> None:
+    def event_added(self, pod, delegate, result: dict) -> None:
         if pod is None or is_empty(result):
             return
         addresses = ",".join(ip_addresses(result))
@@ -177,7 +180,7 @@ class Multus:
         for delegate in reversed(delegates):
             try:
                 net = NetworkConfigList.load(delegate.conf, source=delegate.name)
-                engine.delete(net, self._runtime_conf(req, delegate), deadline)
+                engine.delete(net, self.runtime_conf(req, delegate), deadline)
             except MultusError as exc:
                 errors.append(f"{delegate.name} ({delegate.ifname}): {exc.msg}")
         if errors:
@@ -234,7 +237,7 @@ class Multus:
                          net.cni_version)
                 continue
             try:
-                engine.check(net, self._runtime_conf(req, delegate), deadline)
+                engine.check(net, self.runtime_conf(req, delegate), deadline)
             except MultusError as exc:
                 raise self._delegate_error(req, delegate, exc).with_prefix("CHECK: ") from exc
 

@@ -14,6 +14,7 @@ import pytest
 
 from testlib import PLUGIN_DIR, REPO, netns_links, netns_routes, run, unique, wait_for  # noqa: F401
 from kubeapi import kube_api, make_kube_api  # noqa: F401
+from harness import Sandbox
 
 def pytest_collection_modifyitems(config, items):
     not_root = os.geteuid() != 0
@@ -75,3 +76,11 @@ def cni_state(tmp_path) -> Iterator[dict]:
     shutil.rmtree(str(tmp_path), ignore_errors=True)
 
 
+
+
+@pytest.fixture
+def sandbox(tmp_path) -> Iterator[Sandbox]:
+    """Bridges, namespaces and multusd daemons for one test; all removed at teardown."""
+    box = Sandbox(str(tmp_path / "sandbox"))
+    yield box
+    box.cleanup()

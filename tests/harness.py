@@ -163,3 +163,56 @@ def netns_addresses(name: str) -> dict[str, list[str]]:
     return {link["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
                              if a.get("family") == "inet"]
             for link in json.loads(out)}
+
+
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")
+
+
+class Sandbox:
+    """Everything one test makes (bridges, namespaces, daemons) in one place, removed by
+    :meth:`cleanup`. Its bin dir holds the real plugins and the test stubs side by side."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.leases = os.path.join(workdir, "leases")
+        self.bin_dir = os.path.join(workdir, "bin")
+        self._bridges: list[str] = []
+        self._netns: list[str] = []
+        self._daemons: list[DaemonProcess] = []
+        os.makedirs(self.bin_dir)
+        for directory in (PLUGIN_DIR, STUBS):
+            for name in os.listdir(directory):
+                os.symlink(os.path.join(directory, name), os.path.join(self.bin_dir, name))
+
+    def bridge(self) -> str:
+        name = f"mdb{uuid.uuid4().hex[:8]}"
+        self._bridges.append(name)
+        return name
+
+    def netns(self) -> tuple[str, str]:
+        name, path = new_netns()
+        self._netns.append(name)
+        return name, path
+
+    def net(self, name: str, subnet: str, **kw: Any) -> dict:
+        return bridge_conf(name, self.bridge(), subnet, self.leases, **kw)
+
+    def daemon(self, config: dict, activate: bool = True) -> DaemonProcess:
+        config.setdefault("binDir", self.bin_dir)
+        proc = DaemonProcess(config, workdir=os.path.join(self.workdir, f"d{len(self._daemons)}"))
+        self._daemons.append(proc)
+        return proc.start(activate=activate)
+
+    def leases_held(self) -> list[str]:
+        held: list[str] = []
+        for _, _, files in os.walk(self.leases):
+            held += [f for f in files if f[0].isdigit()]
+        return held
+
+    def cleanup(self) -> None:
+        for daemon in self._daemons:
+            daemon.cleanup()
+        for name in self._netns:
+            del_netns(name)
+        for name in self._bridges:
+            del_link(name)

@@ -18,72 +18,21 @@ import uuid
 
 import pytest
 
-from harness import (PLUGIN_DIR, DaemonProcess, bridge_conf, call_shim, del_link, del_netns,
-                     netns_addresses, new_netns)
+from harness import DaemonProcess, call_shim, netns_addresses
 from testlib import wait_for
 from multusd import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
-
-STUBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stubs")
-
-
-@pytest.fixture
-def env(tmp_path):
-    """Bridges, namespaces and daemons made by one test; all removed at teardown."""
-    made = {"bridges": [], "netns": [], "daemons": []}
-
-    class Env:
-        leases = str(tmp_path / "leases")
-        bin_dir = str(tmp_path / "bin")
-
-        def bridge(self) -> str:
-            name = f"mdb{uuid.uuid4().hex[:8]}"
-            made["bridges"].append(name)
-            return name
-
-        def netns(self) -> tuple[str, str]:
-            name, path = new_netns()
-            made["netns"].append(name)
-            return name, path
-
-        def net(self, name: str, subnet: str, **kw) -> dict:
-            return bridge_conf(name, self.bridge(), subnet, self.leases, **kw)
-
-        def daemon(self, config: dict, activate: bool = True) -> DaemonProcess:
-            config.setdefault("binDir", self.bin_dir)
-            proc = DaemonProcess(config, workdir=str(tmp_path / f"d{len(made['daemons'])}"))
-            made["daemons"].append(proc)
-            return proc.start(activate=activate)
-
-        def leases_held(self) -> list[str]:
-            held = []
-            for root, _, files in os.walk(self.leases):
-                held += [f for f in files if f[0].isdigit()]
-            return held
-
-    os.makedirs(Env.bin_dir)
-    for directory in (PLUGIN_DIR, STUBS):
-        for name in os.listdir(directory):
-            os.symlink(os.path.join(directory, name), os.path.join(Env.bin_dir, name))
-    yield Env()
-    for daemon in made["daemons"]:
-        daemon.cleanup()
-    for name in made["netns"]:
-        del_netns(name)
-    for name in made["bridges"]:
-        del_link(name)
-
 
 def pod_args(container_id: str, name: str = "web-0") -> dict:
     return {"container_id": container_id, "pod": ("default", name), "uid": str(uuid.uuid4())}
 
 
 @pytest.mark.parametrize("count", [1, 2, 3])
-def test_add_check_del_with_n_delegates(env, count):
-    nets = [env.net(f"net{i}", f"10.{50 + i}.0.0/24", gateway=(i == 0)) for i in range(count)]
-    daemon = env.daemon({"cniVersion": "0.4.0", "delegates": nets})
-    ns_name, ns_path = env.netns()
+def test_add_check_del_with_n_delegates(sandbox, count):
+    nets = [sandbox.net(f"net{i}", f"10.{50 + i}.0.0/24", gateway=(i == 0)) for i in range(count)]
+    daemon = sandbox.daemon({"cniVersion": "0.4.0", "delegates": nets})
+    ns_name, ns_path = sandbox.netns()
     cid = uuid.uuid4().hex
     conf = daemon.shim_conf("0.4.0")
 
@@ -96,7 +45,7 @@ def test_add_check_del_with_n_delegates(env, count):
     expected.update({f"net{i}": [f"10.{50 + i}.0.2/24"] for i in range(1, count)})
     assert {k: v for k, v in links.items() if k != "lo"} == expected
     assert os.path.exists(os.path.join(daemon.cni_dir, cid))
-    assert len(env.leases_held()) == count
+    assert len(sandbox.leases_held()) == count
 
     check = call_shim("CHECK", conf, netns=ns_path, **pod_args(cid))
     assert check.code == 0, check.output
@@ -104,7 +53,7 @@ def test_add_check_del_with_n_delegates(env, count):
     delete = call_shim("DEL", conf, netns=ns_path, **pod_args(cid))
     assert delete.code == 0, delete.output
     assert set(netns_addresses(ns_name)) == {"lo"}
-    assert env.leases_held() == []
+    assert sandbox.leases_held() == []
     assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
     assert os.listdir(os.path.join(daemon.cni_dir, "results")) == []
 
@@ -112,13 +61,13 @@ def test_add_check_del_with_n_delegates(env, count):
     assert again.code == 0, again.output
 
 
-def test_failing_second_delegate_rolls_back_everything(env):
+def test_failing_second_delegate_rolls_back_everything(sandbox):
     broken = {"cniVersion": "0.4.0", "name": "broken-macvlan", "type": "macvlan",
               "master": "no-such-link0", "ipam": {"type": "host-local", "subnet": "10.61.0.0/24",
-                                                  "dataDir": env.leases}}
-    daemon = env.daemon({"cniVersion": "0.4.0",
-                         "delegates": [env.net("good", "10.60.0.0/24"), broken]})
-    ns_name, ns_path = env.netns()
+                                                  "dataDir": sandbox.leases}}
+    daemon = sandbox.daemon({"cniVersion": "0.4.0",
+                         "delegates": [sandbox.net("good", "10.60.0.0/24"), broken]})
+    ns_name, ns_path = sandbox.netns()
     cid = uuid.uuid4().hex
 
     add = call_shim("ADD", daemon.shim_conf("0.4.0"), netns=ns_path, **pod_args(cid))
@@ -128,7 +77,7 @@ def test_failing_second_delegate_rolls_back_everything(env):
     assert 'error adding container to network "broken-macvlan"' in add.output["msg"]
     assert "[default/web-0/" in add.output["msg"]
     assert set(netns_addresses(ns_name)) == {"lo"}
-    assert env.leases_held() == []
+    assert sandbox.leases_held() == []
     assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
     assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args("x" + cid)).code == 1
     daemon.wait_healthy()
@@ -136,10 +85,10 @@ def test_failing_second_delegate_rolls_back_everything(env):
 
 @pytest.mark.parametrize("version,has_ip_version", [("0.3.1", True), ("0.4.0", True),
                                                     ("1.0.0", False)])
-def test_result_is_converted_to_the_runtime_config_version(env, version, has_ip_version):
-    daemon = env.daemon({"delegates": [env.net("primary", "10.62.0.0/24",
+def test_result_is_converted_to_the_runtime_config_version(sandbox, version, has_ip_version):
+    daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.62.0.0/24",
                                                 cni_version="0.3.1")]})
-    ns_name, ns_path = env.netns()
+    ns_name, ns_path = sandbox.netns()
     cid = uuid.uuid4().hex
     conf = daemon.shim_conf(version)
     add = call_shim("ADD", conf, netns=ns_path, **pod_args(cid))
@@ -183,8 +132,8 @@ BASE_ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/ru
                                        {"cniVersion": "0.4.0"}), "invalid CNI_ARGS item 'garbage'"),
     ("config not JSON", cni_body(BASE_ENV, b"{{"), "CNI config from the runtime is not valid"),
 ])
-def test_bad_input_gets_a_clear_cni_error_and_the_daemon_keeps_serving(env, case, body, message):
-    daemon = env.daemon({"delegates": [env.net("primary", "10.63.0.0/24")]})
+def test_bad_input_gets_a_clear_cni_error_and_the_daemon_keeps_serving(sandbox, case, body, message):
+    daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.63.0.0/24")]})
     status, payload = post(daemon, "/cni", body)
     assert status == 400, case
     error = json.loads(payload)
@@ -193,8 +142,8 @@ def test_bad_input_gets_a_clear_cni_error_and_the_daemon_keeps_serving(env, case
     assert post(daemon, "/healthz", b"", "GET")[0] == 200
 
 
-def test_http_edges_answer_as_upstream(env):
-    daemon = env.daemon({"delegates": [env.net("primary", "10.64.0.0/24")]})
+def test_http_edges_answer_as_upstream(sandbox):
+    daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.64.0.0/24")]})
     assert post(daemon, "/nope", b"") == (404, b"")
     assert post(daemon, "/cni", b"", "GET")[0] == 405
     assert post(daemon, "/healthz", b"", "PUT")[0] == 405
@@ -203,20 +152,20 @@ def test_http_edges_answer_as_upstream(env):
     assert status == 400 and "over the limit" in json.loads(payload)["msg"]
 
 
-def test_config_without_type_is_rejected_clearly(env):
-    daemon = env.daemon({"delegates": [{"cniVersion": "0.4.0", "name": "typeless"}]})
-    ns_name, ns_path = env.netns()
+def test_config_without_type_is_rejected_clearly(sandbox):
+    daemon = sandbox.daemon({"delegates": [{"cniVersion": "0.4.0", "name": "typeless"}]})
+    ns_name, ns_path = sandbox.netns()
     add = call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(uuid.uuid4().hex))
     assert add.code == 1
     assert "type" in add.output["msg"]
     assert set(netns_addresses(ns_name)) == {"lo"}
 
 
-def test_a_hung_delegate_is_killed_at_the_deadline(env, tmp_path):
+def test_a_hung_delegate_is_killed_at_the_deadline(sandbox, tmp_path):
     pid_file = str(tmp_path / "hang.pid")
     hang = {"cniVersion": "0.4.0", "name": "hangs", "type": "stub-hang", "pidFile": pid_file}
-    daemon = env.daemon({"requestTimeout": 3, "delegates": [hang]})
-    ns_name, ns_path = env.netns()
+    daemon = sandbox.daemon({"requestTimeout": 3, "delegates": [hang]})
+    ns_name, ns_path = sandbox.netns()
     add = call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(uuid.uuid4().hex))
     assert add.code == 1
     assert add.output["code"] == 11, add.output
@@ -235,8 +184,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_inherited_socket_is_not_touched(env):
-    daemon = env.daemon({"delegates": [env.net("primary", "10.65.0.0/24")]}, activate=False)
+def test_inherited_socket_is_not_touched(sandbox):
+    daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.65.0.0/24")]}, activate=False)
     before = os.stat(daemon.socket_path)
     daemon.wait_healthy()
     after = os.stat(daemon.socket_path)
@@ -279,12 +228,12 @@ def _answers(path: str) -> bool:
         return False
 
 
-def test_sigterm_drains_in_flight_requests_and_still_serves_del(env, tmp_path):
+def test_sigterm_drains_in_flight_requests_and_still_serves_del(sandbox, tmp_path):
     gate, started = str(tmp_path / "gate"), str(tmp_path / "started")
     slow = {"cniVersion": "0.4.0", "name": "slow", "type": "stub-gate", "gateFile": gate,
             "startedFile": started}
-    daemon = env.daemon({"delegates": [slow]})
-    ns_name, ns_path = env.netns()
+    daemon = sandbox.daemon({"delegates": [slow]})
+    ns_name, ns_path = sandbox.netns()
     outcome = {}
     adder = threading.Thread(target=lambda: outcome.update(
         add=call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args("slowpod"))))
@@ -304,11 +253,11 @@ def test_sigterm_drains_in_flight_requests_and_still_serves_del(env, tmp_path):
     assert daemon.proc.wait(30) == 0
 
 
-def test_fifty_concurrent_pods_add_and_del(env):
-    daemon = env.daemon({"cniVersion": "0.4.0", "workers": 8,
-                         "delegates": [env.net("cluster", "10.70.0.0/24"),
-                                       env.net("second", "10.71.0.0/24", gateway=False)]})
-    namespaces = [env.netns() for _ in range(50)]
+def test_fifty_concurrent_pods_add_and_del(sandbox):
+    daemon = sandbox.daemon({"cniVersion": "0.4.0", "workers": 8,
+                         "delegates": [sandbox.net("cluster", "10.70.0.0/24"),
+                                       sandbox.net("second", "10.71.0.0/24", gateway=False)]})
+    namespaces = [sandbox.netns() for _ in range(50)]
     conf = daemon.shim_conf("0.4.0")
     results: dict[int, object] = {}
 
@@ -326,19 +275,19 @@ def test_fifty_concurrent_pods_add_and_del(env):
             addresses = {results[(i, "ADD")].output["ips"][0]["address"] for i in range(50)
                          if results[(i, "ADD")].code == 0}
             assert len(addresses) == 50
-            assert len(env.leases_held()) == 100
+            assert len(sandbox.leases_held()) == 100
     assert all(results[(i, c)].code == 0 for i in range(50) for c in ("ADD", "DEL"))
-    assert env.leases_held() == []
+    assert sandbox.leases_held() == []
     assert all(set(netns_addresses(name)) == {"lo"} for name, _ in namespaces)
     assert sorted(os.listdir(daemon.cni_dir)) == ["results"]
 
 
-def test_no_secret_reaches_the_log(env):
+def test_no_secret_reaches_the_log(sandbox):
     secret = "s3cr3t-token-" + uuid.uuid4().hex
-    net = env.net("primary", "10.66.0.0/24")
+    net = sandbox.net("primary", "10.66.0.0/24")
     net["kubernetes"] = {"token": secret}
-    daemon = env.daemon({"delegates": [net], "logLevel": "debug"})
-    ns_name, ns_path = env.netns()
+    daemon = sandbox.daemon({"delegates": [net], "logLevel": "debug"})
+    ns_name, ns_path = sandbox.netns()
     cid = uuid.uuid4().hex
     assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
     assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
@@ -346,11 +295,11 @@ def test_no_secret_reaches_the_log(env):
     assert "ADD starting" in log and secret not in log
 
 
-def test_del_without_scratch_cache_falls_back_to_the_result_cache(env):
-    daemon = env.daemon({"cniVersion": "0.4.0",
-                         "delegates": [env.net("cluster", "10.67.0.0/24"),
-                                       env.net("second", "10.68.0.0/24", gateway=False)]})
-    ns_name, ns_path = env.netns()
+def test_del_without_scratch_cache_falls_back_to_the_result_cache(sandbox):
+    daemon = sandbox.daemon({"cniVersion": "0.4.0",
+                         "delegates": [sandbox.net("cluster", "10.67.0.0/24"),
+                                       sandbox.net("second", "10.68.0.0/24", gateway=False)]})
+    ns_name, ns_path = sandbox.netns()
     cid = uuid.uuid4().hex
     conf = daemon.shim_conf("0.4.0")
     assert call_shim("ADD", conf, netns=ns_path, **pod_args(cid)).code == 0
@@ -358,7 +307,7 @@ def test_del_without_scratch_cache_falls_back_to_the_result_cache(env):
         handle.write("{corrupt")
     delete = call_shim("DEL", conf, netns=ns_path, **pod_args(cid))
     assert delete.code == 0, delete.output
-    assert env.leases_held() == []
+    assert sandbox.leases_held() == []
     assert set(netns_addresses(ns_name)) == {"lo"}
     assert "result cache" in daemon.log()
 

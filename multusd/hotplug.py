@@ -1,0 +1,70 @@
+"""``POST /delegate``: add, check or remove one interface in a running pod (hot-plug, F10).
+
+Wire-compatible with upstream (the multus-dynamic-networks-controller calls it): the body is
+a /cni body whose ``config`` is the delegate's own CNI config, plus ``interfaceAttributes``
+(``ips``, ``mac``, ``cni-args``). There is no scratch cache and no network-status update;
+ADD emits an ``AddedInterface`` event. Unlike upstream, the daemon-config overlay is not
+laid over the delegate's config (it would overwrite the delegate's own cniVersion), and DEL
+works without the pod: removing an interface must not depend on the API server.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .cmdargs import CmdArgs
+from .cni.conflist import NetworkConfigList
+from .cni.result import convert_result
+from .delegates import Delegate
+from .errors import InvalidNetworkConfig, PodNotFound
+from .runtimeconf import check_requested_capabilities, inject_cni_args
+from .selection import NetworkSelection
+
+COMMANDS = ("ADD", "DEL", "CHECK", "STATUS")
+
+
+def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
+                    log) -> dict | None:
+    """Run one hot-plug request; returns the 1.1.0 result for ADD."""
+    if req.command not in COMMANDS:
+        raise InvalidNetworkConfig(f"unknown cmd type: {req.command}; /delegate takes "
+                                   f"{', '.join(COMMANDS)}")
+    delegate = delegate_from_request(req, attributes)
+    net = NetworkConfigList.load(delegate.conf, source=f"/delegate {delegate.name}")
+    engine = multus.engine(req.config)
+    if req.command == "STATUS":
+        engine.status(net, deadline)
+        return None
+    rt = multus.runtime_conf(req, delegate)
+    if req.command == "DEL":
+        engine.delete(net, rt, deadline)
+        log.info("hot-unplugged %s (%s)", delegate.ifname, delegate.name)
+        return None
+    if req.command == "CHECK":
+        engine.check(net, rt, deadline)
+        return None
+    pod = multus.kube.get_pod(req.pod_namespace, req.pod_name) if multus.kube else None
+    if multus.kube is not None and pod is None:
+        raise PodNotFound(f"pod not found during Multus GetPod: {req.pod_namespace}/"
+                          f"{req.pod_name} does not exist in the API")
+    check_requested_capabilities(delegate.conf, delegate.selection)
+    result = engine.add(net, rt, deadline)
+    multus.event_added(pod, delegate, result)
+    log.info("hot-plugged %s (%s)", delegate.ifname, delegate.name)
+    return convert_result(result, "1.1.0")
+
+
+def delegate_from_request(req: CmdArgs, attributes: Mapping[str, Any]) -> Delegate:
+    """The one delegate a /delegate request describes (its config plus the attributes)."""
+    conf = req.config_bytes
+    cni_args = attributes.get("cni-args")
+    if isinstance(cni_args, dict) and cni_args:
+        conf = inject_cni_args(conf, cni_args)
+    net = NetworkConfigList.load(conf, source="/delegate config")
+    ips = tuple(attributes.get("ips") or ())
+    mac = str(attributes.get("mac") or "")
+    selection = NetworkSelection(name=net.name, namespace=req.pod_namespace,
+                                 interface=req.ifname, ips=ips, mac=mac,
+                                 cni_args=cni_args if isinstance(cni_args, dict) else None)
+    return Delegate(name=net.name, conf=conf, ifname=req.ifname, master=False,
+                    selection=selection, mac_request=mac, ip_request=ips)
