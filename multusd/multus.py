@@ -117,9 +117,8 @@ class Multus:
                 annotations=dict(pod.annotations) if pod is not None else None,
                 cni_ifname=req.ifname, get_nad=get_nad)
         except MultusError as exc:
-            missing = getattr(exc, "missing_nad", None)
-            if missing is not None and pod is not None:
-                self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.msg)
+            if isinstance(exc, delegates_mod.NadNotFound) and pod is not None:
+                self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
             raise exc.with_prefix(f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}]: ")
 
     def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> dict:

@@ -1,0 +1,325 @@
+"""Multus with Kubernetes: the real shim and daemon, real plugins, the fake API server.
+
+A pod asks for networks in its annotations and gets them: NADs, the cluster network from
+each of its sources, defaultNetworks, namespace isolation, pod identity, network-status,
+events, DEL without the pod or the cache, CHECK, and hot-plug through /delegate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+
+import pytest
+
+from harness import call_shim, netns_addresses
+from multusd import api
+from testlib import wait_for
+
+pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
+
+STATUS_KEY = "k8s.v1.cni.cncf.io/network-status"
+NETWORKS_KEY = "k8s.v1.cni.cncf.io/networks"
+
+
+class Cluster:
+    """A fake API server, a confDir with the cluster network, and a daemon pointed at both."""
+
+    def __init__(self, sandbox, kube, tmp_path) -> None:
+        self.sandbox = sandbox
+        self.kube = kube
+        self.conf_dir = str(tmp_path / "confdir")
+        os.makedirs(self.conf_dir)
+        self.cluster = sandbox.net("cluster-net", "10.80.0.0/24", cni_version="0.4.0")
+        self.cluster_path = os.path.join(self.conf_dir, "10-cluster.conf")
+        with open(self.cluster_path, "w") as handle:
+            json.dump(self.cluster, handle)
+        self.daemon = None
+
+    def nad(self, name: str, subnet: str, namespace: str = "default", gateway: bool = False,
+            **extra) -> dict:
+        conf = self.sandbox.net(name, subnet, cni_version="0.4.0", gateway=gateway)
+        conf.pop("name")  # upstream injects the NAD name when the config has none
+        conf.update(extra)
+        self.kube.add_nad(namespace, name, json.dumps(conf))
+        return conf
+
+    def start(self, **config) -> "Cluster":
+        full = {"cniVersion": "0.4.0", "kubeconfig": self.kube.kubeconfig_path,
+                "nodeName": self.kube.node, "confDir": self.conf_dir,
+                "clusterNetwork": self.cluster_path, "multusNamespace": "kube-system"}
+        full.update(config)
+        self.daemon = self.sandbox.daemon(full)
+        wait_for(lambda: api.http_request(self.daemon.socket_path, "GET", "/readyz",
+                                          timeout=2).status == 200, 20, what="caches synced")
+        return self
+
+    def pod(self, name: str, namespace: str = "default", annotations=None, **kw) -> dict:
+        return self.kube.add_pod(namespace, name, annotations=annotations or {}, **kw)
+
+    def shim(self, command: str, pod: dict, netns: str, cid: str, **kw):
+        meta = pod["metadata"]
+        return call_shim(command, self.daemon.shim_conf("0.4.0"), container_id=cid, netns=netns,
+                         pod=(meta["namespace"], meta["name"]), uid=kw.pop("uid", meta["uid"]),
+                         **kw)
+
+    def status(self, namespace: str, name: str) -> list:
+        pod = self.kube.pod(namespace, name)
+        return json.loads(pod["metadata"]["annotations"][STATUS_KEY])
+
+    def events(self, reason: str) -> list:
+        return [e for e in self.kube.events if e.get("reason") == reason]
+
+
+@pytest.fixture
+def cluster(sandbox, kube_api, tmp_path) -> Cluster:
+    return Cluster(sandbox, kube_api, tmp_path)
+
+
+def attach(cluster: Cluster, pod: dict, **kw):
+    ns_name, ns_path = cluster.sandbox.netns()
+    cid = uuid.uuid4().hex
+    add = cluster.shim("ADD", pod, ns_path, cid, **kw)
+    return add, ns_name, ns_path, cid
+
+
+def test_pod_with_two_nads_gets_eth0_net1_net2_and_network_status(cluster):
+    cluster.nad("net-a", "10.81.0.0/24")
+    cluster.nad("net-b", "10.82.0.0/24")
+    cluster.start()
+    pod = cluster.pod("web-0", annotations={NETWORKS_KEY: "net-a,net-b"})
+
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+
+    assert add.code == 0, add.output
+    assert [ip["address"] for ip in add.output["ips"]] == ["10.80.0.2/24"]
+    links = {k: v for k, v in netns_addresses(ns_name).items() if k != "lo"}
+    assert links == {"eth0": ["10.80.0.2/24"], "net1": ["10.81.0.2/24"],
+                     "net2": ["10.82.0.2/24"]}
+    status = cluster.status("default", "web-0")
+    assert [(s["name"], s["interface"], s["ips"], s.get("default", False)) for s in status] == [
+        ("cluster-net", "eth0", ["10.80.0.2"], True),
+        ("default/net-a", "net1", ["10.81.0.2"], False),
+        ("default/net-b", "net2", ["10.82.0.2"], False)]
+    assert all(s["mac"] for s in status)
+    wait_for(lambda: len(cluster.events("AddedInterface")) == 3, 10, what="3 events")
+    messages = sorted(e["message"] for e in cluster.events("AddedInterface"))
+    assert "Add net1 [10.81.0.2/24] from default/net-a" in messages
+
+    assert cluster.shim("CHECK", pod, ns_path, cid).code == 0
+    before = len(cluster.kube.requests)
+    delete = cluster.shim("DEL", pod, ns_path, cid)
+    assert delete.code == 0, delete.output
+    assert len(cluster.kube.requests) == before  # DEL needs no API call
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert cluster.sandbox.leases_held() == []
+
+
+@pytest.mark.parametrize("annotation,expected", [
+    ("net-a@data0", {"data0": "10.81.0.2/24"}),
+    ("other/net-c", {"net1": "10.83.0.2/24"}),
+    ('[{"name":"net-a","interface":"fast0"},{"name":"net-c","namespace":"other"}]',
+     {"fast0": "10.81.0.2/24", "net2": "10.83.0.2/24"}),
+])
+def test_annotation_forms(cluster, annotation, expected):
+    cluster.nad("net-a", "10.81.0.0/24")
+    cluster.nad("net-c", "10.83.0.0/24", namespace="other")
+    cluster.start()
+    pod = cluster.pod("web-1", annotations={NETWORKS_KEY: annotation})
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    links = netns_addresses(ns_name)
+    assert {k: links[k][0] for k in expected} == expected
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    assert cluster.sandbox.leases_held() == []
+
+
+def test_malformed_annotation_names_the_pod_and_the_bad_part(cluster):
+    cluster.start()
+    pod = cluster.pod("web-2", annotations={NETWORKS_KEY: "net-a@this-name-is-too-long0"})
+    add, ns_name, _, _ = attach(cluster, pod)
+    assert add.code != 0
+    assert "default/web-2" in add.output["msg"]
+    assert NETWORKS_KEY in add.output["msg"]
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert cluster.sandbox.leases_held() == []
+
+
+def test_missing_nad_fails_with_an_event_and_leaves_nothing(cluster):
+    cluster.start()
+    pod = cluster.pod("web-3", annotations={NETWORKS_KEY: "ghost"})
+    add, ns_name, _, cid = attach(cluster, pod)
+    assert add.code != 0
+    assert "cannot find a network-attachment-definition (ghost)" in add.output["msg"]
+    wait_for(lambda: cluster.events("NoNetworkFound"), 10, what="NoNetworkFound event")
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid))
+
+
+@pytest.mark.parametrize("source", ["nad", "name", "directory", "conflist"])
+def test_cluster_network_from_each_source(cluster, tmp_path, source):
+    if source == "nad":
+        conf = dict(cluster.cluster)
+        conf.pop("name")
+        cluster.kube.add_nad("kube-system", "primary", json.dumps(conf))
+        ref, name = "primary", "kube-system/primary"
+    elif source == "name":
+        ref, name = "cluster-net", "cluster-net"
+    elif source == "directory":
+        ref, name = cluster.conf_dir, "cluster-net"
+    else:
+        conflist = {"cniVersion": "0.4.0", "name": "cluster-list",
+                    "plugins": [{k: v for k, v in cluster.cluster.items()
+                                 if k not in ("cniVersion", "name")}]}
+        ref = str(tmp_path / "cluster.conflist")
+        with open(ref, "w") as handle:
+            json.dump(conflist, handle)
+        name = "cluster-list"
+    cluster.start(clusterNetwork=ref)
+    pod = cluster.pod("web-4")
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    assert netns_addresses(ns_name)["eth0"] == ["10.80.0.2/24"]
+    assert cluster.status("default", "web-4")[0]["name"] == name
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    assert cluster.sandbox.leases_held() == []
+
+
+def test_default_networks_skipped_in_system_namespaces(cluster):
+    cluster.nad("extra", "10.84.0.0/24", namespace="kube-system")
+    cluster.start(defaultNetworks=["extra"])
+    for namespace, expected in (("apps", {"eth0", "net1"}), ("kube-system", {"eth0"})):
+        pod = cluster.pod("web-5", namespace=namespace)
+        add, ns_name, ns_path, cid = attach(cluster, pod)
+        assert add.code == 0, add.output
+        assert set(netns_addresses(ns_name)) - {"lo"} == expected
+        assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+
+
+def test_default_network_annotation_replaces_the_cluster_network(cluster):
+    alt = dict(cluster.sandbox.net("alt", "10.85.0.0/24", cni_version="0.4.0"))
+    alt.pop("name")
+    cluster.kube.add_nad("kube-system", "alt-bridge", json.dumps(alt))
+    cluster.start()
+    pod = cluster.pod("web-6", annotations={
+        "v1.multus-cni.io/default-network": "kube-system/alt-bridge"})
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    assert netns_addresses(ns_name)["eth0"] == ["10.85.0.2/24"]
+    assert cluster.status("default", "web-6")[0]["name"] == "kube-system/alt-bridge"
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+
+
+@pytest.mark.parametrize("global_namespaces,allowed", [("default", False),
+                                                       ("default,other", True)])
+def test_namespace_isolation(cluster, global_namespaces, allowed):
+    cluster.nad("net-c", "10.83.0.0/24", namespace="other")
+    cluster.start(namespaceIsolation=True, globalNamespaces=global_namespaces)
+    pod = cluster.pod("web-7", namespace="apps", annotations={NETWORKS_KEY: "other/net-c"})
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    if allowed:
+        assert add.code == 0, add.output
+        assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    else:
+        assert add.code != 0
+        assert "namespace isolation enabled" in add.output["msg"]
+        assert set(netns_addresses(ns_name)) == {"lo"}
+
+
+def test_uid_mismatch_is_refused_but_a_static_pod_is_allowed(cluster):
+    cluster.start()
+    pod = cluster.pod("web-8")
+    add, ns_name, _, _ = attach(cluster, pod, uid="11111111-0000-0000-0000-000000000000")
+    assert add.code != 0
+    assert 'expected pod UID "11111111-0000-0000-0000-000000000000"' in add.output["msg"]
+    assert set(netns_addresses(ns_name)) == {"lo"}
+
+    static = cluster.pod("etcd-node", namespace="kube-system", static=True)
+    add, ns_name, ns_path, cid = attach(cluster, static, uid=str(uuid.uuid4()))
+    assert add.code == 0, add.output
+    assert cluster.shim("DEL", static, ns_path, cid).code == 0
+
+
+def test_pod_created_a_moment_after_add_starts(cluster):
+    cluster.start()
+    ns_name, ns_path = cluster.sandbox.netns()
+    uid = str(uuid.uuid4())
+    out = {}
+    pod_ref = {"metadata": {"namespace": "default", "name": "late-0", "uid": uid}}
+    caller = threading.Thread(target=lambda: out.update(add=cluster.shim("ADD", pod_ref, ns_path,
+                                                                         "latecid")))
+    caller.start()
+    wait_for(lambda: cluster.kube.count("GET", "/api/v1/namespaces/default/pods/late-0") or
+             len(cluster.daemon.log().split("ADD starting")) > 1, 20, what="ADD to start")
+    cluster.kube.add_pod("default", "late-0", uid=uid)
+    caller.join(60)
+    assert out["add"].code == 0, out["add"].output
+    assert netns_addresses(ns_name)["eth0"] == ["10.80.0.2/24"]
+    assert cluster.shim("DEL", pod_ref, ns_path, "latecid").code == 0
+
+
+def test_pod_missing_from_the_api_gets_upstreams_empty_result(cluster):
+    cluster.start()
+    ns_name, ns_path = cluster.sandbox.netns()
+    ghost = {"metadata": {"namespace": "default", "name": "ghost-0", "uid": str(uuid.uuid4())}}
+    add = cluster.shim("ADD", ghost, ns_path, "ghostcid")
+    assert add.code == 0, add.output
+    assert add.output["ips"][0]["address"] == "0.0.0.0/0"
+    assert set(netns_addresses(ns_name)) == {"lo"}
+
+
+def test_del_after_the_pod_is_deleted_and_without_scratch_cache(cluster):
+    cluster.nad("net-a", "10.81.0.0/24")
+    cluster.start()
+    pod = cluster.pod("web-9", annotations={NETWORKS_KEY: "net-a"})
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    cluster.kube.delete_pod("default", "web-9")
+    cluster.kube.delete_nad("default", "net-a")
+    os.unlink(os.path.join(cluster.daemon.cni_dir, cid))
+    delete = cluster.shim("DEL", pod, ns_path, cid)
+    assert delete.code == 0, delete.output
+    assert cluster.sandbox.leases_held() == []
+    assert set(netns_addresses(ns_name)) == {"lo"}
+
+
+def test_hot_plug_adds_and_removes_net5(cluster):
+    cluster.start()
+    pod = cluster.pod("web-10")
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    hot = cluster.sandbox.net("hotnet", "10.86.0.0/24", cni_version="0.4.0", gateway=False)
+    meta = pod["metadata"]
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": ns_path,
+           "CNI_IFNAME": "net5",
+           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-10;K8S_POD_UID={meta['uid']}"}
+    body = api.encode_request(env, json.dumps(hot).encode(), {"cni-args": {"x": "y"}})
+    response = api.http_request(cluster.daemon.socket_path, "POST", "/delegate", body, timeout=60)
+    assert response.status == 200, response.body
+    result = json.loads(response.body)["Result"]
+    assert result["cniVersion"] == "1.1.0"
+    assert netns_addresses(ns_name)["net5"] == ["10.86.0.2/24"]
+
+    env["CNI_COMMAND"] = "DEL"
+    body = api.encode_request(env, json.dumps(hot).encode(), {})
+    response = api.http_request(cluster.daemon.socket_path, "POST", "/delegate", body, timeout=60)
+    assert response.status == 200, response.body
+    assert "net5" not in netns_addresses(ns_name)
+    assert "eth0" in netns_addresses(ns_name)
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    assert cluster.sandbox.leases_held() == []
+
+
+def test_readyz_waits_for_the_api_caches(cluster):
+    cluster.kube.stop()
+    full = {"cniVersion": "0.4.0", "kubeconfig": cluster.kube.kubeconfig_path,
+            "nodeName": cluster.kube.node, "confDir": cluster.conf_dir,
+            "clusterNetwork": cluster.cluster_path}
+    daemon = cluster.sandbox.daemon(full)
+    assert api.http_request(daemon.socket_path, "GET", "/readyz", timeout=2).status == 500
+    assert api.http_request(daemon.socket_path, "GET", "/healthz", timeout=2).status == 200
+    cluster.kube.start()
+    wait_for(lambda: api.http_request(daemon.socket_path, "GET", "/readyz",
+                                      timeout=2).status == 200, 30, what="readyz after API back")
