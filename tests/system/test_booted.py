@@ -1,0 +1,282 @@
+"""The .deb in a booted Debian 12 systemd (systemd-nspawn), with real delegate plugins.
+
+One container for the whole module; the tests run in order, each on the state the previous one
+left: install, first request, restart under load, upgrade under load, remove, purge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from typing import Dict, List
+
+import pytest
+
+from pkgbuild import build_packages, wait_for_value
+from machine import Machine
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOCKET = "/run/multus/multus.sock"
+CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
+GENERATED = "/etc/cni/net.d/00-multus.conf"
+WORK = "/var/tmp/mdtest"  # on the container's disk, so the host reads it through the root dir
+UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.service")
+
+# The operator's edit of the conffile: no kubeconfig (delegates mode), plugins from Debian's dir.
+EDITED_CONFIG = {
+    "cniVersion": "0.3.1",
+    "logLevel": "debug",
+    "logToStderr": True,
+    "cniConfigDir": "/etc/cni/net.d",
+    "multusAutoconfigDir": "/etc/cni/net.d",
+    "multusConfigFile": "auto",
+    "socketDir": "/run/multus/",
+    "binDir": "/usr/lib/cni",
+}
+PRIMARY = {
+    "cniVersion": "0.3.1", "name": "mdtest-primary",
+    "plugins": [{"type": "bridge", "bridge": "mdprim0", "isGateway": True,
+                 "ipam": {"type": "host-local", "subnet": "10.88.0.0/24",
+                          "dataDir": f"{WORK}/ipam-primary"}}],
+}
+# What a runtime would hand the shim: delegates mode, one bridge + host-local network.
+SHIM_CONF = {
+    "cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus-shim",
+    "daemonSocketDir": "/run/multus",
+    "delegates": [{"cniVersion": "0.3.1", "name": "mdtest", "type": "bridge",
+                   "bridge": "mdbr0", "isGateway": True,
+                   "ipam": {"type": "host-local", "subnet": "10.89.0.0/24",
+                            "dataDir": f"{WORK}/ipam"}}],
+}
+
+pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
+
+
+def shim(box: Machine, command: str, container_id: str, pod: str, netns: str
+         ) -> subprocess.CompletedProcess:
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin:/usr/lib/cni",
+           "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};"
+                       f"K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uuid.uuid4()}"}
+    return box.run("/opt/cni/bin/multus-shim", env=env, input=json.dumps(SHIM_CONF),
+                   check=False, timeout=300)
+
+
+def active_state(box: Machine, unit: str) -> str:
+    return box.run("systemctl", "is-active", unit, check=False).stdout.strip()
+
+
+def show(box: Machine, unit: str, prop: str) -> str:
+    return box.run("systemctl", "show", unit, "-p", prop, "--value").stdout.strip()
+
+
+def netns_addrs(box: Machine, name: str) -> Dict[str, List[str]]:
+    out = box.run("ip", "-n", name, "-j", "addr", "show").stdout
+    return {link["ifname"]: [a["local"] for a in link.get("addr_info", [])]
+            for link in json.loads(out)}
+
+
+class Loop:
+    """cni_loop.py running inside the container while the host restarts or upgrades things."""
+
+    def __init__(self, box: Machine, name: str) -> None:
+        self.box = box
+        self.dir = f"{WORK}/{name}"
+        box.put(f"{self.dir}/conf.json", json.dumps(SHIM_CONF))
+        box.copy_in(os.path.join(HERE, "cni_loop.py"), f"{WORK}/cni_loop.py")
+        box.run("ip", "netns", "add", name)
+        self.proc = subprocess.Popen(
+            box.argv("python3", f"{WORK}/cni_loop.py", f"{self.dir}/conf.json",
+                     f"/run/netns/{name}", self.dir, "500"),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def calls(self) -> List[dict]:
+        try:
+            with open(self.box.path(f"{self.dir}/calls.jsonl")) as f:
+                return [json.loads(line) for line in f if line.endswith("\n")]
+        except FileNotFoundError:
+            return []
+
+    def wait_for_more(self, count: int, timeout: float = 120) -> None:
+        target = len(self.calls()) + count
+        wait_for_value(lambda: len(self.calls()) >= target or self.proc.poll() is not None,
+                       timeout, f"{count} more shim calls")
+        assert self.proc.poll() is None, f"loop ended early: {self.proc.stdout.read()}"
+
+    def finish(self) -> List[dict]:
+        self.box.put(f"{self.dir}/stop", "")
+        self.proc.wait(timeout=600)
+        return self.calls()
+
+
+@pytest.fixture(scope="module")
+def installed(machine: Machine, packages) -> Machine:
+    machine.copy_in(packages["deb"], "/root/" + os.path.basename(packages["deb"]))
+    done = machine.run("apt-get", "install", "-y",
+                       "/root/" + os.path.basename(packages["deb"]), check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return machine
+
+
+def test_1_install_leaves_the_socket_listening_and_the_service_idle(installed, packages):
+    box = installed
+    assert box.run("dpkg-query", "-W", "-f=${Status} ${Version}", "multusd").stdout == \
+        f"install ok installed {packages['version']}-1"
+    assert active_state(box, "multusd.socket") == "active"
+    assert active_state(box, "multusd-config.path") == "active"
+    assert active_state(box, "multusd.service") == "inactive"
+    for unit in ("multusd.socket", "multusd-config.path", "multusd-config.service"):
+        assert box.run("systemctl", "is-enabled", unit).stdout.strip() == "enabled"
+    assert box.run("stat", "-c", "%a %F", SOCKET).stdout.strip() == "600 socket"
+    assert box.run("stat", "-c", "%a", os.path.dirname(SOCKET)).stdout.strip() == "700"
+    verify = box.run("systemd-analyze", "verify", "--man=no",
+                     *(f"/usr/lib/systemd/system/{unit}" for unit in UNITS), check=False)
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
+    assert box.run("multusd", "--version").stdout.strip() == f"multusd {packages['version']}"
+    # byte-compiled on the target (postinst), not shipped
+    assert any(name.endswith(".pyc") for name in
+               os.listdir(box.path("/usr/lib/multusd/multusd/__pycache__")))
+    # the shim runs on its own (VERSION is answered without the daemon)
+    version = box.run("/opt/cni/bin/multus-shim", env={"CNI_COMMAND": "VERSION"},
+                      input='{"cniVersion": "0.3.1"}')
+    assert "0.3.1" in json.loads(version.stdout)["supportedVersions"]
+    assert active_state(box, "multusd.service") == "inactive"
+
+
+def test_1b_config_path_unit_is_quiet_when_nothing_changes(installed):
+    box = installed
+
+    def starts() -> int:
+        log = box.run("journalctl", "--no-pager", "-o", "cat", "-u",
+                      "multusd-config.service").stdout
+        return sum(line.startswith("Starting") for line in log.splitlines())
+
+    first = starts()
+    # An observation window, not a wait for something: nothing changes on disk during it,
+    # so nothing may run.
+    time.sleep(2)
+    assert starts() - first <= 1
+
+
+def test_2_first_request_activates_the_service(installed):
+    box = installed
+    box.put(CONFIG, json.dumps(EDITED_CONFIG, indent=4) + "\n")
+    box.put("/etc/cni/net.d/10-mdtest.conflist", json.dumps(PRIMARY, indent=4) + "\n")
+    box.run("ip", "netns", "add", "pod-a")
+
+    added = shim(box, "ADD", "cid-pod-a", "pod-a", "/run/netns/pod-a")
+    assert added.returncode == 0, added.stdout + added.stderr
+    result = json.loads(added.stdout)
+    assert result["ips"][0]["address"].startswith("10.89.0.")
+    assert result["ips"][0]["address"].split("/")[0] in netns_addrs(box, "pod-a")["eth0"]
+
+    assert active_state(box, "multusd.service") == "active"
+    status = box.run("systemctl", "status", "--no-pager", "multusd", check=False)
+    assert status.returncode == 0 and "active (running)" in status.stdout, status.stdout
+    entries = [json.loads(line) for line in box.run(
+        "journalctl", "--no-pager", "-o", "json", "-u", "multusd", "K8S_POD_NAME=pod-a"
+    ).stdout.splitlines()]
+    assert entries, "no journal line carries K8S_POD_NAME=pod-a"
+    assert {e.get("CNI_CONTAINERID") for e in entries} == {"cid-pod-a"}
+    assert any(e["MESSAGE"].startswith("ADD") for e in entries), entries
+
+    # the hardening in multusd.service is in force, and the plugins above worked under it
+    pid = show(box, "multusd.service", "MainPID")
+    assert show(box, "multusd.service", "OOMScoreAdjust") == "-900"
+    if box.oom_adjustable:  # else the host itself may not lower OOM scores (no CAP_SYS_RESOURCE)
+        assert box.run("cat", f"/proc/{pid}/oom_score_adj").stdout.strip() == "-900"
+    proc_status = box.run("cat", f"/proc/{pid}/status").stdout
+    assert "NoNewPrivs:\t1" in proc_status
+    # LockPersonality, RestrictRealtime, RestrictSUIDSGID, SystemCallArchitectures: seccomp
+    assert "Seccomp:\t2" in proc_status
+    for prop in ("LockPersonality", "RestrictRealtime", "RestrictSUIDSGID"):
+        assert show(box, "multusd.service", prop) == "yes", prop
+    assert show(box, "multusd.service", "KillMode") == "mixed"
+
+    deleted = shim(box, "DEL", "cid-pod-a", "pod-a", "/run/netns/pod-a")
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    assert "eth0" not in netns_addrs(box, "pod-a")
+
+    # the path unit noticed the primary network and generated the runtime's config
+    wait_for_value(lambda: os.path.exists(box.path(GENERATED)), 60, GENERATED)
+    assert json.loads(open(box.path(GENERATED)).read())["type"] == "multus-shim"
+
+
+def test_3_restart_under_load_fails_no_request(installed):
+    box = installed
+    loop = Loop(box, "restart")
+    pids = {show(box, "multusd.service", "MainPID")}
+    inode = box.run("stat", "-c", "%i", SOCKET).stdout
+    try:
+        loop.wait_for_more(4)
+        for _ in range(3):
+            box.run("systemctl", "restart", "multusd.service", timeout=200)
+            pids.add(show(box, "multusd.service", "MainPID"))
+            loop.wait_for_more(4)
+    finally:
+        calls = loop.finish()
+    failed = [c for c in calls if c["rc"] != 0]
+    assert failed == [], failed[:3]
+    assert len(pids) == 4, f"the service did not restart each time: {pids}"
+    assert box.run("stat", "-c", "%i", SOCKET).stdout == inode, "the socket was re-created"
+    assert len(calls) >= 16
+
+
+def test_4_upgrade_keeps_the_edited_config_and_the_socket(installed, packages, tmp_path):
+    box = installed
+    newer = build_packages(str(tmp_path), packages["version"] + ".1")
+    box.copy_in(newer["deb"], "/root/" + os.path.basename(newer["deb"]))
+    shim(box, "ADD", "cid-warm", "pod-a", "/run/netns/pod-a")  # make sure the daemon runs
+    assert active_state(box, "multusd.service") == "active"
+    before = {"inode": box.run("stat", "-c", "%i", SOCKET).stdout,
+              "since": show(box, "multusd.socket", "ActiveEnterTimestampMonotonic"),
+              "pid": show(box, "multusd.service", "MainPID")}
+    config_before = open(box.path(CONFIG)).read()
+
+    loop = Loop(box, "upgrade")
+    try:
+        loop.wait_for_more(2)
+        done = box.run("apt-get", "install", "-y",
+                       "/root/" + os.path.basename(newer["deb"]), check=False, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        loop.wait_for_more(2)
+    finally:
+        calls = loop.finish()
+    assert [c for c in calls if c["rc"] != 0] == []
+
+    assert box.run("multusd", "--version").stdout.strip() == f"multusd {newer['version']}"
+    assert open(box.path(CONFIG)).read() == config_before
+    assert not os.path.exists(box.path(CONFIG + ".dpkg-dist"))
+    assert box.run("stat", "-c", "%i", SOCKET).stdout == before["inode"]
+    assert show(box, "multusd.socket", "ActiveEnterTimestampMonotonic") == before["since"]
+    assert show(box, "multusd.service", "MainPID") != before["pid"], "service not restarted"
+    assert shim(box, "DEL", "cid-warm", "pod-a", "/run/netns/pod-a").returncode == 0
+
+
+def test_5_remove_stops_everything_and_deletes_the_generated_config(installed):
+    box = installed
+    assert os.path.exists(box.path(GENERATED))
+    done = box.run("apt-get", "remove", "-y", "multusd", check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not os.path.exists(box.path(GENERATED)), "00-multus.conf left behind"
+    for unit in UNITS:
+        journal = box.run("journalctl", "--no-pager", "-u", unit, check=False).stdout
+        assert active_state(box, unit) in ("inactive", "unknown"), f"{unit}:\n{journal}"
+    running = box.run("systemctl", "list-units", "--no-legend", "--state=active",
+                      "multusd*").stdout
+    assert running.strip() == ""
+    assert not os.path.exists(box.path(SOCKET))
+    assert not os.path.exists(box.path("/usr/lib/multusd")), "byte-code left behind"
+    assert os.path.exists(box.path(CONFIG)), "remove (not purge) keeps the conffile"
+
+
+def test_6_purge_deletes_config_and_state(installed):
+    box = installed
+    done = box.run("apt-get", "purge", "-y", "multusd", check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not os.path.exists(box.path(CONFIG))
+    assert not os.path.exists(box.path("/var/lib/cni/multus"))
+    assert box.run("dpkg-query", "-W", "multusd", check=False).returncode != 0

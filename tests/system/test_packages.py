@@ -1,0 +1,138 @@
+"""The built .deb and .rpm, without booting anything: metadata, layout, scriptlets, linters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from pkgbuild import REPO
+
+SHIM = "/opt/cni/bin/multus-shim"
+CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
+UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.service")
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check)
+
+
+def deb_field(deb: str, field: str) -> str:
+    return run("dpkg-deb", "-f", deb, field).stdout.strip()
+
+
+# ---------------------------------------------------------------------------------- .deb
+def test_deb_metadata_declares_the_runtime_dependencies(packages):
+    deb = packages["deb"]
+    assert deb_field(deb, "Package") == "multusd"
+    assert deb_field(deb, "Version") == packages["version"] + "-1"
+    assert deb_field(deb, "Architecture") == "all"
+    depends = [d.strip() for d in deb_field(deb, "Depends").split(",")]
+    assert depends == ["python3 (>= 3.9)", "python3-systemd", "python3-pyroute2",
+                       "python3-kubernetes"]
+    assert deb_field(deb, "Recommends") == "containernetworking-plugins"
+
+
+def test_deb_layout_and_conffile(packages, tmp_path):
+    deb = packages["deb"]
+    run("dpkg-deb", "-x", deb, str(tmp_path))
+    for unit in UNITS:
+        assert (tmp_path / "usr/lib/systemd/system" / unit).is_file(), unit
+    for exe in ("usr/bin/multusd", SHIM.lstrip("/")):
+        mode = os.stat(tmp_path / exe).st_mode
+        assert stat.S_IMODE(mode) == 0o755, exe
+        assert (tmp_path / exe).read_text().startswith("#!/usr/bin/python3"), exe
+    assert (tmp_path / "usr/lib/multusd/multusd/__main__.py").is_file()
+    assert (tmp_path / "usr/lib/multusd/multusd/shim.py").is_file()
+    assert not list(tmp_path.rglob("__pycache__")), "byte-code must not be shipped"
+    installed = json.loads((tmp_path / CONFIG.lstrip("/")).read_text())
+    assert installed == json.loads(open(os.path.join(REPO, "etc/daemon-config.json")).read())
+    control = tmp_path / "DEBIAN"
+    run("dpkg-deb", "-e", deb, str(control))
+    assert (control / "conffiles").read_text().split() == [CONFIG]
+
+
+def test_deb_scripts_restart_the_service_never_the_socket(packages, tmp_path):
+    run("dpkg-deb", "-e", packages["deb"], str(tmp_path))
+    postinst = (tmp_path / "postinst").read_text()
+    prerm = (tmp_path / "prerm").read_text()
+    postrm = (tmp_path / "postrm").read_text()
+    assert "try-restart multusd.service" in postinst
+    assert "restart multusd.socket" not in postinst
+    # an upgrade stops nothing; only "remove" stops units and deletes 00-multus.conf
+    assert "multusd generate-config --remove" in prerm
+    assert "rm -rf /var/lib/cni/multus" in postrm
+    for name in ("postinst", "prerm", "postrm"):
+        run("sh", "-n", str(tmp_path / name))
+
+
+def test_deb_is_lintian_clean(packages):
+    if shutil.which("lintian") is None:
+        pytest.skip("lintian is not installed")
+    done = run("lintian", "--fail-on", "error", packages["deb"], check=False)
+    errors = [line for line in done.stdout.splitlines() if line.startswith("E:")]
+    assert errors == [] and done.returncode == 0, done.stdout
+
+
+# ---------------------------------------------------------------------------------- .rpm
+def rpm_query(rpm: str, *args: str) -> str:
+    return run("rpm", "-qp", *args, rpm).stdout
+
+
+def test_rpm_info_and_requires(packages):
+    rpm = packages["rpm"]
+    info = run("rpm", "-qip", rpm).stdout
+    assert "Name        : multusd" in info
+    assert f"Version     : {packages['version']}" in info
+    assert "Architecture: noarch" in info
+    requires = rpm_query(rpm, "--requires").splitlines()
+    for name in ("python3-systemd", "python3-pyroute2", "python3-kubernetes"):
+        assert name in requires, requires
+    assert "python3 >= 3.9" in requires
+    assert rpm_query(rpm, "--recommends").split() == ["containernetworking-plugins"]
+
+
+def test_rpm_file_list_and_noreplace_config(packages):
+    rpm = packages["rpm"]
+    files = rpm_query(rpm, "-l").split()
+    for path in (SHIM, "/usr/bin/multusd", CONFIG, "/usr/lib/multusd/multusd/server.py",
+                 *("/usr/lib/systemd/system/" + unit for unit in UNITS)):
+        assert path in files, path
+    flags = dict(line.split(" ", 1) for line in
+                 rpm_query(rpm, "--qf", "[%{FILENAMES} %{FILEFLAGS:fflags}\n]").splitlines())
+    assert flags[CONFIG] == "cn", "daemon-config.json must be %config(noreplace)"
+
+
+def test_rpm_scriptlets(packages):
+    scripts = rpm_query(packages["rpm"], "--scripts")
+    post = scripts.split("postinstall scriptlet")[1].split("scriptlet")[0]
+    assert "enable --now multusd.socket multusd-config.path" in post
+    assert "try-restart multusd.service" in post
+    assert "multusd.socket" not in post.split("else", 1)[1], "upgrade must not touch the socket"
+    preun = scripts.split("preuninstall scriptlet")[1].split("scriptlet")[0]
+    assert "multusd generate-config --remove" in preun
+    assert '[ "$1" -eq 0 ]' in preun, "removal steps must not run on upgrade"
+
+
+def test_rpm_installs_into_a_root(packages, tmp_path):
+    root = tmp_path / "root"
+    run("rpm", "--root", str(root), "--initdb")
+    run("rpm", "--root", str(root), "--nodeps", "--noscripts", "-i", packages["rpm"])
+    assert os.access(root / SHIM.lstrip("/"), os.X_OK)
+    assert os.access(root / "usr/bin/multusd", os.X_OK)
+    assert json.loads((root / CONFIG.lstrip("/")).read_text())["socketDir"] == "/run/multus/"
+    assert run("rpm", "--root", str(root), "-q", "multusd").stdout.startswith("multusd-")
+    for unit in UNITS:
+        assert (root / "usr/lib/systemd/system" / unit).is_file(), unit
+
+
+def test_rpm_is_rpmlint_clean(packages):
+    if shutil.which("rpmlint") is None:
+        pytest.skip("rpmlint is not installed (Debian package rpmlint)")
+    done = run("rpmlint", "-c", os.path.join(REPO, "packaging/rpmlint.toml"),
+               packages["rpm"], check=False)
+    assert " 0 errors" in done.stdout and done.returncode == 0, done.stdout
