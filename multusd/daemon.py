@@ -85,7 +85,7 @@ class Daemon:
         self.multus = self._make_multus()
         self.server = Server(listener, self.handle, workers=self.config.workers,
                              request_timeout=self.config.request_timeout,
-                             readiness=self.multus.ready)
+                             readiness=self.multus.ready, after_request=self._report_status)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._start_watchdog()
@@ -146,7 +146,6 @@ class Daemon:
             if locked:
                 self.server.sandbox_locks.release(request.container_id)
         log.info("%s finished", request.command, extra={"DURATION_MS": _ms(started)})
-        self._report_status()
         if request.command == "ADD":
             return {"Result": result}
         return None

@@ -33,7 +33,6 @@ def setup(level: str = "verbose", log_file: str = "", log_options: Mapping[str, 
         handler.close()
     root.setLevel(LEVELS.get(level.lower(), logging.INFO))
     root.propagate = False
-    formatter = logging.Formatter(FORMAT, "%Y-%m-%dT%H:%M:%S%z")
     handler = systemd.journal_handler() if journal else None
     if handler is not None:
         root.addHandler(handler)
@@ -42,10 +41,10 @@ def setup(level: str = "verbose", log_file: str = "", log_options: Mapping[str, 
         stream.setFormatter(_ContextFormatter(FORMAT, "%Y-%m-%dT%H:%M:%S%z"))
         root.addHandler(stream)
     if log_file:
-        root.addHandler(_file_handler(log_file, log_options or {}, formatter))
+        root.addHandler(_file_handler(log_file, log_options or {}))
 
 
-def _file_handler(path: str, options: Mapping[str, Any], formatter) -> logging.Handler:
+def _file_handler(path: str, options: Mapping[str, Any]) -> logging.Handler:
     """Upstream's lumberjack defaults (100 MB, 5 backups) through the standard rotating handler."""
     max_mb = int(options.get("maxSize") or 100)
     backups = int(options.get("maxBackups") or 5)
@@ -55,11 +54,19 @@ def _file_handler(path: str, options: Mapping[str, Any], formatter) -> logging.H
     return handler
 
 
+UPSTREAM_LEVEL_NAMES = {logging.DEBUG: "debug", logging.INFO: "verbose",
+                        logging.WARNING: "warning", logging.ERROR: "error",
+                        logging.CRITICAL: "panic"}
+
+
 class _ContextFormatter(logging.Formatter):
-    """Appends the request's pod and container to text lines (the journal gets fields)."""
+    """Upstream's ``<time> [<level>] <msg>`` lines, plus the request's pod and container
+    (the journal gets those as fields instead)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        line = logging.makeLogRecord(record.__dict__)
+        line.levelname = UPSTREAM_LEVEL_NAMES.get(record.levelno, record.levelname.lower())
+        text = super().format(line)
         pod = getattr(record, "K8S_POD_NAME", "")
         if pod:
             text += (f" pod={getattr(record, 'K8S_POD_NAMESPACE', '')}/{pod}"

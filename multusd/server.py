@@ -71,9 +71,12 @@ class Server:
 
     def __init__(self, listener: socket.socket, handler: Handler, *, workers: int = 16,
                  request_timeout: float = 110.0,
-                 readiness: Callable[[], bool] = lambda: True) -> None:
+                 readiness: Callable[[], bool] = lambda: True,
+                 after_request: Callable[[], None] = lambda: None) -> None:
         self.listener = listener
         self.readiness = readiness
+        self.after_request = after_request
+        self._counts_lock = threading.Lock()
         self.handler = handler
         self.request_timeout = request_timeout
         self.pool = threading.BoundedSemaphore(workers)
@@ -143,6 +146,11 @@ class Server:
                 self._in_flight -= 1
                 self._idle.notify_all()
 
+    def _count(self, outcome: str) -> None:
+        with self._counts_lock:
+            self.counts[outcome] += 1
+        self.after_request()
+
     def run_cni(self, endpoint: str, body: bytes) -> tuple[int, bytes]:
         """Run one /cni or /delegate request through the pool; (status, body) to answer."""
         request_id = uuid.uuid4().hex[:16]
@@ -157,11 +165,11 @@ class Server:
             error = from_exception(exc)
             if not isinstance(exc, MultusError):
                 LOG.exception("request %s failed unexpectedly", request_id)
-            self.counts["failed"] += 1
+            self._count("failed")
             return _error_response(error)
         finally:
             self.pool.release()
-        self.counts["ok"] += 1
+        self._count("ok")
         if response is None:
             return 200, b""
         return 200, json.dumps(response).encode()

@@ -70,7 +70,9 @@ def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", 
 class DaemonProcess:
     """``multusd serve`` under systemd-socket-activate, in a private directory."""
 
-    def __init__(self, config: Mapping[str, Any], workdir: str | None = None) -> None:
+    def __init__(self, config: Mapping[str, Any], workdir: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.extra_env = dict(env or {})
         self.workdir = workdir or tempfile.mkdtemp(prefix="multusd-test-")
         self.socket_dir = os.path.join(self.workdir, "run")
         self.socket_path = os.path.join(self.socket_dir, "multus.sock")
@@ -91,8 +93,10 @@ class DaemonProcess:
         log = open(self.log_path, "ab")
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
+        # systemd-socket-activate hands the child only the variables named with -E.
+        passed = [arg for key, value in self.extra_env.items() for arg in ("-E", f"{key}={value}")]
         self.proc = subprocess.Popen(
-            ["systemd-socket-activate", "-l", self.socket_path, PYTHON, "-m", "multusd",
+            ["systemd-socket-activate", "-l", self.socket_path, *passed, PYTHON, "-m", "multusd",
              "serve", "--config", self.config_path],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
@@ -197,9 +201,11 @@ class Sandbox:
     def net(self, name: str, subnet: str, **kw: Any) -> dict:
         return bridge_conf(name, self.bridge(), subnet, self.leases, **kw)
 
-    def daemon(self, config: dict, activate: bool = True) -> DaemonProcess:
+    def daemon(self, config: dict, activate: bool = True,
+               env: Mapping[str, str] | None = None) -> DaemonProcess:
         config.setdefault("binDir", self.bin_dir)
-        proc = DaemonProcess(config, workdir=os.path.join(self.workdir, f"d{len(self._daemons)}"))
+        proc = DaemonProcess(config, workdir=os.path.join(self.workdir, f"d{len(self._daemons)}"),
+                             env=env)
         self._daemons.append(proc)
         return proc.start(activate=activate)
 

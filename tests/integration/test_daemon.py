@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -326,3 +327,35 @@ def test_wire_body_is_upstreams_shape():
     body = json.loads(api.encode_request({"CNI_COMMAND": "ADD"}, b'{"a":1}'))
     assert body == {"env": {"CNI_COMMAND": "ADD"},
                     "config": base64.b64encode(b'{"a":1}').decode()}
+
+
+def test_systemd_notifications_ready_status_watchdog_stopping(sandbox, tmp_path):
+    import socket as pysocket
+
+    notify_path = str(tmp_path / "notify.sock")
+    listener = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_DGRAM)
+    listener.bind(notify_path)
+    listener.settimeout(20)
+    messages: list[str] = []
+
+    def receive_until(text: str) -> None:
+        deadline = time.monotonic() + 20
+        while not any(text in m for m in messages):
+            assert time.monotonic() < deadline, f"no {text!r} in {messages[-5:]}"
+            messages.append(listener.recv(4096).decode())
+
+    try:
+        daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.69.0.0/24")]},
+                                env={"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "400000"})
+        receive_until("READY=1")
+        receive_until("WATCHDOG=1")
+        ns_name, ns_path = sandbox.netns()
+        cid = uuid.uuid4().hex
+        assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+        receive_until("STATUS=serving: 1 requests done, 0 failed")
+        assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+        daemon.proc.send_signal(signal.SIGTERM)
+        receive_until("STOPPING=1")
+        assert daemon.proc.wait(30) == 0
+    finally:
+        listener.close()

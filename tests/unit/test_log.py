@@ -1,0 +1,61 @@
+"""Logging: journal fields on every request line, levels, stderr suppression."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+
+from multusd import log
+
+
+class Capture(logging.Handler):
+    """Keeps the records exactly as a JournalHandler would receive them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_request_lines_carry_the_journal_fields():
+    logger = logging.getLogger("multusd.test-fields")
+    capture = Capture()
+    logger.addHandler(capture)
+    logger.setLevel(logging.DEBUG)
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "abc123", "CNI_IFNAME": "eth0"}
+    k8s = {"K8S_POD_NAMESPACE": "default", "K8S_POD_NAME": "web-0", "K8S_POD_UID": "u-1"}
+    adapter = log.RequestLogger(logger, log.request_fields(env, k8s, "req-1"))
+    adapter.info("ADD finished", extra={"DURATION_MS": "12.5"})
+    record = capture.records[0]
+    for key, value in {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "abc123", "CNI_IFNAME": "eth0",
+                       "K8S_POD_NAMESPACE": "default", "K8S_POD_NAME": "web-0",
+                       "K8S_POD_UID": "u-1", "REQUEST_ID": "req-1", "DURATION_MS": "12.5"}.items():
+        assert getattr(record, key) == value, key
+    logger.removeHandler(capture)
+
+
+def test_levels_follow_upstream_names(monkeypatch):
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    log.setup("error", to_stderr=True, journal=False)
+    logger = logging.getLogger("multusd.test-levels")
+    logger.info("quiet")
+    logger.error("loud")
+    assert "loud" in stream.getvalue() and "quiet" not in stream.getvalue()
+    log.setup("verbose", to_stderr=True, journal=False)
+    logger.info("now visible")
+    assert "now visible" in stream.getvalue()
+
+
+def test_log_to_stderr_false_suppresses_stderr(monkeypatch, tmp_path):
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    log_file = tmp_path / "multus.log"
+    log.setup("verbose", log_file=str(log_file), to_stderr=False, journal=False)
+    logging.getLogger("multusd.test-stderr").info("to the file only")
+    assert stream.getvalue() == ""
+    assert "[verbose] to the file only" in log_file.read_text()
+    log.setup("verbose", to_stderr=False, journal=False)
