@@ -1,8 +1,9 @@
 """daemon-config.json: loading, validation (every problem at once) and the per-request overlay.
 
 The file is upstream's (``/etc/cni/net.d/multus.d/daemon-config.json``) with every upstream
-key accepted, plus host keys of ours: ``kubeconfig``, ``nodeName``, ``requestTimeout`` and
-``workers``. ``chrootDir`` is refused: multusd runs on the host and executes plugins directly.
+key accepted, plus host keys of ours: ``kubeconfig``, ``nodeName``, ``requestTimeout``,
+``workers``, and for device plugins ``kubeletRootDir`` (/var/lib/kubelet) and
+``deviceInfoDir`` (/var/run/k8s.cni.cncf.io/devinfo). ``chrootDir`` is refused: multusd runs on the host and executes plugins directly.
 The whole file is also overlaid on every request's config, as upstream does (F09).
 """
 
@@ -30,7 +31,7 @@ CONFGEN_KEYS = {"multusConfigFile", "multusAutoconfigDir", "multusMasterCNI", "c
                 "namespaceIsolation", "globalNamespaces", "auxiliaryCNIChainName", "name"}
 OVERLAY_KEYS = {"confDir", "clusterNetwork", "defaultNetworks", "delegates", "multusNamespace",
                 "systemNamespaces", "retryDeleteOnError", "runtimeConfig", "kubeconfig"}
-HOST_KEYS = {"nodeName", "requestTimeout", "workers"}
+HOST_KEYS = {"nodeName", "requestTimeout", "workers", "kubeletRootDir", "deviceInfoDir"}
 KNOWN_KEYS = SERVER_KEYS | CONFGEN_KEYS | OVERLAY_KEYS | HOST_KEYS
 
 

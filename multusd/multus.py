@@ -20,7 +20,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from . import delegates as delegates_mod
-from . import netstatus, runtimeconf, store
+from . import devices, netstatus, runtimeconf, store
 from .cmdargs import CmdArgs
 from .cni import cache as result_cache
 from .cni.args import build_delegate_args
@@ -34,6 +34,8 @@ LOG = logging.getLogger(__name__)
 
 DEFAULT_BIN_DIR = "/opt/cni/bin"
 DEFAULT_CNI_DIR = "/var/lib/cni/multus"
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 WIRE_VERSION = "1.1.0"
 READINESS_TIMEOUT = 45.0
 
@@ -75,18 +77,23 @@ class Multus:
         store.atomic_write(cache_path, delegates_mod.delegates_to_cache(delegates))
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
-        for index, delegate in enumerate(delegates):
-            try:
-                result = self._add_one(engine, req, delegate, deadline)
-            except MultusError as exc:
-                self._roll_back(engine, req, delegates[: index + 1], deadline, log)
-                store.remove(cache_path)
-                raise self._delegate_error(req, delegate, exc) from exc
-            results.append((delegate, result))
-            self.event_added(pod, delegate, result)
+        routes = _DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
+        try:
+            for index, delegate in enumerate(delegates):
+                try:
+                    result = self._add_one(engine, req, delegate, deadline)
+                    routes.apply(delegate, result)
+                except MultusError as exc:
+                    self._roll_back(engine, req, delegates[: index + 1], deadline, log)
+                    store.remove(cache_path)
+                    raise self._delegate_error(req, delegate, exc) from exc
+                results.append((delegate, result))
+                self.event_added(pod, delegate, result)
+        finally:
+            routes.close()
         if pod is not None:
             try:
-                self._write_network_status(pod, results)
+                self._write_network_status(req, pod, results)
             except MultusError as exc:
                 self._roll_back(engine, req, delegates, deadline, log)
                 store.remove(cache_path)
@@ -111,11 +118,16 @@ class Multus:
 
     def _resolve(self, req: CmdArgs, pod) -> list:
         get_nad = self.kube.get_nad if self.kube is not None else None
+        kubelet = str(req.config.get("kubeletRootDir") or DEFAULT_KUBELET_DIR)
+        allocator = devices.DeviceAllocator(
+            req.pod_namespace, req.pod_name, req.pod_uid,
+            pod_resources_socket=os.path.join(kubelet, "pod-resources", "kubelet.sock"),
+            checkpoint=os.path.join(kubelet, "device-plugins", "kubelet_internal_checkpoint"))
         try:
             return delegates_mod.build_delegates(
                 req.config, pod_namespace=req.pod_namespace, pod_name=req.pod_name,
                 annotations=dict(pod.annotations) if pod is not None else None,
-                cni_ifname=req.ifname, get_nad=get_nad)
+                cni_ifname=req.ifname, get_nad=get_nad, device_id_for=allocator)
         except MultusError as exc:
             if isinstance(exc, delegates_mod.NadNotFound) and pod is not None:
                 self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
@@ -125,12 +137,18 @@ class Multus:
         net = NetworkConfigList.load(delegate.conf, source=delegate.name)
         if not delegate.master:
             runtimeconf.check_requested_capabilities(delegate.conf, delegate.selection)
-        return engine.add(net, self.runtime_conf(req, delegate), deadline)
+        rt = self.runtime_conf(req, delegate)
+        info_file = rt.capability_args.get("CNIDeviceInfoFile")
+        if delegate.device_id and info_file:
+            devices.copy_device_plugin_info(delegate.resource_name, delegate.device_id, info_file,
+                                            dp_dir=os.path.join(devinfo_dir(req.config), "dp"))
+        return engine.add(net, rt, deadline)
 
     def runtime_conf(self, req: CmdArgs, delegate) -> RuntimeConf:
         global_rc = req.config.get("runtimeConfig") or {}
         capability_args = runtimeconf.delegate_capability_args(
-            global_rc, delegate, container_id=req.container_id)
+            global_rc, delegate, container_id=req.container_id,
+            devinfo_dir=os.path.join(devinfo_dir(req.config), "cni"))
         args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
                                    req.pod_uid, runtimeconf.legacy_cni_args(delegate))
         return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
@@ -142,11 +160,18 @@ class Multus:
         """DEL, in reverse, what an ADD set up (the failed delegate included); errors logged."""
         for delegate in reversed(added):
             try:
-                net = NetworkConfigList.load(delegate.conf, source=delegate.name)
-                engine.delete(net, self.runtime_conf(req, delegate), _rollback_deadline(deadline))
+                self._delete_one(engine, req, delegate, _rollback_deadline(deadline))
             except MultusError as exc:
                 log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
                           exc.msg)
+
+    def _delete_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> None:
+        net = NetworkConfigList.load(delegate.conf, source=delegate.name)
+        rt = self.runtime_conf(req, delegate)
+        engine.delete(net, rt, deadline)
+        info_file = rt.capability_args.get("CNIDeviceInfoFile")
+        if delegate.device_id and info_file:
+            devices.remove_device_info(info_file)
 
     def _delegate_error(self, req: CmdArgs, delegate, exc: MultusError) -> MultusError:
         return exc.with_prefix(
@@ -161,11 +186,18 @@ class Multus:
         self.kube.emit_event(pod, "Normal", "AddedInterface",
                              f"Add {delegate.ifname} [{addresses}]{source}")
 
-    def _write_network_status(self, pod, results: Sequence[tuple[Any, dict]]) -> None:
+    def _write_network_status(self, req: CmdArgs, pod,
+                              results: Sequence[tuple[Any, dict]]) -> None:
         entries: list[dict] = []
         for delegate, result in results:
+            info = None
+            if delegate.device_id:
+                info_file = self.runtime_conf(req, delegate).capability_args.get(
+                    "CNIDeviceInfoFile")
+                info = devices.load_device_info(info_file) if info_file else None
             entries.extend(netstatus.status_entries(
-                delegate.name, convert_result(result, WIRE_VERSION), default=delegate.master))
+                delegate.name, convert_result(result, WIRE_VERSION), default=delegate.master,
+                device_info=info))
         if entries:
             self.kube.set_network_status(pod, netstatus.format_network_status(entries))
 
@@ -178,8 +210,7 @@ class Multus:
         errors = []
         for delegate in reversed(delegates):
             try:
-                net = NetworkConfigList.load(delegate.conf, source=delegate.name)
-                engine.delete(net, self.runtime_conf(req, delegate), deadline)
+                self._delete_one(engine, req, delegate, deadline)
             except MultusError as exc:
                 errors.append(f"{delegate.name} ({delegate.ifname}): {exc.msg}")
         if errors:
@@ -298,6 +329,38 @@ def scratch_path(conf: Mapping[str, Any], container_id: str) -> str:
 
 def cni_dir(conf: Mapping[str, Any]) -> str:
     return str(conf.get("cniDir") or DEFAULT_CNI_DIR)
+
+
+def devinfo_dir(conf: Mapping[str, Any]) -> str:
+    return str(conf.get("deviceInfoDir") or DEFAULT_DEVINFO_DIR)
+
+
+class _DefaultRoutes:
+    """default-route handling after each delegate's ADD (F50), in one netns opening.
+
+    The namespace (and pyroute2) is opened only when a delegate needs it: pods without a
+    ``default-route`` request never pay for it.
+    """
+
+    def __init__(self, netns_path: str, cache_dir: str, container_id: str) -> None:
+        self.netns_path = netns_path
+        self.cache_dir = cache_dir
+        self.container_id = container_id
+        self._netns = None
+
+    def apply(self, delegate, result: dict) -> None:
+        if not (delegate.filter_v4_gateway or delegate.filter_v6_gateway
+                or delegate.gateway_request is not None):
+            return
+        if self._netns is None:
+            from .netns import PodNetns
+
+            self._netns = PodNetns(self.netns_path)
+        self._netns.apply_default_route(self.cache_dir, self.container_id, delegate, result)
+
+    def close(self) -> None:
+        if self._netns is not None:
+            self._netns.close()
 
 
 def empty_result(req: CmdArgs) -> dict:

@@ -40,7 +40,8 @@ _REQUESTED_CAPABILITIES = (
 
 
 def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],
-                             delegate: "Delegate", *, container_id: str = "") -> Dict[str, Any]:
+                             delegate: "Delegate", *, container_id: str = "",
+                             devinfo_dir: str = DEVINFO_CNI_DIR) -> Dict[str, Any]:
     """The capability args (libcni ``CapabilityArgs``) for one delegate.
 
     A deep copy of the runtime's global ``runtimeConfig``; for a non-master delegate the
@@ -66,17 +67,18 @@ def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],
     if args.get("deviceID") and container_id:
         # Always our own path, even if the runtime sent one: two delegates must not share it.
         args["CNIDeviceInfoFile"] = device_info_path(delegate.name, container_id,
-                                                     delegate.ifname)
+                                                     delegate.ifname, base_dir=devinfo_dir)
     for key in _CAPABILITY_KEYS:
         if key in args and (args[key] is None or (key != "bandwidth" and not args[key])):
             del args[key]
     return args
 
 
-def device_info_path(delegate_name: str, container_id: str, ifname: str) -> str:
+def device_info_path(delegate_name: str, container_id: str, ifname: str, *,
+                     base_dir: str = DEVINFO_CNI_DIR) -> str:
     """Where the delegate's device-info file lives (NAD utils ``GetCNIDeviceInfoPath``)."""
     filename = f"{delegate_name}-{container_id}_{ifname}".replace("/", "-")
-    return os.path.join(DEVINFO_CNI_DIR, filename)
+    return os.path.join(base_dir, filename)
 
 
 def legacy_cni_args(delegate: "Delegate") -> List[Tuple[str, str]]:
