@@ -18,7 +18,6 @@ import base64
 import json
 import os
 import socket
-from typing import Any, Mapping
 
 CNI_ENDPOINT = "/cni"
 DELEGATE_ENDPOINT = "/delegate"
@@ -33,10 +32,10 @@ def socket_path(socket_dir: str = "") -> str:
     return os.path.join(socket_dir or DEFAULT_SOCKET_DIR, SOCKET_NAME)
 
 
-def encode_request(env: Mapping[str, str], config: bytes,
-                   interface_attributes: Mapping[str, Any] | None = None) -> bytes:
+def encode_request(env: dict, config: bytes,
+                   interface_attributes: dict | None = None) -> bytes:
     """The JSON body of a /cni or /delegate request (config base64, as Go encodes []byte)."""
-    body: dict[str, Any] = {"env": dict(env), "config": base64.b64encode(config).decode()}
+    body: dict = {"env": dict(env), "config": base64.b64encode(config).decode()}
     if interface_attributes is not None:
         body["interfaceAttributes"] = dict(interface_attributes)
     return json.dumps(body).encode()

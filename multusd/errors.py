@@ -24,7 +24,6 @@ Hierarchy::
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
 
 DEFAULT_CNI_VERSION = "1.1.0"
 
@@ -41,7 +40,7 @@ class MultusError(Exception):
         if code is not None:
             self.code = code
 
-    def to_cni_error(self, cni_version: str = DEFAULT_CNI_VERSION) -> dict[str, Any]:
+    def to_cni_error(self, cni_version: str = DEFAULT_CNI_VERSION) -> dict:
         """The CNI error object (spec "Error" section) for this failure."""
         return {
             "cniVersion": cni_version or DEFAULT_CNI_VERSION,
@@ -122,12 +121,12 @@ class DeadlineExceeded(MultusError):
 class PluginError(MultusError):
     """A delegate plugin's own CNI error, passed through unchanged."""
 
-    def __init__(self, error: dict[str, Any]) -> None:
+    def __init__(self, error: dict) -> None:
         super().__init__(str(error.get("msg", "")), str(error.get("details", "")),
                          code=int(error.get("code", 100) or 100))
         self.error = dict(error)
 
-    def to_cni_error(self, cni_version: str = DEFAULT_CNI_VERSION) -> dict[str, Any]:
+    def to_cni_error(self, cni_version: str = DEFAULT_CNI_VERSION) -> dict:
         out = dict(self.error)
         out["msg"] = self.msg  # may carry a prefix added by with_prefix
         out.setdefault("cniVersion", cni_version or DEFAULT_CNI_VERSION)
@@ -141,11 +140,23 @@ class DelegateError(MultusError):
     code = 100
 
 
-class ConfigProblem(NamedTuple):
-    """One problem found in a configuration: where it is and what to do about it."""
+class ConfigProblem(tuple):
+    """One problem found in a configuration: where it is and what to do about it.
 
-    path: str
-    message: str
+    A (path, message) tuple; not a typing.NamedTuple, so that importing this module (the
+    shim does, for every pod) does not import typing.
+    """
+
+    def __new__(cls, path: str, message: str) -> "ConfigProblem":
+        return super().__new__(cls, (path, message))
+
+    @property
+    def path(self) -> str:
+        return self[0]
+
+    @property
+    def message(self) -> str:
+        return self[1]
 
     def format(self) -> str:
         return f"{self.path}: {self.message}"

@@ -15,13 +15,13 @@ import json
 import os
 import sys
 import time
-from typing import Any
 
 from . import __version__, api
 from .errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater)
 
 SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
-READY_POLL_INTERVAL = 0.1
+READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
+READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
 READY_TIMEOUT = 60.0
 LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
 
@@ -29,7 +29,7 @@ LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
 class ShimConfig:
     """The few keys of the runtime's config that the shim itself reads."""
 
-    def __init__(self, conf: dict[str, Any]) -> None:
+    def __init__(self, conf: dict) -> None:
         self.cni_version = str(conf.get("cniVersion") or "")
         self.socket_dir = str(conf.get("daemonSocketDir") or api.DEFAULT_SOCKET_DIR)
         self.log_file = str(conf.get("logFile") or "")
@@ -69,6 +69,7 @@ def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
     """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last = "no answer"
+    pause = READY_POLL_FIRST
     while True:
         try:
             response = api.http_request(sock, "GET", api.READY_ENDPOINT, timeout=5.0)
@@ -81,7 +82,8 @@ def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
             raise TryAgainLater(
                 f"timed out after {timeout:.0f}s waiting for multusd on {sock}: {last}; "
                 "check `systemctl status multusd.socket multusd`")
-        time.sleep(READY_POLL_INTERVAL)
+        time.sleep(pause)
+        pause = min(pause * 2, READY_POLL_INTERVAL)
 
 
 def check_alive(sock: str) -> None:
@@ -116,19 +118,19 @@ def post_cni(sock: str, env: dict[str, str], stdin: bytes) -> bytes:
 class _ForwardedError(MultusError):
     """A CNI error the daemon returned, printed unchanged."""
 
-    def __init__(self, error: dict[str, Any]) -> None:
+    def __init__(self, error: dict) -> None:
         super().__init__(str(error.get("msg")), str(error.get("details", "")),
                          code=int(error.get("code") or 100))
         self.error = error
 
-    def to_cni_error(self, cni_version: str = "") -> dict[str, Any]:
+    def to_cni_error(self, cni_version: str = "") -> dict:
         out = dict(self.error)
         if cni_version:
             out["cniVersion"] = cni_version
         return out
 
 
-def add_result(body: bytes, cni_version: str) -> dict[str, Any]:
+def add_result(body: bytes, cni_version: str) -> dict:
     """The ADD result from the daemon's ``{"Result": ...}``, converted to the config's version."""
     try:
         result = json.loads(body).get("Result") if body else None
@@ -143,7 +145,7 @@ def add_result(body: bytes, cni_version: str) -> dict[str, Any]:
     return result
 
 
-def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict[str, Any] | None]:
+def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
     """Carry out one CNI call; return (exit code, JSON to print or None)."""
     command = env.get("CNI_COMMAND", "")
     config_version = ""
@@ -169,7 +171,7 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict[str, Any] | None]:
         return 1, exc.to_cni_error(config_version or "1.1.0")
 
 
-def version_info(stdin: bytes) -> dict[str, Any]:
+def version_info(stdin: bytes) -> dict:
     try:
         requested = json.loads(stdin).get("cniVersion") if stdin.strip() else None
     except (ValueError, AttributeError):

@@ -10,16 +10,19 @@ of one sandbox, written before the first delegate runs, read back by DEL and CHE
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-from typing import Any
-
 from .errors import IOFailure
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700,
+                 sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically; create its directory with ``dir_mode``.
+
+    The file's data is always fsynced before the rename, so no crash can leave it empty or
+    partial. ``sync_dir=False`` skips the directory fsync for files whose loss after a crash
+    is recoverable (libcni's result cache: DEL falls back to the scratch cache); the rename
+    is still atomic.
 
     :raises IOFailure: when the directory or the file cannot be written.
     """
@@ -40,23 +43,22 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
     except OSError as exc:
         _unlink_quietly(tmp)
         raise IOFailure(f"cannot write {path}: {exc.strerror}") from exc
-    _fsync_dir(directory)
-
-
-def atomic_write_json(path: str, obj: Any, mode: int = 0o600) -> None:
-    """:func:`atomic_write` of ``obj`` as compact JSON."""
-    atomic_write(path, json.dumps(obj, separators=(",", ":")).encode(), mode=mode)
+    if sync_dir:
+        _fsync_dir(directory)
 
 
 def remove(path: str) -> bool:
-    """Delete ``path``; True if it existed. A missing file is not an error."""
+    """Delete ``path``; True if it existed. A missing file is not an error.
+
+    The directory is not fsynced: a deletion lost in a crash only means a second, idempotent
+    DEL of the same attachment.
+    """
     try:
         os.unlink(path)
     except FileNotFoundError:
         return False
     except OSError as exc:
         raise IOFailure(f"cannot remove {path}: {exc.strerror}") from exc
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
     return True
 
 

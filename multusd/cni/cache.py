@@ -153,7 +153,7 @@ def decode_config(entry: dict) -> bytes:
 
 
 def _write_entry(path: str, entry: dict) -> None:
-    store.atomic_write(path, json.dumps(entry, separators=(",", ":")).encode())
+    store.atomic_write(path, json.dumps(entry, separators=(",", ":")).encode(), sync_dir=False)
 
 
 def _load(path: str) -> Optional[dict]:

@@ -20,14 +20,11 @@ Usage::
 
 from __future__ import annotations
 
-import ipaddress
-import logging
-from typing import Any, Dict, List, Optional
-
 from ..errors import DecodeFailure
 from .version import is_legacy, require_supported
 
-LOG = logging.getLogger(__name__)
+# No logging, ipaddress or typing import here: the shim converts every ADD result with
+# this module and pays for each import on every pod.
 
 _ROUTE_KEYS = ("dst", "gw", "mtu", "advmss", "priority", "table", "scope")
 _DNS_KEYS = ("nameservers", "domain", "search", "options")
@@ -49,7 +46,7 @@ def convert_result(result: dict, to_version: str) -> dict:
     require_supported(to_version, "the requested result version")
     legacy = is_legacy(to_version)
     from_legacy = is_legacy(from_version)
-    out: Dict[str, Any] = {"cniVersion": to_version}
+    out: dict = {"cniVersion": to_version}
     interfaces = [_convert_interface(i, legacy) for i in _list(result, "interfaces")]
     if interfaces:
         out["interfaces"] = interfaces
@@ -65,7 +62,7 @@ def convert_result(result: dict, to_version: str) -> dict:
     return out
 
 
-def is_empty(result: Optional[dict]) -> bool:
+def is_empty(result: dict | None) -> bool:
     """True when ``result`` has no interfaces, addresses, routes or DNS settings."""
     if not result:
         return True
@@ -73,7 +70,7 @@ def is_empty(result: Optional[dict]) -> bool:
                 or _convert_dns(result.get("dns")))
 
 
-def ip_addresses(result: dict) -> List[str]:
+def ip_addresses(result: dict) -> list:
     """The ``address`` (CIDR) of every entry of ``ips``, in order."""
     return [ip["address"] for ip in _list(result, "ips") if ip.get("address")]
 
@@ -83,10 +80,12 @@ def ip_family(address: str) -> str:
 
     :raises DecodeFailure: when ``address`` is not an IP address.
     """
-    try:
-        return str(ipaddress.ip_interface(address).version)
-    except ValueError as exc:
-        raise DecodeFailure(f"invalid IP address {address!r} in a CNI result") from exc
+    host = address.split("/", 1)[0] if isinstance(address, str) else ""
+    if ":" in host:
+        return "6"
+    if host.count(".") == 3 and all(part.isdigit() for part in host.split(".")):
+        return "4"
+    raise DecodeFailure(f"invalid IP address {address!r} in a CNI result")
 
 
 def _convert_interface(interface: dict, legacy: bool) -> dict:
@@ -96,7 +95,7 @@ def _convert_interface(interface: dict, legacy: bool) -> dict:
 def _convert_ip(ip: dict, legacy: bool, from_legacy: bool) -> dict:
     if not isinstance(ip, dict) or not ip.get("address"):
         raise DecodeFailure(f"invalid entry {ip!r} in a CNI result's 'ips': needs an 'address'")
-    out: Dict[str, Any] = {}
+    out: dict = {}
     if legacy:
         # A 0.x source says its family; a 1.x one never does (libcni derives it).
         out["version"] = (from_legacy and ip.get("version")) or ip_family(ip["address"])
@@ -108,13 +107,13 @@ def _convert_ip(ip: dict, legacy: bool, from_legacy: bool) -> dict:
     return out
 
 
-def _convert_dns(dns: Any) -> dict:
+def _convert_dns(dns: object) -> dict:
     if not isinstance(dns, dict):
         return {}
     return {key: _copy(dns[key]) for key in _DNS_KEYS if dns.get(key)}
 
 
-def _pick(source: Any, keys: tuple) -> dict:
+def _pick(source: object, keys: tuple) -> dict:
     """The set ``keys`` of ``source``, copied.
 
     libcni omits empty strings and zero ``mtu``/``advmss``/``priority``; ``table`` and
@@ -125,7 +124,7 @@ def _pick(source: Any, keys: tuple) -> dict:
     return {key: _copy(source[key]) for key in keys if not _omitted(key, source.get(key))}
 
 
-def _omitted(key: str, value: Any) -> bool:
+def _omitted(key: str, value: object) -> bool:
     if value is None or value == "" or value == [] or value == {}:
         return True
     return key in _ZERO_OMITTED and value == 0
@@ -140,7 +139,7 @@ def _list(result: dict, key: str) -> list:
     return value
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: object) -> object:
     if isinstance(value, list):
         return [_copy(v) for v in value]
     if isinstance(value, dict):

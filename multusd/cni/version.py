@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Tuple
 
 from ..errors import IncompatibleCNIVersion
 
 #: The spec versions multusd speaks, oldest first (0.1.0/0.2.0 results are not supported).
-SUPPORTED_VERSIONS: Tuple[str, ...] = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+SUPPORTED_VERSIONS: tuple = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 #: The newest version we implement; what ``cniVersions`` lists are capped at.
 CURRENT_VERSION = SUPPORTED_VERSIONS[-1]
@@ -16,7 +15,7 @@ CURRENT_VERSION = SUPPORTED_VERSIONS[-1]
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 
 
-def parse_version(v: str) -> Tuple[int, int, int]:
+def parse_version(v: str) -> tuple:
     """``"1.0.0"`` -> ``(1, 0, 0)``.
 
     :raises IncompatibleCNIVersion: when ``v`` is not three dot-separated numbers.

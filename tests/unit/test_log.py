@@ -6,7 +6,22 @@ import io
 import logging
 import sys
 
+import pytest
+
 from multusd import log
+
+
+@pytest.fixture(autouse=True)
+def restore_multusd_logger():
+    """log.setup() reconfigures the "multusd" logger; give later tests the one they had."""
+    logger = logging.getLogger("multusd")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
 
 
 class Capture(logging.Handler):
