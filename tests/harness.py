@@ -222,3 +222,57 @@ class Sandbox:
             del_netns(name)
         for name in self._bridges:
             del_link(name)
+
+
+STATUS_KEY = "k8s.v1.cni.cncf.io/network-status"
+
+
+class Cluster:
+    """A fake API server, a confDir with the cluster network, and a daemon pointed at both."""
+
+    def __init__(self, sandbox, kube, tmp_path) -> None:
+        self.sandbox = sandbox
+        self.kube = kube
+        self.conf_dir = str(tmp_path / "confdir")
+        os.makedirs(self.conf_dir)
+        self.cluster = sandbox.net("cluster-net", "10.80.0.0/24", cni_version="0.4.0")
+        self.cluster_path = os.path.join(self.conf_dir, "10-cluster.conf")
+        with open(self.cluster_path, "w") as handle:
+            json.dump(self.cluster, handle)
+        self.daemon = None
+
+    def nad(self, name: str, subnet: str, namespace: str = "default", gateway: bool = False,
+            **extra) -> dict:
+        conf = self.sandbox.net(name, subnet, cni_version="0.4.0", gateway=gateway)
+        conf.pop("name")  # upstream injects the NAD name when the config has none
+        conf.update(extra)
+        self.kube.add_nad(namespace, name, json.dumps(conf))
+        return conf
+
+    def start(self, **config: Any) -> "Cluster":
+        from multusd import api
+
+        full = {"cniVersion": "0.4.0", "kubeconfig": self.kube.kubeconfig_path,
+                "nodeName": self.kube.node, "confDir": self.conf_dir,
+                "clusterNetwork": self.cluster_path, "multusNamespace": "kube-system"}
+        full.update(config)
+        self.daemon = self.sandbox.daemon(full)
+        wait_for(lambda: api.http_request(self.daemon.socket_path, "GET", "/readyz",
+                                          timeout=2).status == 200, 20, what="caches synced")
+        return self
+
+    def pod(self, name: str, namespace: str = "default", annotations=None, **kw) -> dict:
+        return self.kube.add_pod(namespace, name, annotations=annotations or {}, **kw)
+
+    def shim(self, command: str, pod: dict, netns: str, cid: str, **kw):
+        meta = pod["metadata"]
+        return call_shim(command, self.daemon.shim_conf("0.4.0"), container_id=cid, netns=netns,
+                         pod=(meta["namespace"], meta["name"]), uid=kw.pop("uid", meta["uid"]),
+                         **kw)
+
+    def status(self, namespace: str, name: str) -> list:
+        pod = self.kube.pod(namespace, name)
+        return json.loads(pod["metadata"]["annotations"][STATUS_KEY])
+
+    def events(self, reason: str) -> list:
+        return [e for e in self.kube.events if e.get("reason") == reason]
