@@ -187,6 +187,10 @@ class Sandbox:
         for directory in (PLUGIN_DIR, STUBS):
             for name in os.listdir(directory):
                 os.symlink(os.path.join(directory, name), os.path.join(self.bin_dir, name))
+        passthru = os.path.join(self.bin_dir, "passthru")  # ours, as the package installs it
+        with open(passthru, "w") as handle:
+            handle.write(f"#!{PYTHON}\nfrom multusd.passthru import main\nraise SystemExit(main())\n")
+        os.chmod(passthru, 0o755)
 
     def bridge(self) -> str:
         name = f"mdb{uuid.uuid4().hex[:8]}"

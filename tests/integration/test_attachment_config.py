@@ -217,3 +217,21 @@ def test_a_nad_without_resource_name_never_reads_device_paths(cluster, tmp_path)
     assert add.code == 0, add.output
     assert netns_addresses(ns_name)["net1"] == ["10.95.0.2/24"]
     assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+
+
+def test_auxiliary_chain_runs_after_every_network(cluster):
+    aux_dir = os.path.join(cluster.conf_dir, "aux")
+    os.makedirs(aux_dir)
+    with open(os.path.join(aux_dir, "10-tuning.conf"), "w") as handle:
+        json.dump({"type": "tuning", "sysctl": {"net.ipv4.conf.eth0.arp_filter": "1"}}, handle)
+    cluster.start(auxiliaryCNIChainName="aux")
+    pod = cluster.pod("aux-pod")
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    sysctl = subprocess.run(["ip", "netns", "exec", ns_name, "cat",
+                             "/proc/sys/net/ipv4/conf/eth0/arp_filter"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    assert sysctl == "1"
+    assert [ip["address"] for ip in add.output["ips"]] == ["10.80.0.2/24"]
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    assert cluster.sandbox.leases_held() == []

@@ -13,6 +13,7 @@ import pytest
 from pkgbuild import REPO
 
 SHIM = "/opt/cni/bin/multus-shim"
+PASSTHRU = "/opt/cni/bin/passthru"
 CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
 UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.service")
 
@@ -42,7 +43,7 @@ def test_deb_layout_and_conffile(packages, tmp_path):
     run("dpkg-deb", "-x", deb, str(tmp_path))
     for unit in UNITS:
         assert (tmp_path / "usr/lib/systemd/system" / unit).is_file(), unit
-    for exe in ("usr/bin/multusd", SHIM.lstrip("/")):
+    for exe in ("usr/bin/multusd", SHIM.lstrip("/"), PASSTHRU.lstrip("/")):
         mode = os.stat(tmp_path / exe).st_mode
         assert stat.S_IMODE(mode) == 0o755, exe
         assert (tmp_path / exe).read_text().startswith("#!/usr/bin/python3"), exe
@@ -99,7 +100,7 @@ def test_rpm_info_and_requires(packages):
 def test_rpm_file_list_and_noreplace_config(packages):
     rpm = packages["rpm"]
     files = rpm_query(rpm, "-l").split()
-    for path in (SHIM, "/usr/bin/multusd", CONFIG, "/usr/lib/multusd/multusd/server.py",
+    for path in (SHIM, PASSTHRU, "/usr/bin/multusd", CONFIG, "/usr/lib/multusd/multusd/server.py",
                  *("/usr/lib/systemd/system/" + unit for unit in UNITS)):
         assert path in files, path
     flags = dict(line.split(" ", 1) for line in
