@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml scripts/install-deps Makefile
 	touch $@
 
 run: setup
-	$(PYTHON) scripts/demo.py
+	$(PYTHON) scripts/demo.py $(ARGS)
 
 test: setup
 	$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
