@@ -17,7 +17,8 @@ import sys
 import time
 
 from . import __version__, api
-from .errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater)
+from .errors import (DecodeFailure, IncompatibleCNIVersion, InvalidEnvironment, MultusError,
+                     TryAgainLater)
 
 SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
@@ -63,6 +64,23 @@ def parse_config(stdin: bytes) -> ShimConfig:
             "invalid CNI configuration passed to multus-shim: failed to gather the multus "
             f"configuration: {exc}") from None
     return ShimConfig(conf)
+
+
+# The oldest config version that has each command (as the CNI skel library checks).
+COMMAND_MIN_VERSION = {"CHECK": (0, 4, 0), "STATUS": (1, 1, 0), "GC": (1, 1, 0)}
+
+
+def check_command_allowed(command: str, cni_version: str) -> None:
+    """Refuse CHECK below 0.4.0 and STATUS/GC below 1.1.0 without asking the daemon."""
+    minimum = COMMAND_MIN_VERSION.get(command)
+    if minimum is None or not cni_version:
+        return
+    try:
+        version = tuple(int(part) for part in cni_version.split("."))
+    except ValueError:
+        raise IncompatibleCNIVersion(f"invalid cniVersion {cni_version!r} in the CNI config") from None
+    if version < minimum:
+        raise IncompatibleCNIVersion(f"config version does not allow {command}")
 
 
 def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
@@ -157,6 +175,7 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
                                      "run by the container runtime")
         conf = parse_config(stdin)
         config_version = conf.cni_version
+        check_command_allowed(command, config_version)
         sock = api.socket_path(conf.socket_dir)
         if command == "DEL":
             check_alive(sock)

@@ -359,3 +359,12 @@ def test_systemd_notifications_ready_status_watchdog_stopping(sandbox, tmp_path)
         assert daemon.proc.wait(30) == 0
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("command,version", [("CHECK", "0.3.1"), ("STATUS", "1.0.0"),
+                                             ("GC", "1.0.0")])
+def test_shim_refuses_commands_the_config_version_lacks(command, version):
+    out = call_shim(command, {"cniVersion": version, "daemonSocketDir": "/nonexistent"})
+    assert out.code == 1
+    assert out.output == {"cniVersion": version, "code": 1, "details": "",
+                          "msg": f"config version does not allow {command}"}

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-from typing import Callable, Dict
+from typing import Dict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -36,13 +35,3 @@ def build_packages(dist: str, version: str) -> Dict[str, str]:
     return built
 
 
-def wait_for_value(condition: Callable[[], object], timeout: float, what: str):
-    """Poll ``condition`` until it is truthy; fail after ``timeout`` seconds (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)

@@ -15,7 +15,8 @@ from typing import Dict, List
 
 import pytest
 
-from pkgbuild import build_packages, wait_for_value
+from pkgbuild import build_packages
+from testlib import wait_for
 from machine import Machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,8 +103,8 @@ class Loop:
 
     def wait_for_more(self, count: int, timeout: float = 120) -> None:
         target = len(self.calls()) + count
-        wait_for_value(lambda: len(self.calls()) >= target or self.proc.poll() is not None,
-                       timeout, f"{count} more shim calls")
+        wait_for(lambda: len(self.calls()) >= target or self.proc.poll() is not None,
+                 timeout, interval=0.05, what=f"{count} more shim calls")
         assert self.proc.poll() is None, f"loop ended early: {self.proc.stdout.read()}"
 
     def finish(self) -> List[dict]:
@@ -201,7 +202,7 @@ def test_2_first_request_activates_the_service(installed):
     assert "eth0" not in netns_addrs(box, "pod-a")
 
     # the path unit noticed the primary network and generated the runtime's config
-    wait_for_value(lambda: os.path.exists(box.path(GENERATED)), 60, GENERATED)
+    wait_for(lambda: os.path.exists(box.path(GENERATED)), 60, what=GENERATED)
     assert json.loads(open(box.path(GENERATED)).read())["type"] == "multus-shim"
 
 

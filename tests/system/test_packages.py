@@ -35,7 +35,7 @@ def test_deb_metadata_declares_the_runtime_dependencies(packages):
     depends = [d.strip() for d in deb_field(deb, "Depends").split(",")]
     assert depends == ["python3 (>= 3.9)", "python3-systemd", "python3-pyroute2",
                        "python3-kubernetes"]
-    assert deb_field(deb, "Recommends") == "containernetworking-plugins"
+    assert deb_field(deb, "Recommends") == "containernetworking-plugins, python3-grpcio"
 
 
 def test_deb_layout_and_conffile(packages, tmp_path):
@@ -94,7 +94,7 @@ def test_rpm_info_and_requires(packages):
     for name in ("python3-systemd", "python3-pyroute2", "python3-kubernetes"):
         assert name in requires, requires
     assert "python3 >= 3.9" in requires
-    assert rpm_query(rpm, "--recommends").split() == ["containernetworking-plugins"]
+    assert rpm_query(rpm, "--recommends").split() == ["containernetworking-plugins", "python3-grpcio"]
 
 
 def test_rpm_file_list_and_noreplace_config(packages):
