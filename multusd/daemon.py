@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Mapping
 
-from . import __version__, cmdargs, systemd
+from . import __version__, cmdargs, metrics, systemd
 from .config import DaemonConfig
 from .errors import MultusError
 from .log import RequestLogger, request_fields
@@ -74,6 +74,7 @@ class Daemon:
         self.kube = None
         self.multus = None
         self.server: Server | None = None
+        self.metrics_server = None
         self._owns_socket = False
         self._stopping = threading.Event()
 
@@ -83,6 +84,7 @@ class Daemon:
             listener = bind_socket(self.config.socket_path)
             self._owns_socket = True
         self.multus = self._make_multus()
+        self._start_metrics()
         self.server = Server(listener, self.handle, workers=self.config.workers,
                              request_timeout=self.config.request_timeout,
                              readiness=self.multus.ready, after_request=self._report_status)
@@ -110,7 +112,24 @@ class Daemon:
             self.kube.start()
         return Multus(self.config, self.kube)
 
+    def _start_metrics(self) -> None:
+        if self.config.metrics_port is None:
+            return
+        try:
+            self.metrics_server = metrics.serve(self.config.metrics_address,
+                                                self.config.metrics_port)
+        except metrics.MetricsServerError as exc:
+            raise StartupError(str(exc)) from exc
+        kube = self.kube
+        metrics.DEFAULT.set_sources(
+            cached_pods=(lambda: kube.cache_sizes()[0]) if kube is not None else None,
+            cached_nads=(lambda: kube.cache_sizes()[1]) if kube is not None else None,
+            cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"))
+        LOG.info("metrics on %s/metrics", self.metrics_server.url)
+
     def _close(self, listener: socket.socket) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         if self.kube is not None:
             self.kube.stop()
         if self._owns_socket:
@@ -124,9 +143,16 @@ class Daemon:
     def handle(self, endpoint: str, body: bytes, deadline: float,
                request_id: str) -> Mapping[str, Any] | None:
         """One /cni or /delegate request (called on a pool slot by the server)."""
+        with metrics.track_request(endpoint) as tracked:
+            env, config, attributes = cmdargs.decode_body(body)
+            request = cmdargs.parse(env, config, self.config)
+            tracked.command = request.command
+            return self._handle(endpoint, request, env, attributes, deadline, request_id)
+
+    def _handle(self, endpoint: str, request: cmdargs.CmdArgs, env: Mapping[str, str],
+                attributes: Mapping[str, Any] | None, deadline: float,
+                request_id: str) -> Mapping[str, Any] | None:
         started = time.monotonic()
-        env, config, attributes = cmdargs.decode_body(body)
-        request = cmdargs.parse(env, config, self.config)
         log = RequestLogger(LOG, request_fields(env, request.k8s_fields(), request_id))
         log.info("%s starting CNI request %s", request.command, endpoint)
         locked = bool(request.container_id)

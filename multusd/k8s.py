@@ -310,6 +310,11 @@ class KubeClient:
         LOG.info("watching pods on node %s and NetworkAttachmentDefinitions at %s",
                  self.node_name, self.server_url)
 
+    def cache_sizes(self) -> Tuple[int, int]:
+        """(pods, NADs) held in the watch caches (for metrics)."""
+        with self._cond:
+            return len(self._pods), len(self._nads)
+
     def synced(self) -> bool:
         """Both caches have completed their first list."""
         with self._cond:

@@ -21,7 +21,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Mapping, Optional
 
-from . import api
+from . import api, metrics
 from .errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater,
                      from_exception)
 
@@ -280,3 +280,4 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 "Connection: close\r\n\r\n").encode()
         self.wfile.write(head + body)  # one write: no Nagle delay between head and body
         self.wfile.flush()
+        metrics.observe_http(self.path.split("?", 1)[0], self.command, status)

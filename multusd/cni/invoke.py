@@ -25,6 +25,7 @@ import subprocess
 import time
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from .. import metrics
 from ..errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig, MultusError,
                       PluginError)
 
@@ -98,9 +99,13 @@ def exec_plugin(path: str, *, command: str, stdin: bytes, env: Mapping[str, str]
     if time.monotonic() >= deadline:
         raise run.failure(DeadlineExceeded, "was not started: the request deadline had "
                           "already passed", None, b"", b"")
-    proc = run.start(plugin_environment(env), deadline)
-    stdout, stderr = run.communicate(proc, stdin, deadline)
-    return run.decode(proc.returncode, stdout, stderr)
+    started = time.monotonic()
+    try:
+        proc = run.start(plugin_environment(env), deadline)
+        stdout, stderr = run.communicate(proc, stdin, deadline)
+        return run.decode(proc.returncode, stdout, stderr)
+    finally:
+        metrics.observe_plugin(os.path.basename(path), command, time.monotonic() - started)
 
 
 def plugin_environment(env: Mapping[str, str]) -> Dict[str, str]:

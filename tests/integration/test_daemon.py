@@ -368,3 +368,29 @@ def test_shim_refuses_commands_the_config_version_lacks(command, version):
     assert out.code == 1
     assert out.output == {"cniVersion": version, "code": 1, "details": "",
                           "msg": f"config version does not allow {command}"}
+
+
+def free_port() -> int:
+    import socket as pysocket
+
+    with pysocket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_metrics_count_requests_and_time_delegate_plugins(sandbox):
+    import urllib.request
+
+    port = free_port()
+    daemon = sandbox.daemon({"metricsPort": port,
+                             "delegates": [sandbox.net("primary", "10.74.0.0/24")]})
+    ns_name, ns_path = sandbox.netns()
+    cid = uuid.uuid4().hex
+    assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert 'multusd_requests_total{handler="/cni",command="ADD",result="ok"} 1' in text
+    assert 'multus_server_request_total{handler="/cni",code="200",method="post"} 1' in text
+    assert 'multusd_delegate_duration_seconds_count{plugin="bridge",command="ADD"} 1' in text
+    assert "multusd_scratch_cache_entries 1" in text
+    assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
