@@ -14,10 +14,13 @@ because the shim runs it once per pod sandbox and must start fast.
 
 from __future__ import annotations
 
-import base64
-import json
+import binascii
 import os
-import socket
+
+# _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
+import _socket
+
+from . import quickjson
 
 CNI_ENDPOINT = "/cni"
 DELEGATE_ENDPOINT = "/delegate"
@@ -35,10 +38,11 @@ def socket_path(socket_dir: str = "") -> str:
 def encode_request(env: dict, config: bytes,
                    interface_attributes: dict | None = None) -> bytes:
     """The JSON body of a /cni or /delegate request (config base64, as Go encodes []byte)."""
-    body: dict = {"env": dict(env), "config": base64.b64encode(config).decode()}
+    body: dict = {"env": dict(env),
+                  "config": binascii.b2a_base64(config, newline=False).decode()}
     if interface_attributes is not None:
         body["interfaceAttributes"] = dict(interface_attributes)
-    return json.dumps(body).encode()
+    return quickjson.dumps(body).encode()
 
 
 class HTTPResponse:
@@ -54,7 +58,7 @@ class HTTPResponse:
 def http_request(sock_path: str, method: str, path: str, body: bytes = b"",
                  timeout: float | None = None) -> HTTPResponse:
     """One HTTP/1.1 request over a unix socket; raises OSError when the daemon is unreachable."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         conn.settimeout(timeout)
         conn.connect(sock_path)
@@ -66,7 +70,7 @@ def http_request(sock_path: str, method: str, path: str, body: bytes = b"",
         conn.close()
 
 
-def _read_response(conn: socket.socket) -> HTTPResponse:
+def _read_response(conn: _socket.socket) -> HTTPResponse:
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
@@ -101,7 +105,7 @@ def _read_response(conn: socket.socket) -> HTTPResponse:
         rest += chunk
 
 
-def _read_chunked(conn: socket.socket, data: bytes) -> bytes:
+def _read_chunked(conn: _socket.socket, data: bytes) -> bytes:
     while not data.endswith(b"0\r\n\r\n"):
         chunk = conn.recv(65536)
         if not chunk:

@@ -11,12 +11,11 @@ leaking addresses; a DEL of something already gone succeeds in the daemon.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
-from . import __version__, api
+from . import __version__, api, quickjson
 from .errors import (DecodeFailure, IncompatibleCNIVersion, InvalidEnvironment, MultusError,
                      TryAgainLater)
 
@@ -56,7 +55,7 @@ class ShimConfig:
 
 def parse_config(stdin: bytes) -> ShimConfig:
     try:
-        conf = json.loads(stdin)
+        conf = quickjson.loads(stdin)
         if not isinstance(conf, dict):
             raise ValueError("the configuration is not a JSON object")
     except ValueError as exc:
@@ -124,7 +123,7 @@ def post_cni(sock: str, env: dict[str, str], stdin: bytes) -> bytes:
     if response.status == 200:
         return response.body
     try:
-        error = json.loads(response.body)
+        error = quickjson.loads(response.body)
     except ValueError:
         error = None
     if isinstance(error, dict) and error.get("msg"):
@@ -151,7 +150,7 @@ class _ForwardedError(MultusError):
 def add_result(body: bytes, cni_version: str) -> dict:
     """The ADD result from the daemon's ``{"Result": ...}``, converted to the config's version."""
     try:
-        result = json.loads(body).get("Result") if body else None
+        result = quickjson.loads(body).get("Result") if body else None
     except (ValueError, AttributeError):
         raise DecodeFailure(f"failed to decode the result from multusd: {body[:200]!r}") from None
     if result is None:
@@ -192,7 +191,7 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
 
 def version_info(stdin: bytes) -> dict:
     try:
-        requested = json.loads(stdin).get("cniVersion") if stdin.strip() else None
+        requested = quickjson.loads(stdin).get("cniVersion") if stdin.strip() else None
     except (ValueError, AttributeError):
         requested = None
     return {"cniVersion": requested or "1.1.0", "supportedVersions": SUPPORTED_VERSIONS}
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     stdin = sys.stdin.buffer.read()
     code, output = run(dict(os.environ), stdin)
     if output is not None:
-        sys.stdout.write(json.dumps(output) + "\n")
+        sys.stdout.write(quickjson.dumps(output) + "\n")
         sys.stdout.flush()
     return code
 

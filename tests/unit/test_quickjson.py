@@ -1,0 +1,60 @@
+"""quickjson gives exactly what json gives, without importing it (the shim's start-up)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from multusd import quickjson
+
+SAMPLES = [
+    {"cniVersion": "1.1.0", "ips": [{"address": "10.1.0.5/24", "gateway": "10.1.0.1"}],
+     "dns": {}, "interfaces": [{"name": "eth0", "mac": "aa:bb", "mtu": 1500}]},
+    [1, -2, 3.5, 1e300, True, False, None, "é \u2028 \"quoted\" \\ /"],
+    "plain", 0, {"nested": {"deep": [[], {}]}},
+]
+
+
+@pytest.mark.parametrize("value", SAMPLES)
+def test_round_trips_like_json(value):
+    text = json.dumps(value)
+    assert quickjson.dumps(value) == text
+    assert quickjson.loads(text) == json.loads(text)
+    assert quickjson.loads(text.encode()) == json.loads(text)
+    assert quickjson.loads(f" \n{text}\t ") == value
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "{", '{"a": 1} x', "[1,]", "{'a': 1}", "nul"])
+def test_bad_input_raises_value_error_like_json(bad):
+    with pytest.raises(ValueError):
+        json.loads(bad)
+    with pytest.raises(ValueError):
+        quickjson.loads(bad)
+
+
+def test_unserializable_and_circular_values_raise():
+    with pytest.raises(TypeError, match="set is not JSON serializable"):
+        quickjson.dumps({"a": {1}})
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError):
+        quickjson.dumps(loop)
+
+
+def test_the_shim_path_imports_neither_json_nor_re_nor_socket():
+    code = (f"import sys; sys.path.insert(0, {_repo()!r}); "
+            "import multusd.shim, multusd.cni.result; "
+            "print(sorted(m for m in ('json', 're', 'socket', 'logging', 'typing', 'enum') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _repo() -> str:
+    import os
+
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
