@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Mapping, Optional
 
 from . import api, metrics
@@ -134,7 +133,7 @@ class Server:
     def _serve_connection(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(READ_TIMEOUT)
-            _RequestHandler(conn, self)
+            _Connection(conn, self).handle()
         except Exception:  # a broken client must never take a thread's error further
             LOG.debug("connection ended with an error", exc_info=True)
         finally:
@@ -179,47 +178,71 @@ def _error_response(error: MultusError) -> tuple[int, bytes]:
     return 400, json.dumps(error.to_cni_error()).encode()
 
 
-class _RequestHandler(BaseHTTPRequestHandler):
-    """HTTP parsing and routing; the CNI work itself happens in :meth:`Server.run_cni`."""
+STATUS_PHRASES = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found",
+                  405: "Method Not Allowed", 500: "Internal Server Error"}
+MAX_HEADER_LINE = 65536
+MAX_HEADERS = 100
 
-    protocol_version = "HTTP/1.1"
-    server_version = "multusd"
-    sys_version = ""
+
+class _BadRequest(Exception):
+    """The bytes on the connection are not an HTTP/1.x request."""
+
+
+class _Connection:
+    """One HTTP/1.1 exchange on an accepted connection: parse, route, answer, close.
+
+    A small parser of our own rather than http.server: that module (with email and html)
+    costs the daemon ~30 ms of imports on every socket-activated start, and the shims'
+    requests are one simple shape. ``Connection: close`` is always answered, as upstream's
+    daemon disables keep-alive.
+    """
 
     def __init__(self, conn: socket.socket, server: Server) -> None:
-        self.multusd = server
-        # BaseRequestHandler runs the whole exchange from its constructor.
-        super().__init__(conn, ("multusd", 0), None)
+        self.conn = conn
+        self.server = server
+        self.rfile = conn.makefile("rb")
+        self.method = ""
+        self.path = ""
+        self.headers: dict = {}
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        LOG.debug("http: " + format, *args)
+    def handle(self) -> None:
+        # The file object holds its own reference to the socket: close it too, or the
+        # connection stays open and a client reading to EOF (Go's) waits.
+        try:
+            if self._read_head():
+                self._route()
+        except _BadRequest as exc:
+            LOG.debug("malformed HTTP request: %s", exc)
+            self._send(400, f"{exc}\n".encode(), "text/plain")
+        finally:
+            self.rfile.close()
 
-    def do_GET(self) -> None:
-        self._route("GET")
+    def _read_head(self) -> bool:
+        line = self.rfile.readline(MAX_HEADER_LINE + 1)
+        if not line:
+            return False  # a probe that connected and went away
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise _BadRequest(f"malformed request line {line[:100]!r}")
+        self.method, self.path = parts[0], parts[1].split("?", 1)[0]
+        while True:
+            line = self.rfile.readline(MAX_HEADER_LINE + 1)
+            if line in (b"\r\n", b"\n", b""):
+                return True
+            if len(line) > MAX_HEADER_LINE or len(self.headers) >= MAX_HEADERS:
+                raise _BadRequest("request headers too large")
+            name, sep, value = line.decode("latin-1").partition(":")
+            if not sep:
+                raise _BadRequest(f"malformed header line {line[:100]!r}")
+            self.headers[name.strip().lower()] = value.strip()
 
-    def do_POST(self) -> None:
-        self._route("POST")
-
-    def do_PUT(self) -> None:
-        self._route("PUT")
-
-    def do_DELETE(self) -> None:
-        self._route("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._route("PATCH")
-
-    def do_HEAD(self) -> None:
-        self._route("HEAD")
-
-    def _route(self, method: str) -> None:
-        self.close_connection = True
-        path = self.path.split("?", 1)[0]
+    def _route(self) -> None:
+        path, method = self.path, self.method
         if path in (api.HEALTH_ENDPOINT, api.READY_ENDPOINT):
             if method not in ("GET", "POST"):
                 return self._send(405, b"Method not allowed\n", "text/plain")
             self._drain_body()
-            ok = path == api.HEALTH_ENDPOINT or (self.multusd.ready and self.multusd.readiness())
+            ok = path == api.HEALTH_ENDPOINT or (self.server.ready and self.server.readiness())
             return self._send(200 if ok else 500, b"")
         if path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT):
             if method != "POST":
@@ -228,14 +251,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 body = self._read_body()
             except MultusError as exc:
                 return self._send(*_error_response(exc))
-            status, payload = self.multusd.run_cni(path, body)
+            status, payload = self.server.run_cni(path, body)
             return self._send(status, payload)
         return self._send(404, b"")
 
     def _read_body(self) -> bytes:
-        length_header = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        if self.headers.get("expect", "").lower() == "100-continue":
+            self.conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl asks for large bodies
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
             return self._read_chunked()
+        length_header = self.headers.get("content-length")
         if length_header is None:
             raise InvalidEnvironment("the request has no Content-Length")
         try:
@@ -260,7 +285,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _read_chunked(self) -> bytes:
         body = b""
         while True:
-            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            try:
+                size = int(self.rfile.readline(MAX_HEADER_LINE).split(b";")[0].strip() or b"0",
+                           16)
+            except ValueError:
+                raise DecodeFailure("malformed chunked request body") from None
             if size == 0:
                 self.rfile.readline()
                 return body
@@ -270,14 +299,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self.rfile.readline()
 
     def _drain_body(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            return
         if 0 < length <= MAX_BODY:
             self.rfile.read(length)
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        head = (f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\n"
+        head = (f"HTTP/1.1 {status} {STATUS_PHRASES.get(status, '')}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n").encode()
-        self.wfile.write(head + body)  # one write: no Nagle delay between head and body
-        self.wfile.flush()
-        metrics.observe_http(self.path.split("?", 1)[0], self.command, status)
+        self.conn.sendall(head + body)  # one write: no Nagle delay between head and body
+        metrics.observe_http(self.path, self.method, status)

@@ -394,3 +394,32 @@ def test_metrics_count_requests_and_time_delegate_plugins(sandbox):
     assert 'multusd_delegate_duration_seconds_count{plugin="bridge",command="ADD"} 1' in text
     assert "multusd_scratch_cache_entries 1" in text
     assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+
+
+def raw_exchange(path: str, data: bytes) -> bytes:
+    import socket as pysocket
+
+    with pysocket.socket(pysocket.AF_UNIX) as conn:
+        conn.settimeout(30)
+        conn.connect(path)
+        conn.sendall(data)
+        received = b""
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return received
+            received += chunk
+
+
+def test_malformed_http_and_expect_continue(sandbox):
+    daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.75.0.0/24")]})
+    assert raw_exchange(daemon.socket_path, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert raw_exchange(daemon.socket_path, b"GET /healthz HTTP/1.1\r\nNoColon\r\n\r\n"
+                        ).startswith(b"HTTP/1.1 400 ")
+    body = b"{}"
+    answer = raw_exchange(daemon.socket_path,
+                          b"POST /cni HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                          b"Content-Length: 2\r\n\r\n" + body)
+    assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 400 Bad Request\r\n")
+    assert b"unexpected or missing CNI_COMMAND" in answer
+    assert post(daemon, "/healthz", b"", "GET")[0] == 200
