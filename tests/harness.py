@@ -22,6 +22,12 @@ from typing import Any, Mapping
 from testlib import PLUGIN_DIR, wait_for
 
 PYTHON = sys.executable
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The shim as packaging/multus-shim.launcher runs it: python3 -IS, the code's directory on the
+# path (here the repository instead of /usr/lib/multusd): no site, no venv, stdlib only.
+SHIM_ARGV = [os.path.realpath(PYTHON), "-IS", "-c",
+             f"import sys; sys.path.insert(0, {REPO!r}); from multusd.shim import main; "
+             "sys.exit(main())"]
 
 
 def bridge_conf(name: str, bridge: str, subnet: str, data_dir: str,
@@ -61,7 +67,7 @@ def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", 
                     f"K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}")
     env["CNI_ARGS"] = cni_args
     env.update(env_extra or {})
-    proc = subprocess.run([PYTHON, "-m", "multusd.shim"], input=json.dumps(conf).encode(),
+    proc = subprocess.run(SHIM_ARGV, input=json.dumps(conf).encode(),
                           env=env, capture_output=True, timeout=timeout)
     text = proc.stdout.decode().strip()
     return ShimOutput(proc.returncode, json.loads(text) if text else None, proc.stderr.decode())
