@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import store
 from .errors import DecodeFailure, InvalidEnvironment, IOFailure, TryAgainLater
-from .runtimeconf import device_info_path  # noqa: F401 - the CNI device-info path, re-exported
 
 LOG = logging.getLogger(__name__)
 

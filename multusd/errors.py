@@ -165,7 +165,7 @@ class ConfigProblem(tuple):
 class ConfigError(InvalidNetworkConfig):
     """A configuration has one or more problems; all of them are listed."""
 
-    def __init__(self, source: str, problems: Sequence[ConfigProblem]) -> None:
+    def __init__(self, source: str, problems: list) -> None:
         self.problems = list(problems)
         lines = "; ".join(p.format() for p in self.problems)
         super().__init__(f"invalid configuration {source}: {lines}")

@@ -12,9 +12,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from testlib import PLUGIN_DIR, REPO, netns_links, netns_routes, run, unique, wait_for  # noqa: F401
-from kubeapi import kube_api, make_kube_api  # noqa: F401
-from harness import Sandbox
+from kubeapi import kube_api, make_kube_api  # noqa: F401 - fixtures for every test
+from testlib import PLUGIN_DIR, run, unique
+from harness import STUBS, Sandbox
 
 def pytest_collection_modifyitems(config, items):
     not_root = os.geteuid() != 0
@@ -84,3 +84,14 @@ def sandbox(tmp_path) -> Iterator[Sandbox]:
     box = Sandbox(str(tmp_path / "sandbox"))
     yield box
     box.cleanup()
+
+
+@pytest.fixture
+def stub_bin(tmp_path) -> str:
+    """A private bin dir holding the stub plugins of tests/stubs, executable."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("stub-record", "stub-error", "stub-exit", "stub-garbage", "stub-hang"):
+        shutil.copyfile(os.path.join(STUBS, name), bin_dir / name)
+        os.chmod(bin_dir / name, 0o755)
+    return str(bin_dir)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from typing import List
@@ -21,22 +20,10 @@ from multusd.errors import (DeadlineExceeded, DelegateError, IncompatibleCNIVers
                             InvalidNetworkConfig, MultusError, PluginError,
                             UnknownContainer)
 
-STUBS = os.path.join(os.path.dirname(__file__), "..", "stubs")
 RESULT_100 = {"cniVersion": "1.0.0",
               "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
               "ips": [{"interface": 0, "address": "10.9.0.5/24", "gateway": "10.9.0.1"}],
               "routes": [{"dst": "0.0.0.0/0", "gw": "10.9.0.1"}]}
-
-
-@pytest.fixture
-def stub_bin(tmp_path) -> str:
-    """A private bin dir holding the engine's stub plugins, executable."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("stub-record", "stub-error", "stub-exit", "stub-garbage", "stub-hang"):
-        shutil.copyfile(os.path.join(STUBS, name), bin_dir / name)
-        os.chmod(bin_dir / name, 0o755)
-    return str(bin_dir)
 
 
 @pytest.fixture

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import threading
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from testlib import wait_for  # noqa: E402
-from kubeapi import FakeKubeAPI, kube_api, make_kube_api  # noqa: E402,F401 - fixtures
-
-from multusd.errors import MultusError, PodNotFound, TryAgainLater  # noqa: E402
-from multusd.k8s import NETWORK_STATUS_ANNOTATION, KubeClient, Pod  # noqa: E402
+from kubeapi import FakeKubeAPI
+from multusd.errors import MultusError, PodNotFound, TryAgainLater
+from multusd.k8s import NETWORK_STATUS_ANNOTATION, KubeClient, Pod
+from testlib import wait_for
 
 NS = "default"
 NAD_CONFIG = '{"cniVersion":"1.0.0","name":"net1","type":"bridge"}'

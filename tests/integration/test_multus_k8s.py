@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster, call_shim, netns_addresses
+from harness import Cluster, netns_addresses
 from multusd import api
 from testlib import wait_for
 

@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from multusd import devices
+from multusd import devices, runtimeconf
 from multusd.delegates import build_delegates
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure
 
@@ -147,7 +147,7 @@ def test_device_plugin_info_path_replaces_slashes(tmp_path):
 
 
 def test_cni_device_info_path_is_upstreams():
-    assert devices.device_info_path("default/sriov-a", "cid1", "net1") == (
+    assert runtimeconf.device_info_path("default/sriov-a", "cid1", "net1") == (
         "/var/run/k8s.cni.cncf.io/devinfo/cni/default-sriov-a-cid1_net1")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 
@@ -16,18 +15,6 @@ from multusd.cni import invoke
 from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig,
                             PluginError)
 
-STUBS = os.path.join(os.path.dirname(__file__), "..", "..", "stubs")
-
-
-@pytest.fixture
-def stub_bin(tmp_path) -> str:
-    """A private bin dir holding the engine's stub plugins (tests/stubs), executable."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("stub-record", "stub-error", "stub-exit", "stub-garbage", "stub-hang"):
-        shutil.copyfile(os.path.join(STUBS, name), bin_dir / name)
-        os.chmod(bin_dir / name, 0o755)
-    return str(bin_dir)
 
 
 ENV = invoke.build_env("ADD", "cid1", "/var/run/netns/x", "eth0", "A=1;B=2", "/opt/cni/bin")
