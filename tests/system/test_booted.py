@@ -24,7 +24,8 @@ SOCKET = "/run/multus/multus.sock"
 CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
 GENERATED = "/etc/cni/net.d/00-multus.conf"
 WORK = "/var/tmp/mdtest"  # on the container's disk, so the host reads it through the root dir
-UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.service")
+UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.timer",
+         "multusd-config.service")
 
 # The operator's edit of the conffile: no kubeconfig (delegates mode), plugins from Debian's dir.
 EDITED_CONFIG = {
@@ -128,8 +129,10 @@ def test_1_install_leaves_the_socket_listening_and_the_service_idle(installed, p
         f"install ok installed {packages['version']}-1"
     assert active_state(box, "multusd.socket") == "active"
     assert active_state(box, "multusd-config.path") == "active"
+    assert active_state(box, "multusd-config.timer") == "active"
     assert active_state(box, "multusd.service") == "inactive"
-    for unit in ("multusd.socket", "multusd-config.path", "multusd-config.service"):
+    for unit in ("multusd.socket", "multusd-config.path", "multusd-config.timer",
+                 "multusd-config.service"):
         assert box.run("systemctl", "is-enabled", unit).stdout.strip() == "enabled"
     assert box.run("stat", "-c", "%a %F", SOCKET).stdout.strip() == "600 socket"
     assert box.run("stat", "-c", "%a", os.path.dirname(SOCKET)).stdout.strip() == "700"
@@ -204,6 +207,40 @@ def test_2_first_request_activates_the_service(installed):
     # the path unit noticed the primary network and generated the runtime's config
     wait_for(lambda: os.path.exists(box.path(GENERATED)), 60, what=GENERATED)
     assert json.loads(open(box.path(GENERATED)).read())["type"] == "multus-shim"
+
+
+def generated(box) -> dict:
+    try:
+        with open(box.path(GENERATED)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return {}
+
+
+def test_2b_the_path_unit_regenerates_the_config_when_the_primary_changes(installed):
+    box = installed
+    wait_for(lambda: generated(box), 60, what=GENERATED)
+    with_portmap = dict(PRIMARY, plugins=PRIMARY["plugins"] + [
+        {"type": "portmap", "capabilities": {"portMappings": True}}])
+    box.put("/etc/cni/net.d/10-mdtest.conflist", json.dumps(with_portmap, indent=4) + "\n")
+    wait_for(lambda: generated(box).get("capabilities") == {"portMappings": True}, 30,
+             what="the new capability in 00-multus.conf")
+    # systemd does not watch while the oneshot runs: wait until the path unit is armed again
+    # (the window multusd-config.timer covers for installers that write at that moment).
+    wait_for(lambda: show(box, "multusd-config.path", "SubState") == "waiting", 30,
+             what="multusd-config.path watching again")
+
+    other = {"cniVersion": "0.3.1", "name": "mdtest-other", "type": "bridge",
+             "bridge": "mdoth0", "ipam": {"type": "host-local", "subnet": "10.87.0.0/24"}}
+    box.put("/etc/cni/net.d/05-other.conf", json.dumps(other) + "\n")
+    wait_for(lambda: generated(box).get("clusterNetwork") == "/etc/cni/net.d/05-other.conf",
+             30, what="the lexically first primary in 00-multus.conf")
+    wait_for(lambda: show(box, "multusd-config.path", "SubState") == "waiting", 30,
+             what="multusd-config.path watching again")
+    box.run("rm", "/etc/cni/net.d/05-other.conf")
+    wait_for(lambda: generated(box).get("clusterNetwork") == "/etc/cni/net.d/10-mdtest.conflist",
+             30, what="the remaining primary in 00-multus.conf")
+    assert box.run("stat", "-c", "%a", GENERATED).stdout.strip() == "600"
 
 
 def test_3_restart_under_load_fails_no_request(installed):

@@ -15,7 +15,8 @@ from pkgbuild import REPO
 SHIM = "/opt/cni/bin/multus-shim"
 PASSTHRU = "/opt/cni/bin/passthru"
 CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
-UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.service")
+UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.timer",
+         "multusd-config.service")
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
