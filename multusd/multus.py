@@ -273,6 +273,11 @@ class Multus:
 
     def status(self, req: CmdArgs, deadline: float, log) -> None:
         wait_for_readiness_file(req.config, deadline)
+        if not self.ready():
+            reason = self.kube.last_error or "the first list has not completed yet"
+            raise MultusError(f"multusd cannot serve ADD yet: its pod and "
+                              f"NetworkAttachmentDefinition caches from {self.kube.server_url} "
+                              f"have not synced ({reason})", code=50)
         net = self._cluster_network(req)
         self.engine(req.config).status(net, deadline)
 

@@ -3,8 +3,9 @@
 Standard library only, and as few imports as possible: the runtime forks it for every pod
 sandbox. It reads ``cniVersion``, ``daemonSocketDir`` and the logging keys from its stdin
 config, answers VERSION itself, and POSTs everything else to ``/cni`` on the daemon's socket
-(wire-compatible with upstream's daemon). ADD, CHECK, GC and STATUS first wait (bounded) for
-``/readyz``; DEL only probes ``/healthz`` so that clean-up proceeds while the daemon drains.
+(wire-compatible with upstream's daemon). ADD, CHECK and GC first wait (bounded) for
+``/readyz``; DEL only probes ``/healthz`` so that clean-up proceeds while the daemon drains,
+and so does STATUS, whose job is to say "not ready" at once.
 Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
 leaking addresses; a DEL of something already gone succeeds in the daemon.
 """
@@ -176,7 +177,9 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
         config_version = conf.cni_version
         check_command_allowed(command, config_version)
         sock = api.socket_path(conf.socket_dir)
-        if command == "DEL":
+        if command in ("DEL", "STATUS"):
+            # DEL must proceed while the daemon drains; STATUS must answer now ("not ready",
+            # code 50, comes from the daemon), not after a minute of waiting.
             check_alive(sock)
         else:
             wait_ready(sock)

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster, netns_addresses
+from harness import Cluster, call_shim, netns_addresses
 from multusd import api
 from testlib import wait_for
 
@@ -270,6 +270,14 @@ def test_readyz_waits_for_the_api_caches(cluster):
     daemon = cluster.sandbox.daemon(full)
     assert api.http_request(daemon.socket_path, "GET", "/readyz", timeout=2).status == 500
     assert api.http_request(daemon.socket_path, "GET", "/healthz", timeout=2).status == 200
+    status_body = api.encode_request({"CNI_COMMAND": "STATUS"}, json.dumps(
+        daemon.shim_conf("1.1.0")).encode())
+    response = api.http_request(daemon.socket_path, "POST", "/cni", status_body, timeout=30)
+    assert response.status == 400
+    assert json.loads(response.body)["code"] == 50  # "not available": the spec's STATUS code
+    assert "have not synced" in json.loads(response.body)["msg"]
+    shim_status = call_shim("STATUS", daemon.shim_conf("1.1.0"))
+    assert (shim_status.code, shim_status.output["code"]) == (1, 50)
     cluster.kube.start()
     wait_for(lambda: api.http_request(daemon.socket_path, "GET", "/readyz",
                                       timeout=2).status == 200, 30, what="readyz after API back")
