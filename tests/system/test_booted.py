@@ -243,6 +243,31 @@ def test_2b_the_path_unit_regenerates_the_config_when_the_primary_changes(instal
     assert box.run("stat", "-c", "%a", GENERATED).stdout.strip() == "600"
 
 
+def test_2c_the_generator_makes_the_readiness_file_a_trigger(installed):
+    box = installed
+    ready = "/run/mdtest-ready/flag"
+    box.put(CONFIG, json.dumps(dict(EDITED_CONFIG, readinessindicatorfile=ready), indent=4) + "\n")
+    box.run("systemctl", "daemon-reload")
+    dropin = "/run/systemd/generator/multusd-config.path.d/50-daemon-config-paths.conf"
+    assert f"PathChanged={ready}" in box.run("cat", dropin).stdout  # /run: the box's own tmpfs
+    wait_for(lambda: show(box, "multusd-config.path", "SubState") == "waiting", 30,
+             what="multusd-config.path watching")
+    # without the readiness file the generator waits: a changed primary is not written yet
+    box.put("/etc/cni/net.d/10-mdtest.conflist", json.dumps(PRIMARY, indent=4) + "\n")
+    wait_for(lambda: "waiting for" in box.run(
+        "journalctl", "--no-pager", "-o", "cat", "-n", "5", "-u", "multusd-config.service"
+    ).stdout, 30, what="generate-config waiting for the readiness file")
+    assert generated(box).get("capabilities") == {"portMappings": True}
+    wait_for(lambda: show(box, "multusd-config.path", "SubState") == "waiting", 30,
+             what="multusd-config.path watching again")
+    box.run("mkdir", "-p", os.path.dirname(ready))
+    box.run("touch", ready)
+    wait_for(lambda: generated(box) and "capabilities" not in generated(box), 30,
+             what="00-multus.conf regenerated once the readiness file appeared")
+    box.put(CONFIG, json.dumps(EDITED_CONFIG, indent=4) + "\n")
+    box.run("systemctl", "daemon-reload")
+
+
 def test_3_restart_under_load_fails_no_request(installed):
     box = installed
     loop = Loop(box, "restart")
