@@ -26,7 +26,9 @@ from .log import RequestLogger, request_fields
 from .server import Server
 
 LOG = logging.getLogger(__name__)
-DRAIN_TIMEOUT = 80.0
+# After the last accepted connection: a moment for a connection accepted just before the
+# listener closed to finish (every request is bounded by requestTimeout anyway).
+FINAL_DRAIN = 5.0
 
 
 class StartupError(Exception):
@@ -96,7 +98,7 @@ class Daemon:
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}")
         try:
             self.server.serve_forever()
-            self.server.wait_idle(DRAIN_TIMEOUT)
+            self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
         finally:
             self._close(listener)
         LOG.info("multusd stopped")
@@ -192,7 +194,9 @@ class Daemon:
         threading.Thread(target=self._drain, name="multusd-drain", daemon=True).start()
 
     def _drain(self) -> None:
-        self.server.wait_idle(DRAIN_TIMEOUT)
+        # In-flight requests end within their deadline (requestTimeout, 110 s by default;
+        # multusd.service's TimeoutStopSec=150 leaves room for it).
+        self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
         self.server.stop()
 
     def _start_watchdog(self) -> None:
