@@ -350,18 +350,7 @@ def copy_device_plugin_info(resource_name: str, device_id: str, dest: str, *,
 def load_device_info(path: str) -> Optional[Dict[str, Any]]:
     """The device-info object in ``path`` (for network-status ``device-info``), or None
     when the file is missing or unusable (logged)."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        LOG.warning("cannot read device-info file %s: %s", path, exc.strerror)
-        return None
-    info = _json_object(raw)
-    if info is None:
-        LOG.warning("ignoring device-info file %s: it is not a JSON object", path)
-    return info
+    return store.read_json_object(path, "device-info file")
 
 
 def remove_device_info(path: str) -> bool:

@@ -10,9 +10,13 @@ of one sandbox, written before the first delegate runs, read back by DEL and CHE
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import tempfile
 from .errors import IOFailure
+
+LOG = logging.getLogger(__name__)
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700,
@@ -45,6 +49,28 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
         raise IOFailure(f"cannot write {path}: {exc.strerror}") from exc
     if sync_dir:
         _fsync_dir(directory)
+
+
+def read_json_object(path: str, what: str) -> dict | None:
+    """The JSON object in ``path``; None when it is missing, or unreadable or not a JSON
+    object (then a warning names ``what`` it was supposed to be: callers carry on without)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        LOG.warning("cannot read %s %s: %s", what, path, exc.strerror)
+        return None
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        LOG.warning("ignoring corrupt %s %s: %s", what, path, exc)
+        return None
+    if not isinstance(value, dict):
+        LOG.warning("ignoring corrupt %s %s: not a JSON object", what, path)
+        return None
+    return value
 
 
 def remove(path: str) -> bool:

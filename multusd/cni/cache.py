@@ -157,20 +157,4 @@ def _write_entry(path: str, entry: dict) -> None:
 
 
 def _load(path: str) -> Optional[dict]:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        LOG.warning("cannot read CNI cache file %s: %s", path, exc.strerror)
-        return None
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        LOG.warning("ignoring corrupt CNI cache file %s: %s", path, exc)
-        return None
-    if not isinstance(value, dict):
-        LOG.warning("ignoring corrupt CNI cache file %s: not a JSON object", path)
-        return None
-    return value
+    return store.read_json_object(path, "CNI cache file")
