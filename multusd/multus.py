@@ -28,7 +28,8 @@ from .cni.conflist import Engine, NetworkConfigList, RuntimeConf
 from .cni.result import convert_result, ip_addresses, is_empty
 from .cni.version import supports_check
 from .config import DaemonConfig
-from .errors import (InvalidNetworkConfig, MultusError, PodNotFound, TryAgainLater)
+from .errors import (InvalidNetworkConfig, MultusError, PodNotFound, TryAgainLater,
+                     from_exception)
 
 LOG = logging.getLogger(__name__)
 
@@ -83,10 +84,10 @@ class Multus:
                 try:
                     result = self._add_one(engine, req, delegate, deadline)
                     routes.apply(delegate, result)
-                except MultusError as exc:
+                except Exception as exc:  # whatever failed, nothing half-made stays behind
                     self._roll_back(engine, req, delegates[: index + 1], deadline, log)
                     store.remove(cache_path)
-                    raise self._delegate_error(req, delegate, exc) from exc
+                    raise self._delegate_error(req, delegate, _as_cni_error(exc, log)) from exc
                 results.append((delegate, result))
                 self.event_added(pod, delegate, result)
         finally:
@@ -94,11 +95,11 @@ class Multus:
         if pod is not None:
             try:
                 self._write_network_status(req, pod, results)
-            except MultusError as exc:
+            except Exception as exc:
                 self._roll_back(engine, req, delegates, deadline, log)
                 store.remove(cache_path)
-                raise exc.with_prefix(f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}]: "
-                                      "error setting the network-status annotation: ")
+                raise _as_cni_error(exc, log).with_prefix(
+                    f"{pod_prefix(req)}: error setting the network-status annotation: ") from exc
         master = next((r for d, r in results if d.master), results[0][1])
         log.info("ADD: %d network(s) attached: %s", len(results),
                  ", ".join(f"{d.name}:{d.ifname}" for d, _ in results))
@@ -131,7 +132,7 @@ class Multus:
         except MultusError as exc:
             if isinstance(exc, delegates_mod.NadNotFound) and pod is not None:
                 self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
-            raise exc.with_prefix(f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}]: ")
+            raise exc.with_prefix(f"{pod_prefix(req)}: ")
 
     def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> dict:
         net = NetworkConfigList.load(delegate.conf, source=delegate.name)
@@ -175,8 +176,8 @@ class Multus:
 
     def _delegate_error(self, req: CmdArgs, delegate, exc: MultusError) -> MultusError:
         return exc.with_prefix(
-            f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}:{delegate.name}]: error adding "
-            f"container to network \"{delegate.name}\": ")
+            f"{pod_prefix(req, delegate.name)}: error adding container to network "
+            f"\"{delegate.name}\": ")
 
     def event_added(self, pod, delegate, result: dict) -> None:
         if pod is None or is_empty(result):
@@ -214,7 +215,7 @@ class Multus:
             except MultusError as exc:
                 errors.append(f"{delegate.name} ({delegate.ifname}): {exc.msg}")
         if errors:
-            raise MultusError(f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}]: DEL failed "
+            raise MultusError(f"{pod_prefix(req)}: DEL failed "
                               f"for {len(errors)} network(s), the runtime will retry: "
                               + " / ".join(errors))
         store.remove(path)
@@ -306,6 +307,18 @@ class Multus:
         from .hotplug import handle_delegate
 
         return handle_delegate(self, req, attributes, deadline, log)
+
+
+def pod_prefix(req: CmdArgs, network: str = "") -> str:
+    """Upstream's ``[namespace/pod/uid:network]`` in front of an error message."""
+    suffix = f":{network}" if network else ""
+    return f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}{suffix}]"
+
+
+def _as_cni_error(exc: BaseException, log) -> MultusError:
+    if not isinstance(exc, MultusError):
+        log.exception("unexpected failure during ADD (rolled back)")
+    return from_exception(exc)
 
 
 def require_delegates(conf: Mapping[str, Any]) -> None:
