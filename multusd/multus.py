@@ -204,6 +204,9 @@ class Multus:
 
     # -- DEL --------------------------------------------------------------------------------
     def delete(self, req: CmdArgs, deadline: float, log) -> None:
+        if not req.container_id:
+            log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
+            return
         conf = req.config
         path = scratch_path(conf, req.container_id)
         delegates = self._delegates_for_del(req, path, log)

@@ -423,3 +423,14 @@ def test_malformed_http_and_expect_continue(sandbox):
     assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 400 Bad Request\r\n")
     assert b"unexpected or missing CNI_COMMAND" in answer
     assert post(daemon, "/healthz", b"", "GET")[0] == 200
+
+
+def test_del_with_an_empty_container_id_succeeds_and_touches_nothing(sandbox):
+    daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.76.0.0/24")]})
+    ns_name, ns_path = sandbox.netns()
+    cid = uuid.uuid4().hex
+    assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+    out = call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(""))
+    assert out.code == 0, out.output
+    assert os.path.exists(os.path.join(daemon.cni_dir, cid))
+    assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
