@@ -132,6 +132,8 @@ BASE_ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/ru
     ("invalid CNI_ARGS item", cni_body(dict(BASE_ENV, CNI_ARGS="K8S_POD_NAME=p;garbage"),
                                        {"cniVersion": "0.4.0"}), "invalid CNI_ARGS item 'garbage'"),
     ("config not JSON", cni_body(BASE_ENV, b"{{"), "CNI config from the runtime is not valid"),
+    ("container ID as a path", cni_body(dict(BASE_ENV, CNI_CONTAINERID="../../etc/x"),
+                                        {"cniVersion": "0.4.0"}), "invalid CNI_CONTAINERID"),
 ])
 def test_bad_input_gets_a_clear_cni_error_and_the_daemon_keeps_serving(sandbox, case, body, message):
     daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.63.0.0/24")]})
