@@ -50,6 +50,12 @@ def test_deb_layout_and_conffile(packages, tmp_path):
         assert (tmp_path / exe).read_text().startswith("#!/usr/bin/python3"), exe
     assert (tmp_path / "usr/lib/multusd/multusd/__main__.py").is_file()
     assert (tmp_path / "usr/lib/multusd/multusd/shim.py").is_file()
+    import yaml  # python3-yaml, a dependency of python3-kubernetes
+
+    rbac = list(yaml.safe_load_all((tmp_path / "usr/share/multusd/rbac.yaml").read_text()))
+    assert [doc["kind"] for doc in rbac] == ["ClusterRole", "ClusterRoleBinding"]
+    assert {"network-attachment-definitions"} <= {
+        resource for rule in rbac[0]["rules"] for resource in rule["resources"]}
     assert not list(tmp_path.rglob("__pycache__")), "byte-code must not be shipped"
     installed = json.loads((tmp_path / CONFIG.lstrip("/")).read_text())
     assert installed == json.loads(open(os.path.join(REPO, "etc/daemon-config.json")).read())
