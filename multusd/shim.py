@@ -167,6 +167,7 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
     """Carry out one CNI call; return (exit code, JSON to print or None)."""
     command = env.get("CNI_COMMAND", "")
     config_version = ""
+    conf = None
     try:
         if command == "VERSION":
             return 0, version_info(stdin)
@@ -189,6 +190,8 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
             return 0, add_result(body, conf.cni_version)
         return 0, None
     except MultusError as exc:
+        if conf is not None:
+            conf.log("error", f"{command} (shim): {exc.msg}")
         return 1, exc.to_cni_error(config_version or "1.1.0")
 
 
