@@ -20,7 +20,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from . import delegates as delegates_mod
-from . import devices, netstatus, runtimeconf, store
+from . import devices, netstatus, runtimeconf, scratch, store
 from .cmdargs import CmdArgs
 from .cni import cache as result_cache
 from .cni.args import build_delegate_args
@@ -75,7 +75,7 @@ class Multus:
             return empty_result(req)
         delegates = self._resolve(req, pod)
         cache_path = scratch_path(conf, req.container_id)
-        store.atomic_write(cache_path, delegates_mod.delegates_to_cache(delegates))
+        store.atomic_write(cache_path, scratch.delegates_to_cache(delegates))
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
         routes = _DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
@@ -232,7 +232,7 @@ class Multus:
             data = None
         if data is not None:
             try:
-                return delegates_mod.delegates_from_cache(data, top_cni_version=req.cni_version)
+                return scratch.delegates_from_cache(data, top_cni_version=req.cni_version)
             except MultusError as exc:
                 log.error("scratch cache %s is unreadable (%s): deleting what libcni's result "
                           "cache still knows about", path, exc.msg)
@@ -259,7 +259,7 @@ class Multus:
         path = scratch_path(req.config, req.container_id)
         try:
             with open(path, "rb") as handle:
-                delegates = delegates_mod.delegates_from_cache(handle.read(), top_cni_version=req.cni_version)
+                delegates = scratch.delegates_from_cache(handle.read(), top_cni_version=req.cni_version)
         except FileNotFoundError:
             raise MultusError(f"CHECK: no attachments recorded for container {req.container_id} "
                               f"({path} is missing): was ADD run?") from None

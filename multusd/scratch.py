@@ -1,0 +1,184 @@
+"""The scratch cache ``<cniDir>/<containerID>``: delegates in upstream's DelegateNetConf JSON."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from dataclasses import replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .cniconf import conf_object, marshal_raw_map
+from .delegates import Delegate, ifname_for
+from .errors import DecodeFailure
+from .netstatus import go_ip_string, go_json
+
+LOG = logging.getLogger(__name__)
+
+
+def delegates_to_cache(delegates: Sequence[Delegate]) -> bytes:
+    """The scratch-cache content for ``<cniDir>/<containerID>``, in upstream's exact format.
+
+    A JSON array of upstream's ``DelegateNetConf``: ``Conf``, ``ConfList``, ``Name``,
+    ``ifnameRequest``, ``macRequest``, ``infinibandGUIDRequest``, ``ipRequest``,
+    ``default-route``, ``IsFilterV4Gateway``, ``IsFilterV6Gateway``, ``deviceID``,
+    ``resourceName`` and ``Bytes`` (base64 of :attr:`Delegate.conf`).
+    """
+    return ("[" + ",".join(go_json(_cache_entry(d)) for d in delegates) + "]").encode()
+
+
+def delegates_from_cache(data: bytes, *, top_cni_version: str = "",
+                         cni_ifname: str = "eth0") -> List[Delegate]:
+    """The delegates recorded by :func:`delegates_to_cache` or by upstream Multus.
+
+    The first is the master again; interface names are recomputed as on ADD. A conflist
+    recorded without ``cniVersion`` gets ``top_cni_version`` (F57), keeping every other key.
+
+    :raises DecodeFailure: when ``data`` is not a cache file.
+    """
+    try:
+        items = json.loads(data)
+    except ValueError as exc:
+        raise DecodeFailure(f"the multus scratch cache is not valid JSON: {exc}") from None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise DecodeFailure("the multus scratch cache is not a JSON list of delegate objects")
+    delegates = []
+    for index, item in enumerate(items):
+        delegate = _delegate_from_cache_entry(item, index, top_cni_version)
+        delegates.append(replace(delegate, ifname=ifname_for(delegate, cni_ifname, index)))
+    return delegates
+
+
+# --- internals -----------------------------------------------------------------------------
+
+
+def _plugin_conf_view(data: Mapping[str, Any]) -> Dict[str, Any]:
+    """What Go's cni ``types.PluginConf`` keeps of a config, as it marshals it (sorted keys)."""
+    view: Dict[str, Any] = {}
+    for key in ("cniVersion", "name", "type"):
+        if isinstance(data.get(key), str) and data[key]:
+            view[key] = data[key]
+    capabilities = data.get("capabilities")
+    if isinstance(capabilities, dict):
+        flags = {k: v for k, v in capabilities.items() if isinstance(v, bool)}
+        if flags:
+            view["capabilities"] = flags
+    ipam = data.get("ipam")
+    ipam_type = ipam.get("type") if isinstance(ipam, dict) else None
+    view["ipam"] = {"type": ipam_type} if isinstance(ipam_type, str) and ipam_type else {}
+    dns = data.get("dns")
+    if isinstance(dns, dict):
+        kept = {k: dns[k] for k in ("nameservers", "domain", "search", "options") if dns.get(k)}
+        if kept:
+            view["dns"] = kept
+    if isinstance(data.get("prevResult"), dict) and data["prevResult"]:
+        view["prevResult"] = data["prevResult"]
+    return json.loads(go_json(view, sort_keys=True))
+
+
+def _conflist_view(data: Mapping[str, Any]) -> Dict[str, Any]:
+    """Go's cni ``types.NetConfList`` of a conflist, in its struct field order."""
+    view: Dict[str, Any] = {}
+    for key in ("cniVersion", "name"):
+        if isinstance(data.get(key), str) and data[key]:
+            view[key] = data[key]
+    for key in ("disableCheck", "disableGC"):
+        if data.get(key) is True:
+            view[key] = True
+    plugins = [p for p in data.get("plugins") or [] if isinstance(p, dict)]
+    if plugins:
+        view["plugins"] = [_plugin_conf_view(p) for p in plugins]
+    return view
+
+
+def _cache_entry(delegate: Delegate) -> Dict[str, Any]:
+    data = conf_object(delegate.conf)
+    entry: Dict[str, Any] = {
+        "Conf": _plugin_conf_view(data),
+        "ConfList": _conflist_view(data) if delegate.is_conflist else {},
+        "Name": delegate.name,
+    }
+    if delegate.ifname_request:
+        entry["ifnameRequest"] = delegate.ifname_request
+    if delegate.mac_request:
+        entry["macRequest"] = delegate.mac_request
+    if delegate.infiniband_guid_request:
+        entry["infinibandGUIDRequest"] = delegate.infiniband_guid_request
+    if delegate.ip_request:
+        entry["ipRequest"] = list(delegate.ip_request)
+    if delegate.gateway_request is not None:
+        entry["default-route"] = [go_ip_string(gw) for gw in delegate.gateway_request]
+    entry["IsFilterV4Gateway"] = delegate.filter_v4_gateway
+    entry["IsFilterV6Gateway"] = delegate.filter_v6_gateway
+    if delegate.device_id:
+        entry["deviceID"] = delegate.device_id
+    if delegate.resource_name:
+        entry["resourceName"] = delegate.resource_name
+    entry["Bytes"] = base64.b64encode(delegate.conf).decode()
+    return entry
+
+
+def _cached_string(item: Mapping[str, Any], key: str, index: int) -> str:
+    value = item.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DecodeFailure(f"the multus scratch cache entry {index} has a non-string {key!r}")
+    return value
+
+
+def _cached_strings(item: Mapping[str, Any], key: str, index: int) -> Optional[Tuple[str, ...]]:
+    value = item.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DecodeFailure(f"the multus scratch cache entry {index} has a malformed {key!r}")
+    return tuple(value)
+
+
+def _cached_conf(item: Mapping[str, Any], index: int) -> bytes:
+    encoded = item.get("Bytes")
+    if isinstance(encoded, str) and encoded:
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise DecodeFailure(f"the multus scratch cache entry {index} has invalid base64 "
+                                "in 'Bytes'") from None
+    # No raw bytes: rebuild what we can from the parsed views (DEL should still run).
+    conf_list = item.get("ConfList")
+    if isinstance(conf_list, dict) and conf_list.get("plugins"):
+        return go_json(conf_list).encode()
+    conf = item.get("Conf")
+    if isinstance(conf, dict) and conf.get("type"):
+        return go_json(conf).encode()
+    raise DecodeFailure(f"the multus scratch cache entry {index} holds no delegate config")
+
+
+def _inject_cni_version(conf: bytes, cni_version: str) -> bytes:
+    data = conf_object(conf)
+    if not data:
+        LOG.warning("cannot add cniVersion to a cached conflist that is not a JSON object; "
+                    "using it unchanged")
+        return conf
+    data["cniVersion"] = cni_version
+    return marshal_raw_map(data, {}).encode()
+
+
+def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
+                               top_cni_version: str) -> Delegate:
+    conf = _cached_conf(item, index)
+    conf_list = item.get("ConfList") if isinstance(item.get("ConfList"), dict) else {}
+    if conf_list.get("plugins") and not conf_list.get("cniVersion") and top_cni_version:
+        conf = _inject_cni_version(conf, top_cni_version)
+    return Delegate(
+        name=_cached_string(item, "Name", index), conf=conf, ifname="", master=index == 0,
+        resource_name=_cached_string(item, "resourceName", index),
+        device_id=_cached_string(item, "deviceID", index),
+        ifname_request=_cached_string(item, "ifnameRequest", index),
+        mac_request=_cached_string(item, "macRequest", index),
+        ip_request=_cached_strings(item, "ipRequest", index) or (),
+        infiniband_guid_request=_cached_string(item, "infinibandGUIDRequest", index),
+        gateway_request=_cached_strings(item, "default-route", index),
+        filter_v4_gateway=item.get("IsFilterV4Gateway") is True,
+        filter_v6_gateway=item.get("IsFilterV6Gateway") is True)
