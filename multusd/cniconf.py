@@ -58,17 +58,6 @@ def load_conf_file(path: str) -> bytes:
     return raw
 
 
-def find_conf_by_name(conf_dir: str, name: str) -> Optional[bytes]:
-    """The first ``.conf``/``.json``/``.conflist`` file of ``conf_dir`` (sorted) named ``name``.
-
-    A missing directory finds nothing. Like upstream, a broken file met before the match is
-    an error rather than being skipped.
-
-    :raises InvalidNetworkConfig: a broken config file in ``conf_dir``.
-    """
-    return _scan_conf_dir(conf_dir, name)
-
-
 def nad_config(nad: Any, conf_dir: str) -> bytes:
     """The delegate bytes of a NAD: ``spec.config`` with its name filled in when missing.
 
@@ -80,7 +69,7 @@ def nad_config(nad: Any, conf_dir: str) -> bytes:
     where = f"network-attachment-definition {namespace}/{name}"
     config = getattr(nad, "config", "") or ""
     if config == "":
-        conf = _scan_conf_dir(conf_dir, name)
+        conf = find_conf_by_name(conf_dir, name)
         if conf is None:
             raise InvalidNetworkConfig(
                 f"{where} has an empty spec and no file in {conf_dir!r} has \"name\": "
@@ -116,7 +105,7 @@ def resolve_network(ref: str, *, multus_namespace: str, conf_dir: str,
     if "/" not in ref:
         return _resolve_by_name(ref, multus_namespace, conf_dir, get_nad)
     if os.path.isdir(ref):
-        conf = _scan_conf_dir(ref, None) if _has_conf_files(ref) else None
+        conf = find_conf_by_name(ref, None) if _has_conf_files(ref) else None
         if conf is None:
             raise InvalidNetworkConfig(f"cannot find network: {ref!r} is a directory without "
                                        "any .conf or .conflist file")
@@ -201,7 +190,7 @@ def _resolve_by_name(ref: str, multus_namespace: str, conf_dir: str,
             nad, lookup_error = None, exc
         if nad is not None:
             return f"{multus_namespace}/{ref}", nad_config(nad, conf_dir), nad_resource_name(nad)
-    conf = _scan_conf_dir(conf_dir, ref)
+    conf = find_conf_by_name(conf_dir, ref)
     if conf is not None:
         return network_name(conf), conf, ""
     if lookup_error is not None:
@@ -325,8 +314,14 @@ def _has_conf_files(directory: str) -> bool:
         return False
 
 
-def _scan_conf_dir(conf_dir: str, name: Optional[str]) -> Optional[bytes]:
-    """NAD utils' GetCNIConfigFromFile: first matching file by sorted name (None: any name)."""
+def find_conf_by_name(conf_dir: str, name: str) -> Optional[bytes]:
+    """The first ``.conf``/``.json``/``.conflist`` file of ``conf_dir`` (sorted) named ``name``.
+
+    A missing directory finds nothing. Like upstream, a broken file met before the match is
+    an error rather than being skipped.
+
+    :raises InvalidNetworkConfig: a broken config file in ``conf_dir``.
+    """
     try:
         filenames = sorted(os.listdir(conf_dir))
     except (FileNotFoundError, NotADirectoryError):

@@ -19,8 +19,6 @@ from . import systemd
 
 LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "error": logging.ERROR,
           "panic": logging.CRITICAL}
-REQUEST_FIELDS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_IFNAME", "K8S_POD_NAMESPACE",
-                  "K8S_POD_NAME", "K8S_POD_UID", "REQUEST_ID")
 FORMAT = "%(asctime)s [%(levelname)s] %(message)s"
 
 

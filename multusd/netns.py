@@ -46,7 +46,7 @@ import ipaddress
 import logging
 import os
 import socket
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Mapping, Optional,
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional,
                     Sequence, Tuple)
 
 from pyroute2 import IPRoute
@@ -251,40 +251,6 @@ class PodNetns:
     def _has_default_route(self, index: int, family: int, gateway: str) -> bool:
         return any(_same_address(r.get_attr("RTA_GATEWAY"), gateway)
                    for r in self._default_routes(index, family))
-
-
-# --- module-level helpers (each opens the namespace once) ------------------------------------
-
-
-def interface_exists(netns_path: str, ifname: str) -> bool:
-    """True when ``ifname`` exists in the namespace at ``netns_path``."""
-    with PodNetns(netns_path) as pod_netns:
-        return pod_netns.interface_exists(ifname)
-
-
-def delete_default_routes(netns_path: str, ifname: str, family: int) -> int:
-    """Delete the ``family`` default routes on ``ifname``; how many were deleted."""
-    with PodNetns(netns_path) as pod_netns:
-        return pod_netns.delete_default_routes(ifname, family)
-
-
-def add_default_route(netns_path: str, ifname: str, gateway: str) -> None:
-    """Add a default route via ``gateway`` on ``ifname`` (an identical one is fine)."""
-    with PodNetns(netns_path) as pod_netns:
-        pod_netns.add_default_route(ifname, gateway)
-
-
-def apply_default_routes(netns_path: str, cache_dir: str, container_id: str,
-                         delegates_with_results: Iterable[Tuple["Delegate", Mapping[str, Any]]]
-                         ) -> None:
-    """:meth:`PodNetns.apply_default_route` for each (delegate, result), one netns opening.
-
-    Upstream applies it right after each delegate's ADD, which matters when a later plugin
-    installs a default route of its own; prefer one :class:`PodNetns` per ADD for that.
-    """
-    with PodNetns(netns_path) as pod_netns:
-        for delegate, result in delegates_with_results:
-            pod_netns.apply_default_route(cache_dir, container_id, delegate, result)
 
 
 # --- cached-result rewriting (pure) -----------------------------------------------------------

@@ -8,11 +8,6 @@ from ..errors import InvalidEnvironment
 
 Pair = Tuple[str, str]
 
-#: The keys every delegate gets first, in upstream's order (empty values are kept).
-POD_ARG_KEYS = ("IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME",
-                "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID")
-
-
 def parse_cni_args(value: str) -> List[Pair]:
     """Split ``"A=1;B=x=y"`` into ``[("A", "1"), ("B", "x=y")]``.
 

@@ -14,12 +14,24 @@ import socket
 import pytest
 
 from testlib import PLUGIN_DIR, netns_routes, run, unique
-from multusd import netns as netns_mod
 from multusd.cni import cache
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
 from multusd.delegates import Delegate, mark_gateway_filters
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, UnknownContainer
 from multusd.netns import PodNetns, with_default_routes, without_default_routes
+
+
+def in_pod(netns_path, method, *args):
+    """One PodNetns method call in a namespace opened for it alone."""
+    with PodNetns(netns_path) as pod_netns:
+        return getattr(pod_netns, method)(*args)
+
+
+def apply_all(netns_path, cache_dir, container_id, delegates_with_results):
+    """apply_default_route for each (delegate, result), as the orchestrator does per ADD."""
+    with PodNetns(netns_path) as pod_netns:
+        for delegate, result in delegates_with_results:
+            pod_netns.apply_default_route(cache_dir, container_id, delegate, result)
 
 V4_DEFAULT = {"dst": "0.0.0.0/0", "gw": "10.10.0.1"}
 V6_DEFAULT = {"dst": "::/0", "gw": "fd10::1"}
@@ -121,22 +133,22 @@ def write_cache(cache_dir: str, container_id: str, netns: str, d: Delegate,
 
 @pytest.mark.privileged
 def test_interface_exists(pod):
-    assert netns_mod.interface_exists(pod, "net1") is True
-    assert netns_mod.interface_exists(pod, "net9") is False
+    assert in_pod(pod, "interface_exists", "net1") is True
+    assert in_pod(pod, "interface_exists", "net9") is False
 
 
 @pytest.mark.privileged
 def test_delete_default_routes_removes_only_that_family(pod):
-    assert netns_mod.delete_default_routes(pod, "eth0", socket.AF_INET) == 1
+    assert in_pod(pod, "delete_default_routes", "eth0", socket.AF_INET) == 1
     assert default_routes(pod, "-4") == []
     assert default_routes(pod, "-6") == [("fd10::1", "eth0")]
-    assert netns_mod.delete_default_routes(pod, "eth0", socket.AF_INET) == 0
+    assert in_pod(pod, "delete_default_routes", "eth0", socket.AF_INET) == 0
 
 
 @pytest.mark.privileged
 def test_delete_on_a_missing_link_is_an_error_not_a_sweep(pod):
     with pytest.raises(IOFailure) as err:
-        netns_mod.delete_default_routes(pod, "net7", socket.AF_INET)
+        in_pod(pod, "delete_default_routes", "net7", socket.AF_INET)
     assert "'net7'" in err.value.msg
     assert default_routes(pod, "-4") == [("10.10.0.1", "eth0")]
 
@@ -147,23 +159,23 @@ def test_add_default_route_tolerates_eexist(pod):
         pod_netns.delete_default_routes("eth0", socket.AF_INET)
         assert pod_netns.add_default_route("net1", "10.1.1.254") is True
         assert pod_netns.add_default_route("net1", "10.1.1.254") is False
-    netns_mod.add_default_route(pod, "net1", "10.1.1.254")
+    in_pod(pod, "add_default_route", "net1", "10.1.1.254")
     assert default_routes(pod, "-4") == [("10.1.1.254", "net1")]
 
 
 @pytest.mark.privileged
 def test_add_conflicting_with_another_links_default_route_is_an_error(pod):
     with pytest.raises(IOFailure) as err:
-        netns_mod.add_default_route(pod, "net1", "10.1.1.254")
+        in_pod(pod, "add_default_route", "net1", "10.1.1.254")
     assert "another default route" in err.value.msg
     assert default_routes(pod, "-4") == [("10.10.0.1", "eth0")]
 
 
 @pytest.mark.privileged
 def test_add_via_an_unreachable_gateway_says_why(pod):
-    netns_mod.delete_default_routes(pod, "eth0", socket.AF_INET)
+    in_pod(pod, "delete_default_routes", "eth0", socket.AF_INET)
     with pytest.raises(IOFailure) as err:
-        netns_mod.add_default_route(pod, "net1", "192.0.2.1")
+        in_pod(pod, "add_default_route", "net1", "192.0.2.1")
     assert "subnet" in err.value.msg and "192.0.2.1" in err.value.msg
 
 
@@ -181,7 +193,7 @@ def test_apply_moves_both_default_routes_to_net1_and_updates_both_caches(pod, tm
     write_cache(cache_dir, cid, pod, eth0, eth0_result)
     write_cache(cache_dir, cid, pod, net1, net1_result)
 
-    netns_mod.apply_default_routes(pod, cache_dir, cid, [(eth0, eth0_result),
+    apply_all(pod, cache_dir, cid, [(eth0, eth0_result),
                                                          (net1, net1_result)])
 
     assert default_routes(pod, "-4") == [("10.1.1.254", "net1")]
@@ -212,7 +224,7 @@ def test_apply_without_a_cached_result_fails_before_touching_the_namespace(pod, 
     eth0, _ = mark_gateway_filters([delegate("cluster", "eth0", master=True),
                                     delegate("m", "net1", gateways=["10.1.1.254"])])
     with pytest.raises(IOFailure) as err:
-        netns_mod.apply_default_routes(pod, str(tmp_path / "cache"), "c1",
+        apply_all(pod, str(tmp_path / "cache"), "c1",
                                        [(eth0, {"cniVersion": "1.0.0", "ips": [{}]})])
     assert "error deleting default gateway in cache" in err.value.msg
     assert default_routes(pod, "-4") == [("10.10.0.1", "eth0")]
@@ -234,9 +246,9 @@ def test_apply_ignores_results_without_interfaces_and_unmarked_delegates(pod, tm
 @pytest.mark.privileged
 def test_missing_netns_is_unknown_container_and_is_never_created(tmp_path):
     missing = f"/var/run/netns/{unique('mdgone-')}"
-    for call in (lambda: netns_mod.interface_exists(missing, "eth0"),
-                 lambda: netns_mod.delete_default_routes(missing, "eth0", socket.AF_INET),
-                 lambda: netns_mod.add_default_route(missing, "eth0", "10.0.0.1")):
+    for call in (lambda: in_pod(missing, "interface_exists", "eth0"),
+                 lambda: in_pod(missing, "delete_default_routes", "eth0", socket.AF_INET),
+                 lambda: in_pod(missing, "add_default_route", "eth0", "10.0.0.1")):
         with pytest.raises(UnknownContainer) as err:
             call()
         assert repr(missing) in err.value.msg
@@ -248,7 +260,7 @@ def test_a_file_that_is_not_a_netns_is_invalid_environment(tmp_path):
     not_netns = tmp_path / "plain-file"
     not_netns.write_text("")
     with pytest.raises(InvalidEnvironment) as err:
-        netns_mod.interface_exists(str(not_netns), "eth0")
+        in_pod(str(not_netns), "interface_exists", "eth0")
     assert "not a network namespace" in err.value.msg
 
 
