@@ -16,7 +16,8 @@ from .cmdargs import CmdArgs
 from .cni.conflist import NetworkConfigList
 from .cni.result import convert_result
 from .delegates import Delegate
-from .errors import InvalidNetworkConfig, PodNotFound
+from .errors import InvalidNetworkConfig, MultusError, PodNotFound
+from .multus import cleanup_deadline
 from .runtimeconf import check_requested_capabilities, inject_cni_args
 from .selection import NetworkSelection
 
@@ -48,10 +49,22 @@ def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadlin
         raise PodNotFound(f"pod not found during Multus GetPod: {req.pod_namespace}/"
                           f"{req.pod_name} does not exist in the API")
     check_requested_capabilities(delegate.conf, delegate.selection)
-    result = engine.add(net, rt, deadline)
+    try:
+        result = engine.add(net, rt, deadline)
+    except MultusError:
+        _remove_half_made(engine, net, rt, deadline, log)
+        raise
     multus.event_added(pod, delegate, result)
     log.info("hot-plugged %s (%s)", delegate.ifname, delegate.name)
     return convert_result(result, "1.1.0")
+
+
+def _remove_half_made(engine, net, rt, deadline: float, log) -> None:
+    """DEL what a failed hot-plug ADD may have set up (a conflist can fail half-way)."""
+    try:
+        engine.delete(net, rt, cleanup_deadline(deadline))
+    except MultusError as exc:
+        log.error("cleaning up the failed hot-plug of %s failed: %s", rt.ifname, exc.msg)
 
 
 def delegate_from_request(req: CmdArgs, attributes: Mapping[str, Any]) -> Delegate:

@@ -28,8 +28,8 @@ from .cni.conflist import Engine, NetworkConfigList, RuntimeConf
 from .cni.result import convert_result, ip_addresses, is_empty
 from .cni.version import supports_check
 from .config import DaemonConfig
-from .errors import (InvalidNetworkConfig, MultusError, PodNotFound, TryAgainLater,
-                     from_exception)
+from .errors import (InvalidNetworkConfig, IOFailure, MultusError, PodNotFound,
+                     TryAgainLater, from_exception)
 
 LOG = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class Multus:
         """DEL, in reverse, what an ADD set up (the failed delegate included); errors logged."""
         for delegate in reversed(added):
             try:
-                self._delete_one(engine, req, delegate, _rollback_deadline(deadline))
+                self._delete_one(engine, req, delegate, cleanup_deadline(deadline))
             except MultusError as exc:
                 log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
                           exc.msg)
@@ -215,8 +215,9 @@ class Multus:
         for delegate in reversed(delegates):
             try:
                 self._delete_one(engine, req, delegate, deadline)
-            except MultusError as exc:
-                errors.append(f"{delegate.name} ({delegate.ifname}): {exc.msg}")
+            except Exception as exc:  # best-effort complete: the other delegates still go
+                errors.append(f"{delegate.name} ({delegate.ifname}): "
+                              f"{_as_cni_error(exc, log).msg}")
         if errors:
             raise MultusError(f"{pod_prefix(req)}: DEL failed "
                               f"for {len(errors)} network(s), the runtime will retry: "
@@ -226,16 +227,12 @@ class Multus:
 
     def _delegates_for_del(self, req: CmdArgs, path: str, log) -> list:
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except FileNotFoundError:
-            data = None
-        if data is not None:
-            try:
+            data = read_scratch(path)
+            if data is not None:
                 return scratch.delegates_from_cache(data, top_cni_version=req.cni_version)
-            except MultusError as exc:
-                log.error("scratch cache %s is unreadable (%s): deleting what libcni's result "
-                          "cache still knows about", path, exc.msg)
+        except MultusError as exc:
+            log.error("scratch cache %s is unreadable (%s): deleting what libcni's result "
+                      "cache still knows about", path, exc.msg)
         return self._delegates_from_result_cache(req, log)
 
     def _delegates_from_result_cache(self, req: CmdArgs, log) -> list:
@@ -257,12 +254,11 @@ class Multus:
     # -- CHECK, STATUS, GC ------------------------------------------------------------------
     def check(self, req: CmdArgs, deadline: float, log) -> None:
         path = scratch_path(req.config, req.container_id)
-        try:
-            with open(path, "rb") as handle:
-                delegates = scratch.delegates_from_cache(handle.read(), top_cni_version=req.cni_version)
-        except FileNotFoundError:
+        data = read_scratch(path)
+        if data is None:
             raise MultusError(f"CHECK: no attachments recorded for container {req.container_id} "
-                              f"({path} is missing): was ADD run?") from None
+                              f"({path} is missing): was ADD run?")
+        delegates = scratch.delegates_from_cache(data, top_cni_version=req.cni_version)
         engine = self.engine(req.config)
         for delegate in delegates:
             net = NetworkConfigList.load(delegate.conf, source=delegate.name)
@@ -344,6 +340,20 @@ def wait_for_readiness_file(conf: Mapping[str, Any], deadline: float) -> None:
         time.sleep(0.2)  # polling a file that another component creates
 
 
+def read_scratch(path: str) -> bytes | None:
+    """The scratch cache's bytes; None when there is none.
+
+    :raises IOFailure: it exists but cannot be read.
+    """
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise IOFailure(f"cannot read the scratch cache {path}: {exc.strerror}") from exc
+
+
 def scratch_path(conf: Mapping[str, Any], container_id: str) -> str:
     return os.path.join(cni_dir(conf), container_id)
 
@@ -391,6 +401,6 @@ def empty_result(req: CmdArgs) -> dict:
             "ips": [{"address": "0.0.0.0/0", "gateway": "0.0.0.0"}]}
 
 
-def _rollback_deadline(deadline: float) -> float:
-    # A rollback must get a chance even when the ADD used up its own deadline.
+def cleanup_deadline(deadline: float) -> float:
+    """A deadline for undoing a failed ADD: it gets a chance even when the ADD used up its own."""
     return max(deadline, time.monotonic() + 30.0)

@@ -281,3 +281,25 @@ def test_readyz_waits_for_the_api_caches(cluster):
     cluster.kube.start()
     wait_for(lambda: api.http_request(daemon.socket_path, "GET", "/readyz",
                                       timeout=2).status == 200, 30, what="readyz after API back")
+
+
+def test_a_failed_hot_plug_leaves_no_interface_or_lease(cluster):
+    cluster.start()
+    pod = cluster.pod("web-11")
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    bridge = cluster.sandbox.net("hotbad", "10.87.0.0/24", cni_version="0.4.0", gateway=False)
+    conflist = {"cniVersion": "0.4.0", "name": "hotbad",
+                "plugins": [{k: v for k, v in bridge.items() if k not in ("cniVersion", "name")},
+                            {"type": "stub-error"}]}
+    meta = pod["metadata"]
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": ns_path,
+           "CNI_IFNAME": "net6",
+           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-11;K8S_POD_UID={meta['uid']}"}
+    body = api.encode_request(env, json.dumps(conflist).encode(), {})
+    response = api.http_request(cluster.daemon.socket_path, "POST", "/delegate", body, timeout=60)
+    assert response.status == 400
+    assert json.loads(response.body)["code"] == 42  # the stub's own error, passed through
+    assert "net6" not in netns_addresses(ns_name)
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    assert cluster.sandbox.leases_held() == []
