@@ -450,11 +450,11 @@ class InstantDaemon:
 def packaged_shim(command: str, conf: dict, *, no_site: bool = False) -> int:
     """The shim as the packages install it (``python3 -I`` launcher); returns its exit code.
 
-    harness.call_shim runs ``.venv/bin/python -m multusd.shim``, whose start-up also pays
+    harness.call_shim runs ``.venv/bin/python -m multusd.wire.shim``, whose start-up also pays
     for the venv's site-packages and the editable install's import hook.
     """
     launcher = (f"import sys; sys.path.insert(0, {REPO!r}); "
-                "from multusd.shim import main; sys.exit(main())")
+                "from multusd.wire.shim import main; sys.exit(main())")
     flags = "-IS" if no_site else "-I"
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
            "CNI_COMMAND": command, "CNI_CONTAINERID": "bench-instant", "CNI_NETNS": "/dev/null",

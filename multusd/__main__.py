@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__
-from .config import DEFAULT_CONFIG_PATH
+from multusd import __version__
+from multusd.config.daemonconf import DEFAULT_CONFIG_PATH
 
 DESCRIPTION = ("multusd: Multus CNI's thick plugin as a host service. The container runtime "
                "calls /opt/cni/bin/multus-shim, which forwards each call to this daemon.")
@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config(args.config)
     if args.command == "generate-config":
-        from . import log
-        from .confgen import run
+        from multusd.daemon import log
+        from multusd.config.confgen import run
 
         log.setup("verbose", to_stderr=True, journal=False)  # a oneshot: stderr is the journal
         return run(args.config, remove=args.remove)
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_config(path: str) -> int:
-    from . import config
-    from .errors import ConfigError
+    from multusd.config import daemonconf as config
+    from multusd.errors import ConfigError
 
     try:
         loaded = config.load(path)
@@ -63,9 +63,10 @@ def check_config(path: str) -> int:
 
 
 def serve(path: str) -> int:
-    from . import config, log
-    from .daemon import Daemon, StartupError
-    from .errors import ConfigError
+    from multusd.config import daemonconf as config
+    from multusd.daemon import log
+    from multusd.daemon.lifecycle import Daemon, StartupError
+    from multusd.errors import ConfigError
 
     try:
         loaded = config.load(path)

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import tempfile
-from .errors import IOFailure
+from multusd.errors import IOFailure
 
 LOG = logging.getLogger(__name__)
 

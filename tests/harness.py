@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The shim as packaging/multus-shim.launcher runs it: python3 -IS, the code's directory on the
 # path (here the repository instead of /usr/lib/multusd): no site, no venv, stdlib only.
 SHIM_ARGV = [os.path.realpath(PYTHON), "-IS", "-c",
-             f"import sys; sys.path.insert(0, {REPO!r}); from multusd.shim import main; "
+             f"import sys; sys.path.insert(0, {REPO!r}); from multusd.wire.shim import main; "
              "sys.exit(main())"]
 
 
@@ -112,7 +112,7 @@ class DaemonProcess:
         return self
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
-        from multusd import api
+        from multusd.wire import api
 
         def healthy() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
@@ -195,7 +195,7 @@ class Sandbox:
                 os.symlink(os.path.join(directory, name), os.path.join(self.bin_dir, name))
         passthru = os.path.join(self.bin_dir, "passthru")  # ours, as the package installs it
         with open(passthru, "w") as handle:
-            handle.write(f"#!{PYTHON}\nfrom multusd.passthru import main\nraise SystemExit(main())\n")
+            handle.write(f"#!{PYTHON}\nfrom multusd.cni.passthru import main\nraise SystemExit(main())\n")
         os.chmod(passthru, 0o755)
 
     def bridge(self) -> str:
@@ -260,7 +260,7 @@ class Cluster:
         return conf
 
     def start(self, **config: Any) -> "Cluster":
-        from multusd import api
+        from multusd.wire import api
 
         full = {"cniVersion": "0.4.0", "kubeconfig": self.kube.kubeconfig_path,
                 "nodeName": self.kube.node, "confDir": self.conf_dir,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Sequence, Tuple
 
-from ..errors import InvalidEnvironment
+from multusd.errors import InvalidEnvironment
 
 Pair = Tuple[str, str]
 

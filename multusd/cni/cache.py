@@ -15,11 +15,11 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from .. import store
-from ..errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
+from multusd import store
+from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
 
 if TYPE_CHECKING:
-    from .conflist import RuntimeConf
+    from multusd.cni.conflist import RuntimeConf
 
 LOG = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
+from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
-from . import cache
-from .args import format_cni_args
-from .invoke import build_env, exec_plugin, find_plugin
-from .result import convert_result
-from .version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
+from multusd.cni import cache
+from multusd.cni.args import format_cni_args
+from multusd.cni.invoke import build_env, exec_plugin, find_plugin
+from multusd.cni.result import convert_result
+from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
                       supports_check, supports_status_gc)
 
 LOG = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ import subprocess
 import time
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from .. import metrics
-from ..errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig, MultusError,
+from multusd.daemon import metrics
+from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig, MultusError,
                       PluginError)
 
 LOG = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ Usage::
 
 from __future__ import annotations
 
-from ..errors import DecodeFailure
-from .version import is_legacy, require_supported
+from multusd.errors import DecodeFailure
+from multusd.cni.version import is_legacy, require_supported
 
 # No logging, ipaddress or typing import here: the shim converts every ADD result with
 # this module and pays for each import on every pod.

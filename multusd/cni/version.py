@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import IncompatibleCNIVersion
+from multusd.errors import IncompatibleCNIVersion
 
 #: The spec versions multusd speaks, oldest first (0.1.0/0.2.0 results are not supported).
 SUPPORTED_VERSIONS: tuple = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")

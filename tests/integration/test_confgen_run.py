@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from multusd import confgen
+from multusd.config import confgen
 
 from testlib import REPO, wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
 
@@ -152,7 +152,7 @@ def test_primary_removed_keeps_the_file_and_warns(node, caplog):
     assert node.run() == 0
     before = node.generated.read_bytes()
     os.unlink(primary)
-    with caplog.at_level("WARNING", logger="multusd.confgen"):
+    with caplog.at_level("WARNING", logger="multusd.config.confgen"):
         assert node.run() == 0
     assert node.generated.read_bytes() == before
     assert any("keeping" in r.getMessage() and "stale" in r.getMessage() for r in caplog.records)
@@ -170,7 +170,7 @@ def test_new_primary_regenerates(node):
 
 def test_no_primary_writes_nothing_and_exits_0(node, caplog):
     node.configure()
-    with caplog.at_level("WARNING", logger="multusd.confgen"):
+    with caplog.at_level("WARNING", logger="multusd.config.confgen"):
         assert node.run() == 0
     assert not node.generated.exists()
     assert any("waiting for a primary network config" in r.getMessage() for r in caplog.records)
@@ -222,7 +222,7 @@ def test_force_cni_version_rewrites_the_primary_once(node, caplog):
     primary = node.primary("10-mycni.conf", cniVersion="0.3.1")
     os.chmod(primary, 0o640)
     node.configure(forceCNIVersion=True)
-    with caplog.at_level("WARNING", logger="multusd.confgen"):
+    with caplog.at_level("WARNING", logger="multusd.config.confgen"):
         assert node.run() == 0
     assert json.loads(open(primary).read())["cniVersion"] == "0.4.0"
     assert stat.S_IMODE(os.stat(primary).st_mode) == 0o640
@@ -314,7 +314,7 @@ def _subprocess(*argv):
 
 
 def test_run_as_a_subprocess(node):
-    code = "import sys; from multusd.confgen import run; sys.exit(run(sys.argv[1]))"
+    code = "import sys; from multusd.config.confgen import run; sys.exit(run(sys.argv[1]))"
     result = _subprocess("-c", code, node.config_path)
     assert result.returncode == 1 and "does not exist" in result.stderr
     node.primary("10-mycni.conf")

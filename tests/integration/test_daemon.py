@@ -21,7 +21,7 @@ import pytest
 
 from harness import DaemonProcess, call_shim, netns_addresses
 from testlib import wait_for
-from multusd import api
+from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 

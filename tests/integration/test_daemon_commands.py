@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from harness import call_shim, netns_addresses
-from multusd import api
+from multusd.wire import api
 from testlib import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]

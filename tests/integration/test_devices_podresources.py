@@ -14,7 +14,7 @@ from typing import Callable, Iterator, List, Tuple
 
 import pytest
 
-from multusd import devices
+from multusd.node import devices
 from multusd.errors import DecodeFailure, IOFailure, TryAgainLater
 
 grpc = pytest.importorskip("grpc", reason="python3-grpcio is not installed")

@@ -1,4 +1,4 @@
-"""multusd.k8s against the fake Kubernetes API server, through the real ``kubernetes`` client."""
+"""multusd.kube.client against the fake Kubernetes API server, through the real ``kubernetes`` client."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from kubeapi import FakeKubeAPI
 from multusd.errors import MultusError, PodNotFound, TryAgainLater
-from multusd.k8s import NETWORK_STATUS_ANNOTATION, KubeClient, Pod
+from multusd.kube.client import NETWORK_STATUS_ANNOTATION, KubeClient, Pod
 from testlib import wait_for
 
 NS = "default"

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from multusd import metrics
-from multusd.metrics import DaemonMetrics, MetricsServerError, serve
+from multusd.daemon import metrics
+from multusd.daemon.metrics import DaemonMetrics, MetricsServerError, serve
 from testlib import unique
 
 

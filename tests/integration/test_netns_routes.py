@@ -16,9 +16,9 @@ import pytest
 from testlib import PLUGIN_DIR, netns_routes, run, unique
 from multusd.cni import cache
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
-from multusd.delegates import Delegate, mark_gateway_filters
+from multusd.core.delegates import Delegate, mark_gateway_filters
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, UnknownContainer
-from multusd.netns import PodNetns, with_default_routes, without_default_routes
+from multusd.node.netns import PodNetns, with_default_routes, without_default_routes
 
 
 def in_pod(netns_path, method, *args):

@@ -49,7 +49,7 @@ def test_deb_layout_and_conffile(packages, tmp_path):
         assert stat.S_IMODE(mode) == 0o755, exe
         assert (tmp_path / exe).read_text().startswith("#!/usr/bin/python3"), exe
     assert (tmp_path / "usr/lib/multusd/multusd/__main__.py").is_file()
-    assert (tmp_path / "usr/lib/multusd/multusd/shim.py").is_file()
+    assert (tmp_path / "usr/lib/multusd/multusd/wire/shim.py").is_file()
     import yaml  # python3-yaml, a dependency of python3-kubernetes
 
     rbac = list(yaml.safe_load_all((tmp_path / "usr/share/multusd/rbac.yaml").read_text()))
@@ -107,7 +107,7 @@ def test_rpm_info_and_requires(packages):
 def test_rpm_file_list_and_noreplace_config(packages):
     rpm = packages["rpm"]
     files = rpm_query(rpm, "-l").split()
-    for path in (SHIM, PASSTHRU, "/usr/bin/multusd", CONFIG, "/usr/lib/multusd/multusd/server.py",
+    for path in (SHIM, PASSTHRU, "/usr/bin/multusd", CONFIG, "/usr/lib/multusd/multusd/daemon/server.py",
                  *("/usr/lib/systemd/system/" + unit for unit in UNITS)):
         assert path in files, path
     flags = dict(line.split(" ", 1) for line in

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from multusd import confgen
+from multusd.config import confgen
 from multusd.errors import ConfigError
 
 PRIMARY_040 = {"cniVersion": "0.4.0", "name": "mycni-name", "type": "mycni", "ipam": {},

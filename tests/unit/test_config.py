@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from multusd import config
+from multusd.config import daemonconf as config
 from multusd.errors import ConfigError
 
 

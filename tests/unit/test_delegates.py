@@ -1,5 +1,5 @@
 """Delegate resolution (cluster network, defaultNetworks, NADs, aux chain), conf loading
-(multusd.cniconf) and the scratch cache (multusd.scratch).
+(multusd.core.netconf) and the scratch cache (multusd.core.scratch).
 
 Conf files are real files under tmp_path; NADs come from a dict behind the NadGetter seam
 (the only stand-in: Kubernetes itself).
@@ -15,10 +15,10 @@ from typing import Dict, Optional
 
 import pytest
 
-from multusd.cniconf import find_conf_by_name, load_conf_file, nad_config, resolve_network
-from multusd.delegates import (Delegate, NadNotFound, add_device_id, build_delegates,
+from multusd.core.netconf import find_conf_by_name, load_conf_file, nad_config, resolve_network
+from multusd.core.delegates import (Delegate, NadNotFound, add_device_id, build_delegates,
                                load_settings, mark_gateway_filters)
-from multusd.scratch import delegates_from_cache, delegates_to_cache
+from multusd.core.scratch import delegates_from_cache, delegates_to_cache
 from multusd.errors import ConfigError, DecodeFailure, InvalidNetworkConfig, TryAgainLater
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"

@@ -12,8 +12,10 @@ import stat
 
 import pytest
 
-from multusd import devices, runtimeconf
-from multusd.delegates import build_delegates
+from multusd.node import devices
+
+from multusd.core import runtimeconf
+from multusd.core.delegates import build_delegates
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure
 
 POD_UID = "9f1c7c1e-0000-4000-8000-000000000001"

@@ -1,4 +1,4 @@
-"""Unit tests of multusd.k8s that need no API server: trimming, static pods, kubeconfig errors."""
+"""Unit tests of multusd.kube.client that need no API server: trimming, static pods, kubeconfig errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from multusd.errors import InvalidNetworkConfig
-from multusd.k8s import (KubeClient, is_static_pod, nad_from_object, pod_from_object,
+from multusd.kube.client import (KubeClient, is_static_pod, nad_from_object, pod_from_object,
                          NETWORK_STATUS_ANNOTATION)
 
 SECRET = "unit-secret-token-4b0a9c8d7e6f"
@@ -27,7 +27,7 @@ def full_pod() -> dict:
 
 
 def test_import_does_not_load_kubernetes():
-    code = "import sys, multusd.k8s; print(any(m.startswith('kubernetes') for m in sys.modules))"
+    code = "import sys, multusd.kube.client; print(any(m.startswith('kubernetes') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

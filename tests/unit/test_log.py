@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from multusd import log
+from multusd.daemon import log
 
 
 @pytest.fixture(autouse=True)

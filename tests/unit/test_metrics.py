@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from multusd import metrics
-from multusd.metrics import (Counter, DaemonMetrics, Gauge, Histogram, Registry, Sampled,
+from multusd.daemon import metrics
+from multusd.daemon.metrics import (Counter, DaemonMetrics, Gauge, Histogram, Registry, Sampled,
                              count_scratch_entries, format_value)
 
 # One sample line of format 0.0.4: name, optional {labels}, value.

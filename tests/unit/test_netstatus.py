@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from multusd.netstatus import format_network_status, go_json, status_entries
+from multusd.core.netstatus import format_network_status, go_json, status_entries
 
 SANDBOX = "/var/run/netns/cni-1234"
 

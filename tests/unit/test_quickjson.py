@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from multusd import quickjson
+from multusd.wire import quickjson
 
 SAMPLES = [
     {"cniVersion": "1.1.0", "ips": [{"address": "10.1.0.5/24", "gateway": "10.1.0.1"}],
@@ -46,7 +46,7 @@ def test_unserializable_and_circular_values_raise():
 
 def test_the_shim_path_imports_neither_json_nor_re_nor_socket():
     code = (f"import sys; sys.path.insert(0, {_repo()!r}); "
-            "import multusd.shim, multusd.cni.result; "
+            "import multusd.wire.shim, multusd.cni.result; "
             "print(sorted(m for m in ('json', 're', 'socket', 'logging', 'typing', 'enum') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,

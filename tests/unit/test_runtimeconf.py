@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from multusd.delegates import Delegate
+from multusd.core.delegates import Delegate
 from multusd.errors import InvalidNetworkConfig
-from multusd.runtimeconf import (check_requested_capabilities, declared_capabilities,
+from multusd.core.runtimeconf import (check_requested_capabilities, declared_capabilities,
                                  delegate_capability_args, device_info_path, inject_cni_args,
                                  legacy_cni_args)
-from multusd.selection import parse_selections
+from multusd.core.selection import parse_selections
 
 BRIDGE = b'{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}'
 MACVLAN = (b'{"cniVersion":"1.0.0","name":"m","type":"macvlan",'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from multusd.errors import InvalidNetworkConfig
-from multusd.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
+from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
                                is_valid_ifname, parse_default_network, parse_ip_or_cidr,
                                parse_mac, parse_selections)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from multusd import unitgen
+from multusd.config import generator as unitgen
 
 
 def test_defaults_need_no_dropin(tmp_path):

@@ -20,8 +20,9 @@ import time
 import uuid
 from typing import Any, Callable, Mapping, Optional
 
-from . import api, metrics
-from .errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater,
+from multusd.wire import api
+from multusd.daemon import metrics
+from multusd.errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater,
                      from_exception)
 
 LOG = logging.getLogger(__name__)

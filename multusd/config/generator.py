@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import quickjson
+from multusd.wire import quickjson
 
 CONFIG_PATH = "/etc/cni/net.d/multus.d/daemon-config.json"
 DEFAULT_DIR = "/etc/cni/net.d"

@@ -31,8 +31,8 @@ import re
 import sys
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from . import store
-from .errors import ConfigError, ConfigProblem, IOFailure
+from multusd import store
+from multusd.errors import ConfigError, ConfigProblem, IOFailure
 
 LOG = logging.getLogger(__name__)
 

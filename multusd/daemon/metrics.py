@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import __version__
+from multusd import __version__
 
 LOG = logging.getLogger(__name__)
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .cmdargs import CmdArgs
-from .cni.conflist import NetworkConfigList
-from .cni.result import convert_result
-from .delegates import Delegate
-from .errors import InvalidNetworkConfig, MultusError, PodNotFound
-from .multus import cleanup_deadline
-from .runtimeconf import check_requested_capabilities, inject_cni_args
-from .selection import NetworkSelection
+from multusd.core.request import CmdArgs
+from multusd.cni.conflist import NetworkConfigList
+from multusd.cni.result import convert_result
+from multusd.core.delegates import Delegate
+from multusd.errors import InvalidNetworkConfig, MultusError, PodNotFound
+from multusd.core.sandbox import cleanup_deadline
+from multusd.core.runtimeconf import check_requested_capabilities, inject_cni_args
+from multusd.core.selection import NetworkSelection
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS")
 

@@ -15,7 +15,7 @@ import logging.handlers
 import sys
 from typing import Any, Mapping, MutableMapping
 
-from . import systemd
+from multusd.daemon import systemd
 
 LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "error": logging.ERROR,
           "panic": logging.CRITICAL}

@@ -14,8 +14,8 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
-from .errors import InvalidNetworkConfig, IOFailure, MultusError
-from .netstatus import go_json
+from multusd.errors import InvalidNetworkConfig, IOFailure, MultusError
+from multusd.core.netstatus import go_json
 
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 

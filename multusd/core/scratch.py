@@ -9,10 +9,10 @@ import logging
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cniconf import conf_object, marshal_raw_map
-from .delegates import Delegate, ifname_for
-from .errors import DecodeFailure
-from .netstatus import go_ip_string, go_json
+from multusd.core.netconf import conf_object, marshal_raw_map
+from multusd.core.delegates import Delegate, ifname_for
+from multusd.errors import DecodeFailure
+from multusd.core.netstatus import go_ip_string, go_json
 
 LOG = logging.getLogger(__name__)
 

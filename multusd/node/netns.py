@@ -52,12 +52,12 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional,
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .cni import cache
-from .errors import (DecodeFailure, InvalidEnvironment, InvalidNetworkConfig, IOFailure,
+from multusd.cni import cache
+from multusd.errors import (DecodeFailure, InvalidEnvironment, InvalidNetworkConfig, IOFailure,
                      MultusError, UnknownContainer)
 
 if TYPE_CHECKING:
-    from .delegates import Delegate
+    from multusd.core.delegates import Delegate
 
 LOG = logging.getLogger(__name__)
 

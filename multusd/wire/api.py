@@ -20,7 +20,7 @@ import os
 # _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
 import _socket
 
-from . import quickjson
+from multusd.wire import quickjson
 
 CNI_ENDPOINT = "/cni"
 DELEGATE_ENDPOINT = "/delegate"

@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .errors import ConfigError, ConfigProblem
+from multusd.errors import ConfigError, ConfigProblem
 
 LOG = logging.getLogger(__name__)
 

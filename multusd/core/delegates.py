@@ -11,8 +11,8 @@ Resolves, as upstream Multus does (``k8sclient.go:GetDefaultNetworks``, ``TryLoa
 5. the ``auxiliaryCNIChainName`` chain;
 
 then validates ``default-route`` requests (no ECMP) and names the interfaces. Loading the
-configs themselves is :mod:`multusd.cniconf`'s; the scratch cache is :mod:`multusd.scratch`'s.
-No Kubernetes client of its own (NADs come through a :class:`~multusd.cniconf.NadGetter`),
+configs themselves is :mod:`multusd.core.netconf`'s; the scratch cache is :mod:`multusd.core.scratch`'s.
+No Kubernetes client of its own (NADs come through a :class:`~multusd.core.netconf.NadGetter`),
 no processes.
 """
 
@@ -24,12 +24,12 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cniconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
+from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                       nad_config, nad_resource_name, network_name, resolve_network)
-from .errors import ConfigError, ConfigProblem, InvalidNetworkConfig, MultusError
-from .netstatus import go_json
-from .runtimeconf import inject_cni_args
-from .selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
+from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig, MultusError
+from multusd.core.netstatus import go_json
+from multusd.core.runtimeconf import inject_cni_args
+from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
                         parse_default_network, parse_ip, parse_selections)
 
 LOG = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .cni.args import parse_cni_args
-from .config import DaemonConfig, overlay
-from .errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
+from multusd.cni.args import parse_cni_args
+from multusd.config.daemonconf import DaemonConfig, overlay
+from multusd.errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 CONTAINER_ID = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")

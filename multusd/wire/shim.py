@@ -16,8 +16,9 @@ import os
 import sys
 import time
 
-from . import __version__, api, quickjson
-from .errors import (DecodeFailure, IncompatibleCNIVersion, InvalidEnvironment, MultusError,
+from multusd import __version__
+from multusd.wire import api, quickjson
+from multusd.errors import (DecodeFailure, IncompatibleCNIVersion, InvalidEnvironment, MultusError,
                      TryAgainLater)
 
 SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
@@ -157,7 +158,7 @@ def add_result(body: bytes, cni_version: str) -> dict:
     if result is None:
         raise DecodeFailure("multusd answered ADD without a result")
     if cni_version and cni_version != result.get("cniVersion"):
-        from .cni.result import convert_result
+        from multusd.cni.result import convert_result
 
         result = convert_result(result, cni_version)
     return result

@@ -19,16 +19,18 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from . import delegates as delegates_mod
-from . import devices, netstatus, runtimeconf, scratch, store
-from .cmdargs import CmdArgs
-from .cni import cache as result_cache
-from .cni.args import build_delegate_args
-from .cni.conflist import Engine, NetworkConfigList, RuntimeConf
-from .cni.result import convert_result, ip_addresses, is_empty
-from .cni.version import supports_check
-from .config import DaemonConfig
-from .errors import (InvalidNetworkConfig, IOFailure, MultusError, PodNotFound,
+from multusd.core import delegates as delegates_mod
+from multusd.node import devices
+from multusd.core import netstatus, runtimeconf, scratch
+from multusd import store
+from multusd.core.request import CmdArgs
+from multusd.cni import cache as result_cache
+from multusd.cni.args import build_delegate_args
+from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.cni.result import convert_result, ip_addresses, is_empty
+from multusd.cni.version import supports_check
+from multusd.config.daemonconf import DaemonConfig
+from multusd.errors import (InvalidNetworkConfig, IOFailure, MultusError, PodNotFound,
                      TryAgainLater, from_exception)
 
 LOG = logging.getLogger(__name__)
@@ -303,7 +305,7 @@ class Multus:
     # -- /delegate (hot-plug) -----------------------------------------------------------------
     def delegate(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
                  log) -> dict | None:
-        from .hotplug import handle_delegate
+        from multusd.core.hotplug import handle_delegate
 
         return handle_delegate(self, req, attributes, deadline, log)
 
@@ -384,7 +386,7 @@ class _DefaultRoutes:
                 or delegate.gateway_request is not None):
             return
         if self._netns is None:
-            from .netns import PodNetns
+            from multusd.node.netns import PodNetns
 
             self._netns = PodNetns(self.netns_path)
         self._netns.apply_default_route(self.cache_dir, self.container_id, delegate, result)

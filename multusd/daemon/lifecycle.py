@@ -19,11 +19,13 @@ import threading
 import time
 from typing import Any, Mapping
 
-from . import __version__, cmdargs, metrics, systemd
-from .config import DaemonConfig
-from .errors import MultusError
-from .log import RequestLogger, request_fields
-from .server import Server
+from multusd import __version__
+from multusd.core import request as cmdargs
+from multusd.daemon import metrics, systemd
+from multusd.config.daemonconf import DaemonConfig
+from multusd.errors import MultusError
+from multusd.daemon.log import RequestLogger, request_fields
+from multusd.daemon.server import Server
 
 LOG = logging.getLogger(__name__)
 # After the last accepted connection: a moment for a connection accepted just before the
@@ -105,10 +107,10 @@ class Daemon:
         return 0
 
     def _make_multus(self):
-        from .multus import Multus
+        from multusd.core.sandbox import Multus
 
         if self.config.kubeconfig:
-            from .k8s import KubeClient
+            from multusd.kube.client import KubeClient
 
             self.kube = KubeClient(self.config.kubeconfig, self.config.node_name)
             self.kube.start()

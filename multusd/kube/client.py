@@ -1,7 +1,7 @@
 """Kubernetes access: pod and NetworkAttachmentDefinition caches, network-status, events.
 
 The only module that imports ``kubernetes``, and only inside functions, so that
-``import multusd.k8s`` stays cheap (the daemon imports it when a kubeconfig is configured).
+``import multusd.kube.client`` stays cheap (the daemon imports it when a kubeconfig is configured).
 
 What it keeps off the request path (architecture invariant 7):
 

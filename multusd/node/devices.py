@@ -24,8 +24,8 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import store
-from .errors import DecodeFailure, InvalidEnvironment, IOFailure, TryAgainLater
+from multusd import store
+from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, TryAgainLater
 
 LOG = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from .errors import InvalidNetworkConfig
+from multusd.errors import InvalidNetworkConfig
 
 LOG = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from .errors import InvalidNetworkConfig
-from .netstatus import go_json
-from .selection import NetworkSelection, parse_ip_or_cidr, parse_mac
+from multusd.errors import InvalidNetworkConfig
+from multusd.core.netstatus import go_json
+from multusd.core.selection import NetworkSelection, parse_ip_or_cidr, parse_mac
 
 if TYPE_CHECKING:
-    from .delegates import Delegate
+    from multusd.core.delegates import Delegate
 
 LOG = logging.getLogger(__name__)
 
