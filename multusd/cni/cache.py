@@ -13,18 +13,29 @@ import base64
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd import store
 from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
-
-if TYPE_CHECKING:
-    from multusd.cni.conflist import RuntimeConf
 
 LOG = logging.getLogger(__name__)
 
 KIND = "cniCacheV1"
 RESULTS_DIR = "results"
+DEFAULT_CACHE_DIR = "/var/lib/cni/multus"
+
+
+@dataclass(frozen=True)
+class RuntimeConf:
+    """One attachment: the container, its netns and interface, and per-call arguments."""
+
+    container_id: str
+    netns: str
+    ifname: str
+    args: Tuple[Tuple[str, str], ...] = ()
+    capability_args: Mapping[str, Any] = field(default_factory=dict)
+    cache_dir: str = DEFAULT_CACHE_DIR
 
 
 def result_path(cache_dir: str, net_name: str, container_id: str, ifname: str) -> str:
@@ -46,7 +57,7 @@ def result_path(cache_dir: str, net_name: str, container_id: str, ifname: str) -
     return os.path.join(cache_dir, RESULTS_DIR, f"{net_name}-{container_id}-{ifname}")
 
 
-def write(cache_dir: str, net_name: str, rt: "RuntimeConf", config_bytes: bytes,
+def write(cache_dir: str, net_name: str, rt: RuntimeConf, config_bytes: bytes,
           result: dict) -> None:
     """Record ``result`` of network ``net_name`` for the attachment ``rt`` describes.
 

@@ -22,12 +22,13 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
 from multusd.cni import cache
+from multusd.cni.cache import RuntimeConf  # noqa: F401 (the engine's callers import it here)
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import build_env, exec_plugin, find_plugin
 from multusd.cni.result import convert_result
@@ -36,7 +37,6 @@ from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, r
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CACHE_DIR = "/var/lib/cni/multus"
 
 # libcni's rule for container IDs and network names.
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
@@ -81,18 +81,6 @@ class NetworkConfigList:
         return cls(name=name, cni_version=_cni_version(raw, where), plugins=plugins, raw=raw,
                    data=raw_bytes, disable_check=_flag(raw, "disableCheck", where),
                    disable_gc=_flag(raw, "disableGC", where))
-
-
-@dataclass(frozen=True)
-class RuntimeConf:
-    """One attachment: the container, its netns and interface, and per-call arguments."""
-
-    container_id: str
-    netns: str
-    ifname: str
-    args: Tuple[Tuple[str, str], ...] = ()
-    capability_args: Mapping[str, Any] = field(default_factory=dict)
-    cache_dir: str = DEFAULT_CACHE_DIR
 
 
 class Engine:

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from multusd.core.delegate import Delegate, ifname_for
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                       nad_config, nad_resource_name, network_name, resolve_network)
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig, MultusError
@@ -39,56 +40,6 @@ DEFAULT_MULTUS_NAMESPACE = "kube-system"
 DEFAULT_SYSTEM_NAMESPACES = ("kube-system",)
 DEFAULT_GLOBAL_NAMESPACES = ("default",)
 PASSTHRU_PLUGIN = {"type": "passthru", "name": "passthru-cni"}
-
-
-@dataclass(frozen=True)
-class Delegate:
-    """One network attachment of a pod: what to execute and how.
-
-    ``conf`` is the delegate's CNI config (conf or conflist) exactly as it will be executed.
-    The ``*_request`` fields are the pod's per-attachment requests (upstream stores them in
-    the scratch cache, so DEL sees the same as ADD); ``port_mappings`` and ``bandwidth`` are
-    not cached, as upstream.
-    """
-
-    name: str
-    conf: bytes
-    ifname: str
-    master: bool
-    selection: Optional[NetworkSelection] = None
-    resource_name: str = ""
-    device_id: str = ""
-    ifname_request: str = ""
-    mac_request: str = ""
-    ip_request: Tuple[str, ...] = ()
-    infiniband_guid_request: str = ""
-    gateway_request: Optional[Tuple[str, ...]] = None
-    port_mappings: Tuple[Dict[str, Any], ...] = ()
-    bandwidth: Optional[Dict[str, Any]] = None
-    filter_v4_gateway: bool = False
-    filter_v6_gateway: bool = False
-
-    @property
-    def is_conflist(self) -> bool:
-        """True for a conflist (no top-level ``type``), as upstream decides."""
-        return not conf_object(self.conf).get("type")
-
-    @property
-    def conf_name(self) -> str:
-        """The ``name`` inside the config: libcni's network name (its result-cache key)."""
-        name = conf_object(self.conf).get("name")
-        return name if isinstance(name, str) else ""
-
-    @property
-    def plugin_type(self) -> str:
-        """The plugin type (a conflist's first plugin), for messages."""
-        data = conf_object(self.conf)
-        if data.get("type"):
-            return str(data["type"])
-        plugins = data.get("plugins")
-        if isinstance(plugins, list) and plugins and isinstance(plugins[0], dict):
-            return str(plugins[0].get("type", ""))
-        return ""
 
 
 DeviceIdGetter = Callable[[str], str]
@@ -230,15 +181,6 @@ def add_device_id(conf: bytes, device_id: str) -> bytes:
         plugin["deviceID"] = device_id
         plugin["pciBusID"] = device_id
     return go_json(data, sort_keys=True).encode()
-
-
-def ifname_for(delegate: Delegate, cni_ifname: str, index: int) -> str:
-    """Upstream's getIfname: a request wins, the master takes CNI_IFNAME, others net<index>."""
-    if delegate.ifname_request:
-        return delegate.ifname_request
-    if delegate.master:
-        return cni_ifname
-    return f"net{index}"
 
 
 # --- internals: resolution -----------------------------------------------------------------

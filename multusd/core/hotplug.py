@@ -15,9 +15,8 @@ from typing import Any, Mapping
 from multusd.core.request import CmdArgs
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
-from multusd.core.delegates import Delegate
+from multusd.core.delegate import Delegate, cleanup_deadline
 from multusd.errors import InvalidNetworkConfig, MultusError, PodNotFound
-from multusd.core.sandbox import cleanup_deadline
 from multusd.core.runtimeconf import check_requested_capabilities, inject_cni_args
 from multusd.core.selection import NetworkSelection
 

@@ -19,7 +19,7 @@ from multusd.core.netstatus import go_json
 from multusd.core.selection import NetworkSelection, parse_ip_or_cidr, parse_mac
 
 if TYPE_CHECKING:
-    from multusd.core.delegates import Delegate
+    from multusd.core.delegate import Delegate
 
 LOG = logging.getLogger(__name__)
 

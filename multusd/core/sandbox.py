@@ -20,6 +20,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from multusd.core import delegates as delegates_mod
+from multusd.core.defaultroute import DefaultRoutes
+from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
 from multusd.core import netstatus, runtimeconf, scratch
 from multusd import store
@@ -80,7 +82,7 @@ class Multus:
         store.atomic_write(cache_path, scratch.delegates_to_cache(delegates))
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
-        routes = _DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
+        routes = DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
         try:
             for index, delegate in enumerate(delegates):
                 try:
@@ -302,13 +304,6 @@ class Multus:
             cni_ifname="eth0", get_nad=self.kube.get_nad if self.kube is not None else None)
         return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
 
-    # -- /delegate (hot-plug) -----------------------------------------------------------------
-    def delegate(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
-                 log) -> dict | None:
-        from multusd.core.hotplug import handle_delegate
-
-        return handle_delegate(self, req, attributes, deadline, log)
-
 
 def pod_prefix(req: CmdArgs, network: str = "") -> str:
     """Upstream's ``[namespace/pod/uid:network]`` in front of an error message."""
@@ -368,41 +363,8 @@ def devinfo_dir(conf: Mapping[str, Any]) -> str:
     return str(conf.get("deviceInfoDir") or DEFAULT_DEVINFO_DIR)
 
 
-class _DefaultRoutes:
-    """default-route handling after each delegate's ADD (F50), in one netns opening.
-
-    The namespace (and pyroute2) is opened only when a delegate needs it: pods without a
-    ``default-route`` request never pay for it.
-    """
-
-    def __init__(self, netns_path: str, cache_dir: str, container_id: str) -> None:
-        self.netns_path = netns_path
-        self.cache_dir = cache_dir
-        self.container_id = container_id
-        self._netns = None
-
-    def apply(self, delegate, result: dict) -> None:
-        if not (delegate.filter_v4_gateway or delegate.filter_v6_gateway
-                or delegate.gateway_request is not None):
-            return
-        if self._netns is None:
-            from multusd.node.netns import PodNetns
-
-            self._netns = PodNetns(self.netns_path)
-        self._netns.apply_default_route(self.cache_dir, self.container_id, delegate, result)
-
-    def close(self) -> None:
-        if self._netns is not None:
-            self._netns.close()
-
-
 def empty_result(req: CmdArgs) -> dict:
     """Upstream's answer for a pod that is not in the API (no delegate runs, F44)."""
     return {"cniVersion": WIRE_VERSION,
             "interfaces": [{"name": req.ifname, "sandbox": req.netns}],
             "ips": [{"address": "0.0.0.0/0", "gateway": "0.0.0.0"}]}
-
-
-def cleanup_deadline(deadline: float) -> float:
-    """A deadline for undoing a failed ADD: it gets a chance even when the ADD used up its own."""
-    return max(deadline, time.monotonic() + 30.0)

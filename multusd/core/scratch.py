@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd.core.netconf import conf_object, marshal_raw_map
-from multusd.core.delegates import Delegate, ifname_for
+from multusd.core.delegate import Delegate, ifname_for
 from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string, go_json
 

@@ -165,7 +165,9 @@ class Daemon:
                               "running and did not finish before this one's deadline")
         try:
             if endpoint == "/delegate":
-                result = self.multus.delegate(request, attributes or {}, deadline, log)
+                from multusd.core.hotplug import handle_delegate
+
+                result = handle_delegate(self.multus, request, attributes or {}, deadline, log)
             else:
                 result = self.multus.cni(request, deadline, log)
         except MultusError as exc:

@@ -1,6 +1,6 @@
-"""Netlink work inside a pod's network namespace: interface checks and default-route fixups.
+"""Netlink inside a pod's network namespace (the only user of pyroute2): links and default routes.
 
-The only module that imports pyroute2. Upstream: ``netutils.go`` (``DeleteDefaultGW``,
+Upstream: ``netutils.go`` (``DeleteDefaultGW``,
 ``SetDefaultGW``, ``DeleteDefaultGWCache``, ``AddDefaultGWCache``), the default-route part of
 ``multus.go:CmdAdd`` and ``validateIfName`` (F37, F50).
 
@@ -14,58 +14,44 @@ its ``NetNS`` proxy creates missing namespaces by default and costs four times m
 Usage, one namespace opening per ADD (the opening forks; see :class:`PodNetns`)::
 
     with PodNetns(netns_path) as pod_netns:
-        for delegate in delegates:
-            result = run_delegate_add(delegate)
-            pod_netns.apply_default_route(cache_dir, container_id, delegate, result)
+        change = pod_netns.replace_default_routes("net1", True, False, ["10.1.1.254"])
 
-Default-route semantics (F50), with the delegate flags :func:`delegates.mark_gateway_filters`
-sets only when some selection carries ``default-route`` (ECMP is rejected there):
-
-* a delegate whose result configured an interface and which is marked ``filter_v4_gateway``
-  (``filter_v6_gateway``) loses its IPv4 (IPv6) default routes, in the namespace and in its
-  libcni cached result;
-* the delegate with a non-empty ``default-route`` loses every default route of its link,
-  gets one via each requested gateway, and its cached result gets the matching route;
-* as upstream, ``"default-route": []`` marks every delegate for both families, so the pod
-  ends up with no default route at all.
-
-Fixed upstream bugs: only the marked family is deleted (upstream deletes both); cached
-``::/0`` routes are recognised (upstream only matched the spelling ``::0/0``), routes without
-``dst`` are kept; a missing link is an error (upstream then deleted the default routes of
-every link); the cache is read before the namespace is touched, so a missing cache file
-fails the ADD without leaving the namespace and the cache disagreeing.
+This module only changes the namespace and reports what it changed (:class:`RouteChange`);
+deciding which delegate loses or gains a default route, and rewriting libcni's cached result
+to match, is :mod:`multusd.core.defaultroute`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import ctypes
 import errno
 import ipaddress
 import logging
 import os
 import socket
-from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional,
+from typing import (Any, NamedTuple, Iterator, List, Optional,
                     Sequence, Tuple)
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from multusd.cni import cache
-from multusd.errors import (DecodeFailure, InvalidEnvironment, InvalidNetworkConfig, IOFailure,
+from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, IOFailure,
                      MultusError, UnknownContainer)
 
-if TYPE_CHECKING:
-    from multusd.core.delegates import Delegate
-
 LOG = logging.getLogger(__name__)
+
+
+class RouteChange(NamedTuple):
+    """What :meth:`PodNetns.replace_default_routes` changed in the namespace."""
+
+    ifname: str
+    removed: int
+    added: Tuple[str, ...]
 
 _CLONE_NEWNET = 0x40000000
 _RT_TABLE_MAIN = 254
 _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
-_DEFAULT_DST = {socket.AF_INET: "0.0.0.0/0", socket.AF_INET6: "::/0"}
-_LEGACY_RESULT_VERSIONS = ("0.1.0", "0.2.0")  # ip4/ip6 objects instead of a routes list
 
 _libc: Optional[ctypes.CDLL] = None
 
@@ -175,47 +161,21 @@ class PodNetns:
         LOG.debug("added default route via %s on %s in %s", address, ifname, self.path)
         return True
 
-    def apply_default_route(self, cache_dir: str, container_id: str, delegate: "Delegate",
-                            result: Mapping[str, Any]) -> None:
-        """Apply ``default-route`` handling after ``delegate``'s ADD returned ``result`` (F50).
+    def replace_default_routes(self, ifname: str, ipv4: bool, ipv6: bool,
+                               gateways: Sequence[str]) -> "RouteChange":
+        """Delete the IPv4/IPv6 default routes of ``ifname`` and add one via each gateway.
 
-        Uses ``delegate.ifname``, ``delegate.conf_name`` (the libcni cache key),
-        ``filter_v4_gateway``/``filter_v6_gateway`` and ``gateway_request``. Does nothing
-        when the result configured no interface or IP, or when the delegate is not marked.
-        ``result`` itself is never modified; the cached copy on disk is.
+        Reports what it changed; the caller keeps libcni's cached result in step.
 
-        :raises IOFailure: no cached result for the delegate (nothing is changed then), or
-            a netlink failure.
-        :raises DecodeFailure: the cached result has malformed routes.
+        :raises IOFailure: a netlink failure, or ``ifname`` missing.
+        :raises InvalidNetworkConfig: a gateway is not an IP address.
         """
-        if not _configures_interfaces(result):
-            return
-        gateways = tuple(delegate.gateway_request or ())
-        drop_v4 = delegate.filter_v4_gateway or bool(gateways)
-        drop_v6 = delegate.filter_v6_gateway or bool(gateways)
-        if not (drop_v4 or drop_v6):
-            return
-        net_name, ifname = delegate.conf_name, delegate.ifname
-        cached = cache.read_result(cache_dir, net_name, container_id, ifname)
-        if cached is None:
-            raise IOFailure(
-                f"error deleting default gateway in cache: no cached result for network "
-                f"{net_name!r} interface {ifname!r} under {cache_dir!r}; the delegate's ADD "
-                "should have written it")
-        where = cache.result_path(cache_dir, net_name, container_id, ifname)
-        updated = with_default_routes(without_default_routes(cached, drop_v4, drop_v6, where),
-                                      gateways, where)
-        for family, wanted in ((socket.AF_INET, drop_v4), (socket.AF_INET6, drop_v6)):
+        removed = 0
+        for family, wanted in ((socket.AF_INET, ipv4), (socket.AF_INET6, ipv6)):
             if wanted:
-                self.delete_default_routes(ifname, family)
-        for gateway in gateways:
-            self.add_default_route(ifname, gateway)
-        if updated != cached:
-            cache.update_result(cache_dir, net_name, container_id, ifname, updated)
-        LOG.info("default routes of %s (%s) in %s: removed %s, added via %s", ifname,
-                 delegate.name, self.path,
-                 "+".join(n for n, on in (("IPv4", drop_v4), ("IPv6", drop_v6)) if on),
-                 ", ".join(gateways) or "none")
+                removed += self.delete_default_routes(ifname, family)
+        added = tuple(g for g in gateways if self.add_default_route(ifname, g))
+        return RouteChange(ifname=ifname, removed=removed, added=added)
 
     # --- internals --------------------------------------------------------------------------
 
@@ -251,60 +211,6 @@ class PodNetns:
     def _has_default_route(self, index: int, family: int, gateway: str) -> bool:
         return any(_same_address(r.get_attr("RTA_GATEWAY"), gateway)
                    for r in self._default_routes(index, family))
-
-
-# --- cached-result rewriting (pure) -----------------------------------------------------------
-
-
-def without_default_routes(result: Mapping[str, Any], ipv4: bool, ipv6: bool,
-                           where: str = "the cached result") -> Dict[str, Any]:
-    """A copy of ``result`` without its IPv4 and/or IPv6 default routes.
-
-    A default route is one whose ``dst`` has prefix length 0 (``0.0.0.0/0``, ``::/0``,
-    ``::0/0``); routes without a parsable ``dst`` are kept. 0.1.0/0.2.0 results keep
-    routes in ``ip4``/``ip6``; later ones in ``routes`` (dropped when it becomes empty).
-
-    :raises DecodeFailure: ``routes`` is not a list of objects (``where`` names the file).
-    """
-    out = copy.deepcopy(dict(result))
-    for section, version, wanted in _route_sections(out, where):
-        if not wanted(ipv4, ipv6):
-            continue
-        routes = _routes_of(section, where)
-        if routes is None:
-            continue
-        kept = [r for r in routes if _route_default_version(r) != version]
-        if kept:
-            section["routes"] = kept
-        else:
-            section.pop("routes", None)
-    return out
-
-
-def with_default_routes(result: Mapping[str, Any], gateways: Sequence[str],
-                        where: str = "the cached result") -> Dict[str, Any]:
-    """A copy of ``result`` with a ``{"dst": <default>, "gw": <gateway>}`` route per gateway.
-
-    For a 0.1.0/0.2.0 result the route goes into ``ip4``/``ip6`` and only if that section
-    exists (upstream behaviour).
-
-    :raises InvalidNetworkConfig: a gateway is not an IP address.
-    :raises DecodeFailure: ``routes`` is not a list of objects.
-    """
-    out = copy.deepcopy(dict(result))
-    for gateway in gateways:
-        address = _parse_gateway(gateway)
-        family = socket.AF_INET if address.version == 4 else socket.AF_INET6
-        route = {"dst": _DEFAULT_DST[family], "gw": str(address)}
-        if _is_legacy_result(out):
-            section = out.get("ip4" if address.version == 4 else "ip6")
-            if not isinstance(section, dict):
-                continue
-        else:
-            section = out
-        routes = _routes_of(section, where) or []
-        section["routes"] = routes + [route]
-    return out
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -434,58 +340,3 @@ def _parse_gateway(gateway: str) -> Any:
     except ValueError:
         raise InvalidNetworkConfig(f"default-route gateway {gateway!r} is not an IP address; "
                                    "fix the pod's network selection") from None
-
-
-def _configures_interfaces(result: Mapping[str, Any]) -> bool:
-    # Upstream acts only when the (1.0-converted) result has interfaces or IPs: a plugin
-    # that only tweaks something (e.g. a meta plugin) does not own a default route.
-    return any(result.get(key) for key in ("interfaces", "ips", "ip4", "ip6"))
-
-
-def _is_legacy_result(result: Mapping[str, Any]) -> bool:
-    version = result.get("cniVersion")
-    return version is None or version in _LEGACY_RESULT_VERSIONS
-
-
-def _route_sections(result: Dict[str, Any], where: str) -> List[Tuple[Dict[str, Any], int, Any]]:
-    """(section holding "routes", IP version it may hold a default for, family selector)."""
-    def v4(ipv4: bool, ipv6: bool) -> bool:
-        return ipv4
-
-    def v6(ipv4: bool, ipv6: bool) -> bool:
-        return ipv6
-
-    if not _is_legacy_result(result):
-        # One list for both families: select per route, so run it once per family.
-        return [(result, 4, v4), (result, 6, v6)]
-    sections = []
-    for key, version, wanted in (("ip4", 4, v4), ("ip6", 6, v6)):
-        section = result.get(key)
-        if section is None:
-            continue
-        if not isinstance(section, dict):
-            raise DecodeFailure(f"{where}: {key!r} is not an object")
-        sections.append((section, version, wanted))
-    return sections
-
-
-def _routes_of(section: Mapping[str, Any], where: str) -> Optional[List[Dict[str, Any]]]:
-    routes = section.get("routes")
-    if routes is None:
-        return None
-    if not isinstance(routes, list) or not all(isinstance(r, dict) for r in routes):
-        raise DecodeFailure(f"{where}: 'routes' must be a list of route objects; remove the "
-                            "corrupt cache file and recreate the pod sandbox")
-    return list(routes)
-
-
-def _route_default_version(route: Mapping[str, Any]) -> Optional[int]:
-    """4 or 6 when ``route`` is a default route of that version, else None."""
-    dst = route.get("dst")
-    if not isinstance(dst, str):
-        return None
-    try:
-        network = ipaddress.ip_network(dst, strict=False)
-    except ValueError:
-        return None
-    return network.version if network.prefixlen == 0 else None

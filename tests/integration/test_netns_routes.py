@@ -18,7 +18,8 @@ from multusd.cni import cache
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
 from multusd.core.delegates import Delegate, mark_gateway_filters
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, UnknownContainer
-from multusd.node.netns import PodNetns, with_default_routes, without_default_routes
+from multusd.core.defaultroute import DefaultRoutes, with_default_routes, without_default_routes
+from multusd.node.netns import PodNetns
 
 
 def in_pod(netns_path, method, *args):
@@ -28,10 +29,10 @@ def in_pod(netns_path, method, *args):
 
 
 def apply_all(netns_path, cache_dir, container_id, delegates_with_results):
-    """apply_default_route for each (delegate, result), as the orchestrator does per ADD."""
-    with PodNetns(netns_path) as pod_netns:
+    """DefaultRoutes.apply for each (delegate, result), as the orchestrator does per ADD."""
+    with DefaultRoutes(netns_path, cache_dir, container_id) as routes:
         for delegate, result in delegates_with_results:
-            pod_netns.apply_default_route(cache_dir, container_id, delegate, result)
+            routes.apply(delegate, result)
 
 V4_DEFAULT = {"dst": "0.0.0.0/0", "gw": "10.10.0.1"}
 V6_DEFAULT = {"dst": "::/0", "gw": "fd10::1"}
@@ -213,8 +214,8 @@ def test_empty_default_route_list_removes_every_default_route(pod, tmp_path):
     result = {"cniVersion": "1.0.0", "ips": [{"address": "10.10.0.2/24"}],
               "routes": [V4_DEFAULT, V6_DEFAULT]}
     write_cache(cache_dir, cid, pod, eth0, result)
-    with PodNetns(pod) as pod_netns:
-        pod_netns.apply_default_route(cache_dir, cid, eth0, result)
+    with DefaultRoutes(pod, cache_dir, cid) as routes:
+        routes.apply(eth0, result)
     assert default_routes(pod, "-4") == [] and default_routes(pod, "-6") == []
     assert "routes" not in cache.read_result(cache_dir, "cluster", cid, "eth0")
 
@@ -235,10 +236,9 @@ def test_apply_ignores_results_without_interfaces_and_unmarked_delegates(pod, tm
     eth0, _ = mark_gateway_filters([delegate("cluster", "eth0", master=True),
                                     delegate("m", "net1", gateways=["10.1.1.254"])])
     cache_dir = str(tmp_path / "cache")  # stays empty: neither call may need it
-    with PodNetns(pod) as pod_netns:
-        pod_netns.apply_default_route(cache_dir, "c1", eth0, {"cniVersion": "1.0.0"})
-        pod_netns.apply_default_route(cache_dir, "c1", delegate("plain", "eth0"),
-                                      {"cniVersion": "1.0.0", "ips": [{}]})
+    with DefaultRoutes(pod, cache_dir, "c1") as routes:
+        routes.apply(eth0, {"cniVersion": "1.0.0"})
+        routes.apply(delegate("plain", "eth0"), {"cniVersion": "1.0.0", "ips": [{}]})
     assert default_routes(pod, "-4") == [("10.10.0.1", "eth0")]
     assert not os.path.exists(cache_dir)
 
@@ -303,10 +303,10 @@ def test_default_route_moves_after_each_real_plugin_add(netns, bridge_name, seco
     attachments = [RuntimeConf(container_id=cid, netns=netns, ifname=d.ifname,
                                cache_dir=cache_dir) for d in delegates]
     try:
-        with PodNetns(netns) as pod_netns:
+        with DefaultRoutes(netns, cache_dir, cid) as routes:
             for d, net, rt in zip(delegates, nets, attachments):
                 result = engine.add(NetworkConfigList.load(net), rt)
-                pod_netns.apply_default_route(cache_dir, cid, d, result)
+                routes.apply(d, result)
         assert default_routes(netns, "-4") == [(gateway, "net1")]
         eth0_cached = cache.read_result(cache_dir, delegates[0].conf_name, cid, "eth0")
         assert not [r for r in eth0_cached.get("routes", []) if r["dst"] == "0.0.0.0/0"]

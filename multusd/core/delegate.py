@@ -1,0 +1,76 @@
+"""One network attachment of a pod (:class:`Delegate`), its interface name, and the steps
+sandbox and hot-plug share."""
+
+from __future__ import annotations
+
+import time
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from multusd.core.netconf import conf_object
+from multusd.core.selection import NetworkSelection
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """One network attachment of a pod: what to execute and how.
+
+    ``conf`` is the delegate's CNI config (conf or conflist) exactly as it will be executed.
+    The ``*_request`` fields are the pod's per-attachment requests (upstream stores them in
+    the scratch cache, so DEL sees the same as ADD); ``port_mappings`` and ``bandwidth`` are
+    not cached, as upstream.
+    """
+
+    name: str
+    conf: bytes
+    ifname: str
+    master: bool
+    selection: Optional[NetworkSelection] = None
+    resource_name: str = ""
+    device_id: str = ""
+    ifname_request: str = ""
+    mac_request: str = ""
+    ip_request: Tuple[str, ...] = ()
+    infiniband_guid_request: str = ""
+    gateway_request: Optional[Tuple[str, ...]] = None
+    port_mappings: Tuple[Dict[str, Any], ...] = ()
+    bandwidth: Optional[Dict[str, Any]] = None
+    filter_v4_gateway: bool = False
+    filter_v6_gateway: bool = False
+
+    @property
+    def is_conflist(self) -> bool:
+        """True for a conflist (no top-level ``type``), as upstream decides."""
+        return not conf_object(self.conf).get("type")
+
+    @property
+    def conf_name(self) -> str:
+        """The ``name`` inside the config: libcni's network name (its result-cache key)."""
+        name = conf_object(self.conf).get("name")
+        return name if isinstance(name, str) else ""
+
+    @property
+    def plugin_type(self) -> str:
+        """The plugin type (a conflist's first plugin), for messages."""
+        data = conf_object(self.conf)
+        if data.get("type"):
+            return str(data["type"])
+        plugins = data.get("plugins")
+        if isinstance(plugins, list) and plugins and isinstance(plugins[0], dict):
+            return str(plugins[0].get("type", ""))
+        return ""
+
+
+def ifname_for(delegate: Delegate, cni_ifname: str, index: int) -> str:
+    """Upstream's getIfname: a request wins, the master takes CNI_IFNAME, others net<index>."""
+    if delegate.ifname_request:
+        return delegate.ifname_request
+    if delegate.master:
+        return cni_ifname
+    return f"net{index}"
+
+
+def cleanup_deadline(deadline: float) -> float:
+    """A deadline for undoing a failed ADD: it gets a chance even when the ADD used up its own."""
+    return max(deadline, time.monotonic() + 30.0)
