@@ -1,11 +1,10 @@
-"""Files multusd writes: the one atomic-write helper, and the per-sandbox scratch cache.
+"""What multusd writes and how: the one atomic-write helper, its JSON-file reader, Go's JSON text.
 
 Every file multusd writes goes through :func:`atomic_write`: a temp file in the same
 directory, fsync, rename over the target, fsync of the directory. A reader sees the old
-content or the new, never an empty or partial file.
-
-The scratch cache is upstream's ``<cniDir>/<containerID>``: a JSON list of the delegates
-of one sandbox, written before the first delegate runs, read back by DEL and CHECK.
+content or the new, never an empty or partial file. :func:`go_json` is the one encoder of
+JSON that must match upstream's bytes (Go's ``encoding/json``): 00-multus.conf, the scratch
+cache, delegate configs and the network-status annotation.
 """
 
 from __future__ import annotations
@@ -14,9 +13,15 @@ import json
 import logging
 import os
 import tempfile
+from typing import Any, Optional
+
 from multusd.errors import IOFailure
 
 LOG = logging.getLogger(__name__)
+
+# Go's encoder escapes these even inside strings, to keep JSON safe to embed in HTML/JS.
+_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+               "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700,
@@ -106,3 +111,20 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def go_json(obj: Any, *, indent: Optional[int] = None, sort_keys: bool = False) -> str:
+    """``obj`` as JSON text the way Go's ``encoding/json`` writes it.
+
+    Compact (or indented with ``indent`` spaces, as ``MarshalIndent``), non-ASCII kept as
+    UTF-8, and ``< > &`` U+2028 U+2029 escaped as ``\\u00XX``. ``sort_keys`` mimics Go's
+    marshalling of a ``map`` (sorted keys); leave it off to mimic a struct (declared order).
+    """
+    if indent is None:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
+    else:
+        text = json.dumps(obj, ensure_ascii=False, indent=indent, sort_keys=sort_keys)
+    if any(c in text for c in _GO_ESCAPES):
+        # Safe on the whole text: these characters can only occur inside JSON strings.
+        text = "".join(_GO_ESCAPES.get(c, c) for c in text)
+    return text

@@ -1,9 +1,9 @@
-"""Owns ``00-multus.conf``: the CNI config that makes the container runtime call multus-shim.
+"""What ``00-multus.conf`` holds: the CNI config that makes the container runtime call multus-shim.
 
 Upstream's daemon writes this file at start-up and then watches the primary network's
 config with fsnotify. multusd does not sit watching: ``multusd-config.path`` watches the
 directory and starts ``multusd-config.service``, a oneshot that runs
-``multusd generate-config``, which is :func:`run`. Every run looks at the directory afresh:
+``multusd generate-config`` (:func:`multusd.config.confwrite.run`). Every run looks at the directory afresh:
 
 * ``multusConfigFile: "auto"`` (the default): pick the primary network (``multusMasterCNI``,
   else the lexically first ``*.conf``/``*.conflist`` in ``multusAutoconfigDir`` that is not
@@ -18,8 +18,8 @@ when the primary disappears or the readiness indicator is absent: a stale config
 safer than a half-configured node. Only ``--remove`` (package removal) deletes it, and only
 when it looks like ours.
 
-Exit codes of :func:`run`: 0 done or nothing to do yet, 1 a configuration problem, 2 an I/O
-failure.
+This module decides what the file holds (:func:`plan`, :func:`generate`); writing and
+removing it is :mod:`multusd.config.confwrite`'s.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import json
 import logging
 import os
 import re
-import sys
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from multusd import store
 from multusd.errors import ConfigError, ConfigProblem, IOFailure
@@ -65,10 +64,7 @@ _BOOL_KEYS = ("logToStderr", "namespaceIsolation", "forceCNIVersion", "overrideN
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
                      r"(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 _CHECK_INTRODUCED = (0, 4, 0, 1)  # CNI 0.4.0 added CHECK: a primary below it cannot follow
-_GO_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-               ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 _NOT_OMITTED = ("cniVersion", "name", "type")  # upstream's fields without omitempty
-_MAX_PASSES = 3  # re-runs when an input changed while we worked (path-unit events can be lost)
 _STABLE_READ_TRIES = 3
 
 
@@ -118,11 +114,7 @@ def generate(daemon_conf: Mapping[str, Any], *,
 
 def render(document: Mapping[str, Any], sort_keys: bool = False) -> bytes:
     """``document`` serialised as Go's ``json.Marshal`` would: compact, HTML-escaped, UTF-8."""
-    text = json.dumps(document, separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys)
-    # Go escapes these even inside strings; they can only occur inside strings here.
-    for char, escape in _GO_ESCAPES:
-        text = text.replace(char, escape)
-    return text.encode("utf-8")
+    return store.go_json(document, sort_keys=sort_keys).encode("utf-8")
 
 
 def plan(daemon_conf: Mapping[str, Any], *, source: str = "daemon-config.json") -> Plan:
@@ -140,26 +132,6 @@ def plan(daemon_conf: Mapping[str, Any], *, source: str = "daemon-config.json") 
     if not settings.auto:
         return _plan_static(settings)
     return _plan_auto(settings)
-
-
-def run(config_path: str, remove: bool = False) -> int:
-    """``multusd generate-config [--config PATH] [--remove]``: write or remove the runtime's config.
-
-    :returns: 0 when done or when there is nothing to do yet, 1 for a configuration problem
-        (each printed to stderr as ``key: what is wrong, what to write instead``), 2 for an
-        I/O failure.
-    """
-    try:
-        if remove:
-            return _remove(_load_for_remove(config_path))
-        daemon_conf = load_daemon_config(config_path)
-        return _generate_until_stable(daemon_conf, config_path)
-    except ConfigError as exc:
-        _print_problems(config_path, exc)
-        return EXIT_CONFIG
-    except IOFailure as exc:
-        print(f"multusd generate-config: {exc.msg}; nothing was changed", file=sys.stderr)
-        return EXIT_IO
 
 
 def load_daemon_config(config_path: str) -> Dict[str, Any]:
@@ -194,12 +166,12 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     _check_capabilities(conf, problems)
     _check_log_options(conf, problems)
 
-    mode = _get_str(conf, "multusConfigFile", AUTO) or AUTO
+    mode = get_str(conf, "multusConfigFile", AUTO) or AUTO
     auto = mode == AUTO
-    autoconfig_dir = _get_str(conf, "multusAutoconfigDir", "")
-    master = _get_str(conf, "multusMasterCNI", "")
-    cni_version = _get_str(conf, "cniVersion", "")
-    shim_type = _get_str(conf, "type", DEFAULT_SHIM_TYPE)
+    autoconfig_dir = get_str(conf, "multusAutoconfigDir", "")
+    master = get_str(conf, "multusMasterCNI", "")
+    cni_version = get_str(conf, "cniVersion", "")
+    shim_type = get_str(conf, "type", DEFAULT_SHIM_TYPE)
     if conf.get("type") == "":
         problems.append(ConfigProblem("type", "must not be empty; remove the key to use "
                                               f"{DEFAULT_SHIM_TYPE!r}"))
@@ -223,13 +195,13 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     elif not os.path.isabs(mode):
         problems.append(ConfigProblem(
             "multusConfigFile", f"must be \"auto\" or an absolute path, got {mode!r}"))
-    readiness = _get_str(conf, "readinessindicatorfile", "")
+    readiness = get_str(conf, "readinessindicatorfile", "")
     if problems:
         raise ConfigError(source, problems)
     return _Settings(
         auto=auto, static_file="" if auto else mode, autoconfig_dir=autoconfig_dir,
         master=master,
-        cni_config_dir=_get_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR,
+        cni_config_dir=get_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR,
         readiness_file=os.path.normpath(readiness) if readiness else "",
         cni_version=cni_version, force_version=conf.get("forceCNIVersion") is True,
         override_name=conf.get("overrideNetworkName") is True, shim_type=shim_type,
@@ -252,7 +224,7 @@ def _wrong_type(conf: Mapping[str, Any], key: str, kind: type) -> bool:
     return not isinstance(value, kind)
 
 
-def _get_str(conf: Mapping[str, Any], key: str, default: str) -> str:
+def get_str(conf: Mapping[str, Any], key: str, default: str) -> str:
     value = conf.get(key)
     return value if isinstance(value, str) else default
 
@@ -294,7 +266,7 @@ def _target(settings: _Settings) -> str:
 def _plan_static(settings: _Settings) -> Plan:
     """An operator-written config: copied byte for byte, after checking it is a JSON object."""
     path = settings.static_file
-    raw = _read_or_none(path)
+    raw = read_or_none(path)
     if raw is None:
         raise ConfigError(settings.source, [ConfigProblem(
             "multusConfigFile", f"{path!r} does not exist; write that file or set "
@@ -349,14 +321,14 @@ def find_primary(autoconfig_dir: str, master: str = "") -> Tuple[str, str]:
     except OSError as exc:
         raise IOFailure(f"cannot list multusAutoconfigDir {autoconfig_dir!r}: "
                         f"{exc.strerror}") from exc
-    candidates = sorted(name for name in names if _is_candidate(autoconfig_dir, name))
+    candidates = sorted(name for name in names if is_candidate(autoconfig_dir, name))
     if not candidates:
         return "", (f"a primary network config (*.conf or *.conflist) in {autoconfig_dir!r}; "
                     "install the cluster's default network plugin")
     return os.path.join(autoconfig_dir, candidates[0]), ""
 
 
-def _is_candidate(directory: str, name: str) -> bool:
+def is_candidate(directory: str, name: str) -> bool:
     if name.startswith(GENERATED_PREFIX):
         return False
     # Go's filepath.Ext: .conf and .conflist only, never .json
@@ -477,113 +449,12 @@ def _log_options(options: Any) -> Optional[Dict[str, Any]]:
     return {key: options[key] for key, _ in _LOG_OPTION_KEYS if options.get(key) is not None}
 
 
-# --------------------------------------------------------------------------- run
-
-def _generate_until_stable(daemon_conf: Mapping[str, Any], source: str) -> int:
-    """Apply the plan; again if an input changed meanwhile (the path unit may drop that event)."""
-    for _ in range(_MAX_PASSES):
-        before = _fingerprint(daemon_conf)
-        _apply(plan(daemon_conf, source=source))
-        if _fingerprint(daemon_conf) == before:
-            return EXIT_OK
-        LOG.info("the primary network's files changed while generating; generating again")
-    LOG.warning("the primary network's files keep changing; the next change triggers another run")
-    return EXIT_OK
-
-
-def _apply(decision: Plan) -> None:
-    if decision.content is None:
-        if os.path.exists(decision.target):
-            LOG.warning("keeping %s as it is while waiting for %s (a stale config is safer "
-                        "than none)", decision.target, decision.waiting_for)
-        else:
-            LOG.warning("not writing %s yet: waiting for %s", decision.target,
-                        decision.waiting_for)
-        return
-    if decision.primary_rewrite is not None:
-        _rewrite_primary(decision.primary, decision.primary_rewrite)
-    if _read_or_none(decision.target) == decision.content:
-        LOG.debug("%s is up to date; not rewriting it", decision.target)
-        return
-    store.atomic_write(decision.target, decision.content, mode=CONF_MODE, dir_mode=CONF_DIR_MODE)
-    LOG.info("wrote %s%s", decision.target,
-             f" for primary network {decision.primary}" if decision.primary else "")
-
-
-def _rewrite_primary(path: str, content: bytes) -> None:
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except OSError:
-        mode = 0o644
-    store.atomic_write(path, content, mode=mode, dir_mode=CONF_DIR_MODE)
-    LOG.warning("forceCNIVersion is set: rewrote the primary network config %s with the "
-                "daemon config's cniVersion (atomically, mode %o)", path, mode)
-
-
-def _fingerprint(conf: Mapping[str, Any]) -> Tuple[Any, ...]:
-    """What the plan depends on, cheaply: candidate files' identity and the readiness file."""
-    readiness = conf.get("readinessindicatorfile")
-    parts: List[Any] = [bool(readiness) and isinstance(readiness, str)
-                        and os.path.exists(readiness)]
-    directory = conf.get("multusAutoconfigDir")
-    static = conf.get("multusConfigFile")
-    if isinstance(static, str) and static not in ("", AUTO):
-        parts.append(_stat_key(static))
-    elif isinstance(directory, str) and directory:
-        try:
-            names = sorted(n for n in os.listdir(directory) if _is_candidate(directory, n))
-        except OSError:
-            names = []
-        parts.extend((n, _stat_key(os.path.join(directory, n))) for n in names)
-    return tuple(parts)
-
-
-def _stat_key(path: str) -> Optional[Tuple[int, int, int]]:
+def stat_key(path: str) -> Optional[Tuple[int, int, int]]:
     try:
         st = os.stat(path)
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-# --------------------------------------------------------------------------- remove
-
-def _load_for_remove(config_path: str) -> Mapping[str, Any]:
-    """At package removal the daemon config may be gone or broken: fall back to defaults."""
-    try:
-        return load_daemon_config(config_path)
-    except ConfigError as exc:
-        LOG.warning("%s; removing with the default cniConfigDir %s", exc.msg,
-                    DEFAULT_CNI_CONFIG_DIR)
-        return {}
-
-
-def _remove(conf: Mapping[str, Any]) -> int:
-    """Delete what multusd wrote: 00-multus.conf if it looks generated, a static copy if intact."""
-    cni_dir = _get_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR
-    shim_type = _get_str(conf, "type", "") or DEFAULT_SHIM_TYPE
-    generated = os.path.join(cni_dir, MULTUS_CONF_NAME)
-    _remove_if(generated, lambda raw: looks_generated(raw, shim_type),
-               "it does not look generated by multusd (foreign keys, or no clusterNetwork)")
-    static = _get_str(conf, "multusConfigFile", AUTO)
-    if static not in ("", AUTO) and os.path.isabs(static):
-        copy = os.path.join(cni_dir, os.path.basename(static))
-        if os.path.abspath(copy) != os.path.abspath(static) and copy != generated:
-            source = _read_or_none(static)
-            _remove_if(copy, lambda raw: raw == source,
-                       f"it differs from multusConfigFile {static!r}, so someone edited it")
-    return EXIT_OK
-
-
-def _remove_if(path: str, is_ours: Callable[[bytes], bool], why_not: str) -> None:
-    raw = _read_or_none(path)
-    if raw is None:
-        LOG.info("%s does not exist; nothing to remove", path)
-    elif not is_ours(raw):
-        LOG.warning("leaving %s in place: %s", path, why_not)
-    else:
-        store.remove(path)
-        LOG.info("removed %s", path)
 
 
 def looks_generated(raw: bytes, shim_type: str = DEFAULT_SHIM_TYPE) -> bool:
@@ -606,7 +477,7 @@ def looks_generated(raw: bytes, shim_type: str = DEFAULT_SHIM_TYPE) -> bool:
 
 # --------------------------------------------------------------------------- file helpers
 
-def _read_or_none(path: str) -> Optional[bytes]:
+def read_or_none(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as handle:
             return handle.read()
@@ -622,9 +493,9 @@ def _read_stable(path: str) -> Optional[bytes]:
     """Read a file another tool may be writing in place; retry while it changes under us."""
     raw = None
     for _ in range(_STABLE_READ_TRIES):
-        before = _stat_key(path)
-        raw = _read_or_none(path)
-        if raw is None or _stat_key(path) == before:
+        before = stat_key(path)
+        raw = read_or_none(path)
+        if raw is None or stat_key(path) == before:
             return raw
     return raw
 
@@ -646,8 +517,3 @@ def _parse_object(raw: bytes, path: str, what: str) -> Dict[str, Any]:
     return doc
 
 
-def _print_problems(config_path: str, exc: ConfigError) -> None:
-    lines = [f"multusd generate-config: {len(exc.problems)} problem(s) with {config_path}; "
-             "nothing was written:"]
-    lines.extend(f"  {problem.format()}" for problem in exc.problems)
-    print("\n".join(lines), file=sys.stderr)

@@ -15,7 +15,7 @@ import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
 from multusd.errors import InvalidNetworkConfig, IOFailure, MultusError
-from multusd.core.netstatus import go_json
+from multusd.store import go_json
 
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 

@@ -3,22 +3,18 @@
 Upstream builds it with network-attachment-definition-client v1.7.6
 (``CreateNetworkStatuses``/``CreateNetworkStatus``) and joins each element, indented by Go's
 ``json.MarshalIndent(status, "", "    ")``, inside ``[...]``. This module reproduces both the
-content rules and the exact text, and holds :func:`go_json`, the one helper that writes JSON
-the way Go's encoder does (used for every JSON multusd must share byte-for-byte with upstream).
+content rules and the exact text (through :func:`multusd.store.go_json`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 from typing import Any, Dict, List, Mapping, Optional
 
-LOG = logging.getLogger(__name__)
+from multusd.store import go_json
 
-# Go's encoder escapes these even inside strings, to keep JSON safe to embed in HTML/JS.
-_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-               "\u2028": "\\u2028", "\u2029": "\\u2029"}
+LOG = logging.getLogger(__name__)
 
 # Key order of Go's DeviceInfo struct and its nested structs (unknown keys are dropped there).
 _DEVICE_INFO_KEYS = ("type", "version", "pci", "vdpa", "vhost-user", "memif")
@@ -30,23 +26,6 @@ _DEVICE_NESTED_KEYS = {
     "memif": ("role", "path", "mode"),
 }
 _DNS_KEYS = ("nameservers", "domain", "search", "options")
-
-
-def go_json(obj: Any, *, indent: Optional[int] = None, sort_keys: bool = False) -> str:
-    """``obj`` as JSON text the way Go's ``encoding/json`` writes it.
-
-    Compact (or indented with ``indent`` spaces, as ``MarshalIndent``), non-ASCII kept as
-    UTF-8, and ``< > &`` U+2028 U+2029 escaped as ``\\u00XX``. ``sort_keys`` mimics Go's
-    marshalling of a ``map`` (sorted keys); leave it off to mimic a struct (declared order).
-    """
-    if indent is None:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
-    else:
-        text = json.dumps(obj, ensure_ascii=False, indent=indent, sort_keys=sort_keys)
-    if any(c in text for c in _GO_ESCAPES):
-        # Safe on the whole text: these characters can only occur inside JSON strings.
-        text = "".join(_GO_ESCAPES.get(c, c) for c in text)
-    return text
 
 
 def status_entries(name: str, result: Mapping[str, Any], *, default: bool,

@@ -15,7 +15,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig
-from multusd.core.netstatus import go_json
+from multusd.store import go_json
 from multusd.core.selection import NetworkSelection, parse_ip_or_cidr, parse_mac
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""confgen.run() on real directories: what multusd-config.service does on each trigger.
+"""confwrite.run() on real directories: what multusd-config.service does on each trigger.
 
 Covers content and mode, atomicity under a concurrent reader, "unchanged input writes
 nothing" (checked with a real inotify watch, as systemd's path unit sees it), a vanished
@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from multusd.config import confgen
+from multusd.config import confwrite
 
 from testlib import REPO, wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
 
@@ -52,7 +52,7 @@ def node(tmp_path):
             return str(path)
 
         def run(self, remove=False):
-            return confgen.run(self.config_path, remove=remove)
+            return confwrite.run(self.config_path, remove=remove)
 
     yield Node()
     shutil.rmtree(str(tmp_path), ignore_errors=True)
@@ -314,7 +314,7 @@ def _subprocess(*argv):
 
 
 def test_run_as_a_subprocess(node):
-    code = "import sys; from multusd.config.confgen import run; sys.exit(run(sys.argv[1]))"
+    code = "import sys; from multusd.config.confwrite import run; sys.exit(run(sys.argv[1]))"
     result = _subprocess("-c", code, node.config_path)
     assert result.returncode == 1 and "does not exist" in result.stderr
     node.primary("10-mycni.conf")
