@@ -1,4 +1,4 @@
-"""The one error hierarchy of multusd: every failure becomes CNI error JSON.
+"""The one error hierarchy of multusd (every failure becomes CNI error JSON) and the versions it names.
 
 Standard library only (the shim imports it).
 
@@ -25,7 +25,11 @@ Hierarchy::
 from __future__ import annotations
 
 
-DEFAULT_CNI_VERSION = "1.1.0"
+#: The CNI spec versions multusd speaks, oldest first (0.1.0/0.2.0 results are not supported);
+#: here because IncompatibleCNIVersion names them, and so that the shim (standard library and
+#: this module only) and the engine share one list.
+SUPPORTED_VERSIONS: tuple = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+DEFAULT_CNI_VERSION = SUPPORTED_VERSIONS[-1]
 
 
 class MultusError(Exception):

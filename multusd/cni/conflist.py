@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -30,6 +29,7 @@ from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion
 from multusd.cni import cache
 from multusd.cni.cache import RuntimeConf  # noqa: F401 (the engine's callers import it here)
 from multusd.cni.args import format_cni_args
+from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.invoke import build_env, exec_plugin, find_plugin
 from multusd.cni.result import convert_result
 from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
@@ -38,9 +38,6 @@ from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, r
 LOG = logging.getLogger(__name__)
 
 
-# libcni's rule for container IDs and network names.
-_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
-_MAX_IFNAME = 15
 
 
 @dataclass(frozen=True)
@@ -302,20 +299,17 @@ def _validate_attachment(net: NetworkConfigList, rt: RuntimeConf) -> None:
     """libcni's checks before ADD: they keep cache file names and plugin input sane."""
     if not rt.container_id:
         raise UnknownContainer("missing container ID (CNI_CONTAINERID is empty)")
-    if not _NAME_RE.match(rt.container_id):
+    if not is_valid_name(rt.container_id):
         raise InvalidEnvironment(
             f"invalid characters in container ID {rt.container_id!r}: use letters, digits, "
             "'_', '.' and '-', starting with a letter or digit")
-    if not _NAME_RE.match(net.name):
+    if not is_valid_name(net.name):
         raise InvalidNetworkConfig(
             f"invalid characters in network name {net.name!r}: use letters, digits, '_', "
             "'.' and '-', starting with a letter or digit")
     ifname = rt.ifname
-    if (not ifname or len(ifname) > _MAX_IFNAME or ifname in (".", "..")
-            or any(c in "/:" or c.isspace() for c in ifname)):
-        raise InvalidEnvironment(
-            f"invalid interface name {ifname!r}: it must be 1-{_MAX_IFNAME} characters, not "
-            "'.' or '..', without '/', ':' or whitespace")
+    if not is_valid_ifname(ifname):
+        raise InvalidEnvironment(f"invalid interface name {ifname!r}: it must be {IFNAME_RULE}")
 
 
 def _describe(plugin: dict) -> str:

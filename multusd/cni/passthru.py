@@ -1,6 +1,6 @@
 """passthru: the no-op CNI plugin at the head of an auxiliaryCNIChainName chain (F56).
 
-Standard library only. ADD prints an empty, valid result at the config's cniVersion (the
+Standard library and :mod:`multusd.errors` only. ADD prints an empty, valid result at the config's cniVersion (the
 chained plugins that follow, e.g. tuning, then act on the pod's interfaces); DEL and CHECK
 do nothing; VERSION lists what it speaks. Installed as /opt/cni/bin/passthru.
 """
@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+from multusd.errors import SUPPORTED_VERSIONS
 
 
 def run(command: str, stdin: bytes) -> tuple:
@@ -25,7 +25,7 @@ def run(command: str, stdin: bytes) -> tuple:
         return 1, {"cniVersion": "1.1.0", "code": 6,
                    "msg": f"passthru cni: error parsing CNI configuration: {exc}", "details": ""}
     if command == "VERSION":
-        return 0, {"cniVersion": version, "supportedVersions": SUPPORTED_VERSIONS}
+        return 0, {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}
     if command == "ADD":
         result = {"cniVersion": version, "interfaces": [], "ips": [], "routes": [], "dns": {}}
         if version.startswith("1."):

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from multusd.errors import IncompatibleCNIVersion
-
-#: The spec versions multusd speaks, oldest first (0.1.0/0.2.0 results are not supported).
-SUPPORTED_VERSIONS: tuple = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+from multusd.errors import SUPPORTED_VERSIONS, IncompatibleCNIVersion  # the list lives in errors
 
 #: The newest version we implement; what ``cniVersions`` lists are capped at.
 CURRENT_VERSION = SUPPORTED_VERSIONS[-1]

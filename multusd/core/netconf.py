@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
+from multusd.cni.names import is_valid_name
 from multusd.errors import InvalidNetworkConfig, IOFailure, MultusError
 from multusd.store import go_json
 
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 
 _CONF_EXTENSIONS = (".conf", ".json", ".conflist")
-# CNI spec: a network name usable as a directory name for the subdirectory plugin chain.
-_CHAIN_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 
 
 class NadGetter(Protocol):
@@ -268,7 +266,7 @@ def _parse_conflist(raw: bytes, source: str, chain_dir: Optional[str],
             raise fail(f"failed to parse plugin config {index}: missing 'type'")
     chained: List[Dict[str, Any]] = []
     if chain_dir is not None and not inline_only:
-        if _CHAIN_NAME.match(name):
+        if is_valid_name(name):  # usable as the chain's directory name
             chained = _chained_plugins(os.path.join(chain_dir, name))
         elif strict_name:
             raise fail(f"invalid network config name {name!r}: it must start with a letter or "

@@ -9,16 +9,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from multusd.cni.args import parse_cni_args
+from multusd.cni.names import NAME_RULE, is_valid_name
 from multusd.config.daemonconf import DaemonConfig, overlay
 from multusd.errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
-CONTAINER_ID = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 SANDBOX_FREE_COMMANDS = ("STATUS", "GC")
 
 
@@ -107,11 +106,10 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
                       env.get("CNI_IFNAME") or "eth0", args, merged, config, env)
     if not request.container_id and command != "DEL":
         raise InvalidEnvironment("CNI_CONTAINERID is empty: the container runtime must set it")
-    if request.container_id and not CONTAINER_ID.match(request.container_id):
+    if request.container_id and not is_valid_name(request.container_id):
         # It names files under cniDir: never let it be a path.
         raise InvalidEnvironment(f"invalid CNI_CONTAINERID {request.container_id!r}: it must "
-                                 "start with a letter or digit and hold only letters, digits, "
-                                 "'_', '.' and '-' (the CNI specification's rule)")
+                                 f"{NAME_RULE} (the CNI specification's rule)")
     for key in ("K8S_POD_NAMESPACE", "K8S_POD_NAME"):
         if not request.arg(key):
             raise InvalidEnvironment(f"missing {key} in CNI_ARGS: multusd needs the pod's "

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
+from multusd.cni.names import IFNAME_RULE, is_valid_ifname
 from multusd.errors import InvalidNetworkConfig
 
 LOG = logging.getLogger(__name__)
@@ -29,9 +30,6 @@ NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 
 # DNS-1123 label: what the comma form accepts for a namespace and a network name.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-# IFNAMSIZ is 16 including the terminating NUL.
-MAX_IFNAME_LEN = 15
-_IFNAME_FORBIDDEN = set(" \t\n\v\f\r/")
 _COMMA_FORM = "[<namespace>/]<name>[@<interface>] items separated by commas"
 _JSON_FORM = 'a JSON list of objects such as [{"name": "net1", "interface": "net1"}]'
 
@@ -136,12 +134,6 @@ def parse_default_network(value: str, multus_namespace: str, pod: str = "") -> N
     if not selections:
         raise fail(f"no network is named in {value!r}; name exactly one network")
     return selections[0]
-
-
-def is_valid_ifname(name: str) -> bool:
-    """True if ``name`` can be a Linux interface name (length and characters)."""
-    return (0 < len(name.encode()) <= MAX_IFNAME_LEN and name not in (".", "..")
-            and not any(c in _IFNAME_FORBIDDEN for c in name))
 
 
 def parse_mac(text: str) -> bytes:
@@ -384,7 +376,7 @@ def _validate_requests(selection: NetworkSelection, index: int, fail: Fail) -> N
     where = f"network {selection.namespace}/{selection.name} (element {index})"
     if selection.interface and not is_valid_ifname(selection.interface):
         raise fail(f"{where}: interface name {selection.interface!r} is invalid: it must be "
-                   f"1 to {MAX_IFNAME_LEN} characters without '/' or whitespace")
+                   f"{IFNAME_RULE}")
     if selection.mac:
         try:
             parse_mac(selection.mac)

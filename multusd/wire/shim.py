@@ -18,10 +18,10 @@ import time
 
 from multusd import __version__
 from multusd.wire import api, quickjson
-from multusd.errors import (DecodeFailure, IncompatibleCNIVersion, InvalidEnvironment, MultusError,
+from multusd.errors import (SUPPORTED_VERSIONS, DecodeFailure, IncompatibleCNIVersion,
+                            InvalidEnvironment, MultusError,
                      TryAgainLater)
 
-SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
 READY_TIMEOUT = 60.0
@@ -201,7 +201,7 @@ def version_info(stdin: bytes) -> dict:
         requested = quickjson.loads(stdin).get("cniVersion") if stdin.strip() else None
     except (ValueError, AttributeError):
         requested = None
-    return {"cniVersion": requested or "1.1.0", "supportedVersions": SUPPORTED_VERSIONS}
+    return {"cniVersion": requested or "1.1.0", "supportedVersions": list(SUPPORTED_VERSIONS)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from multusd.errors import InvalidNetworkConfig
+from multusd.cni.names import is_valid_ifname
 from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
-                               is_valid_ifname, parse_default_network, parse_ip_or_cidr,
+                               parse_default_network, parse_ip_or_cidr,
                                parse_mac, parse_selections)
 
 POD = "test/mypod"
@@ -179,7 +180,7 @@ def test_parse_ip_or_cidr(text, ok):
     ("eth0", True), ("my_interface", True), ("a" * 15, True), ("a" * 16, False), ("", False),
     ("a b", False), ("a/b", False), (".", False), ("a\tb", False),
 ])
-def test_is_valid_ifname(name, ok):
+def test_is_valid_ifname(name, ok):  # the one rule, in cni/names.py
     assert is_valid_ifname(name) is ok
 
 
