@@ -1,0 +1,1 @@
+"""The composition root: socket, HTTP server, life cycle, journald logging, metrics."""

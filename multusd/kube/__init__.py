@@ -1,0 +1,1 @@
+"""The only user of the ``kubernetes`` client: pods and NetworkAttachmentDefinitions, status, events."""

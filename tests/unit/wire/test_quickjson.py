@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from testlib import REPO
+
 from multusd.wire import quickjson
 
 SAMPLES = [
@@ -45,7 +47,7 @@ def test_unserializable_and_circular_values_raise():
 
 
 def test_the_shim_path_imports_neither_json_nor_re_nor_socket():
-    code = (f"import sys; sys.path.insert(0, {_repo()!r}); "
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); "
             "import multusd.wire.shim, multusd.cni.result; "
             "print(sorted(m for m in ('json', 're', 'socket', 'logging', 'typing', 'enum') "
             "if m in sys.modules))")
@@ -53,8 +55,3 @@ def test_the_shim_path_imports_neither_json_nor_re_nor_socket():
                          text=True, check=True)
     assert out.stdout.strip() == "[]"
 
-
-def _repo() -> str:
-    import os
-
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
