@@ -31,6 +31,7 @@ import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from multusd import store
+from multusd.config.reader import ConfigReader, is_wrong_type, lenient_str
 from multusd.errors import ConfigError, ConfigProblem, IOFailure
 
 LOG = logging.getLogger(__name__)
@@ -156,31 +157,31 @@ def load_daemon_config(config_path: str) -> Dict[str, Any]:
 
 def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     """Validate the keys confgen reads; collect every problem before failing."""
-    problems: List[ConfigProblem] = []
+    problems = ConfigReader()
     if not isinstance(conf, Mapping):
         raise ConfigError(source, [ConfigProblem(source, "must be a JSON object {...}")])
     for key in _STRING_KEYS:
-        _expect(conf, key, str, "a string", problems)
+        problems.expect(conf, key, str, "a string")
     for key in _BOOL_KEYS:
-        _expect(conf, key, bool, "true or false", problems)
+        problems.expect(conf, key, bool, "true or false")
     _check_capabilities(conf, problems)
     _check_log_options(conf, problems)
 
-    mode = get_str(conf, "multusConfigFile", AUTO) or AUTO
+    mode = lenient_str(conf, "multusConfigFile", AUTO) or AUTO
     auto = mode == AUTO
-    autoconfig_dir = get_str(conf, "multusAutoconfigDir", "")
-    master = get_str(conf, "multusMasterCNI", "")
-    cni_version = get_str(conf, "cniVersion", "")
-    shim_type = get_str(conf, "type", DEFAULT_SHIM_TYPE)
+    autoconfig_dir = lenient_str(conf, "multusAutoconfigDir", "")
+    master = lenient_str(conf, "multusMasterCNI", "")
+    cni_version = lenient_str(conf, "cniVersion", "")
+    shim_type = lenient_str(conf, "type", DEFAULT_SHIM_TYPE)
     if conf.get("type") == "":
         problems.append(ConfigProblem("type", "must not be empty; remove the key to use "
                                               f"{DEFAULT_SHIM_TYPE!r}"))
     if auto:
-        if not autoconfig_dir and not _wrong_type(conf, "multusAutoconfigDir", str):
+        if not autoconfig_dir and not is_wrong_type(conf, "multusAutoconfigDir", str):
             problems.append(ConfigProblem(
                 "multusAutoconfigDir", "is required when multusConfigFile is \"auto\"; write "
                 "the directory holding the primary network's config, e.g. \"/etc/cni/net.d\""))
-        if not cni_version and not _wrong_type(conf, "cniVersion", str):
+        if not cni_version and not is_wrong_type(conf, "cniVersion", str):
             problems.append(ConfigProblem(
                 "cniVersion", "the CNI version is a mandatory parameter when the "
                 "'-multus-config-file=auto' option is used; write e.g. \"0.4.0\" or \"1.0.0\""))
@@ -195,38 +196,17 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     elif not os.path.isabs(mode):
         problems.append(ConfigProblem(
             "multusConfigFile", f"must be \"auto\" or an absolute path, got {mode!r}"))
-    readiness = get_str(conf, "readinessindicatorfile", "")
+    readiness = lenient_str(conf, "readinessindicatorfile", "")
     if problems:
         raise ConfigError(source, problems)
     return _Settings(
         auto=auto, static_file="" if auto else mode, autoconfig_dir=autoconfig_dir,
         master=master,
-        cni_config_dir=get_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR,
+        cni_config_dir=lenient_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR,
         readiness_file=os.path.normpath(readiness) if readiness else "",
         cni_version=cni_version, force_version=conf.get("forceCNIVersion") is True,
         override_name=conf.get("overrideNetworkName") is True, shim_type=shim_type,
         source=source, conf=conf)
-
-
-def _expect(conf: Mapping[str, Any], key: str, kind: type, what: str,
-            problems: List[ConfigProblem], prefix: str = "") -> None:
-    if _wrong_type(conf, key, kind):
-        problems.append(ConfigProblem(prefix + key, f"must be {what}, got {conf[key]!r}"))
-
-
-def _wrong_type(conf: Mapping[str, Any], key: str, kind: type) -> bool:
-    """A value of the wrong JSON type (null counts as absent, as in Go)."""
-    value = conf.get(key)
-    if value is None:
-        return False
-    if kind is int:
-        return isinstance(value, bool) or not isinstance(value, int)
-    return not isinstance(value, kind)
-
-
-def get_str(conf: Mapping[str, Any], key: str, default: str) -> str:
-    value = conf.get(key)
-    return value if isinstance(value, str) else default
 
 
 def _check_capabilities(conf: Mapping[str, Any], problems: List[ConfigProblem]) -> None:
@@ -243,7 +223,7 @@ def _check_capabilities(conf: Mapping[str, Any], problems: List[ConfigProblem]) 
                                           f"must be true or false, got {value!r}"))
 
 
-def _check_log_options(conf: Mapping[str, Any], problems: List[ConfigProblem]) -> None:
+def _check_log_options(conf: Mapping[str, Any], problems: ConfigReader) -> None:
     options = conf.get("logOptions")
     if options is None:
         return
@@ -253,7 +233,7 @@ def _check_log_options(conf: Mapping[str, Any], problems: List[ConfigProblem]) -
         return
     for key, kind in _LOG_OPTION_KEYS:
         what = "an integer" if kind is int else "true or false"
-        _expect(options, key, kind, what, problems, prefix="logOptions.")
+        problems.expect(options, key, kind, what, prefix="logOptions.")
 
 
 def _target(settings: _Settings) -> str:

@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
 
 LOG = logging.getLogger(__name__)
@@ -135,41 +136,8 @@ def overlay(request_conf: Mapping[str, Any], daemon: DaemonConfig) -> dict[str, 
     return merged
 
 
-class _Problems(list):
-    """Collects ConfigProblem entries while reading typed values."""
-
-    def add(self, path: str, message: str) -> None:
-        self.append(ConfigProblem(path, message))
-
-    def string(self, raw: Mapping[str, Any], key: str, default: str) -> str:
-        value = raw.get(key, default)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            self.add(key, f"must be a string, got {value!r}; write \"{key}\": \"...\"")
-            return default
-        return value
-
-    def absolute_path(self, raw: Mapping[str, Any], key: str, default: str) -> str:
-        value = self.string(raw, key, default) or default
-        if not os.path.isabs(value):
-            self.add(key, f"must be an absolute path, got {value!r}; write e.g. {default!r}")
-            return default
-        return value
-
-    def boolean(self, raw: Mapping[str, Any], key: str, default: bool) -> bool:
-        value = raw.get(key, default)
-        if not isinstance(value, bool):
-            self.add(key, f"must be true or false, got {value!r}")
-            return default
-        return value
-
-    def mapping(self, raw: Mapping[str, Any], key: str) -> dict:
-        value = raw.get(key) or {}
-        if not isinstance(value, dict):
-            self.add(key, f"must be an object {{...}}, got {value!r}")
-            return {}
-        return value
+class _Problems(ConfigReader):
+    """The shared typed reader, plus daemon-config.json's own logLevel rule."""
 
     def log_level(self, raw: Mapping[str, Any]) -> str:
         value = self.string(raw, "logLevel", "verbose") or "verbose"
@@ -177,19 +145,3 @@ class _Problems(list):
             self.add("logLevel", f"unknown level {value!r}; use one of {', '.join(LOG_LEVELS)}")
             return "verbose"
         return value.lower()
-
-    def port(self, raw: Mapping[str, Any], key: str) -> int | None:
-        value = raw.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
-            self.add(key, f"must be a TCP port number from 1 to 65535, got {value!r}")
-            return None
-        return value
-
-    def positive(self, raw: Mapping[str, Any], key: str, default, kind):
-        value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            self.add(key, f"must be a number greater than 0, got {value!r}")
-            return default
-        return kind(value)

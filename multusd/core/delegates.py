@@ -18,12 +18,12 @@ no processes.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from multusd.config.reader import ConfigReader
 from multusd.core.delegate import Delegate, ifname_for
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                       nad_config, nad_resource_name, network_name, resolve_network)
@@ -40,6 +40,18 @@ DEFAULT_MULTUS_NAMESPACE = "kube-system"
 DEFAULT_SYSTEM_NAMESPACES = ("kube-system",)
 DEFAULT_GLOBAL_NAMESPACES = ("default",)
 PASSTHRU_PLUGIN = {"type": "passthru", "name": "passthru-cni"}
+
+
+def _global_namespaces(reader: ConfigReader, netconf: Mapping[str, Any]) -> Tuple[str, ...]:
+    value = netconf.get("globalNamespaces")
+    if value is None or value == "":
+        return DEFAULT_GLOBAL_NAMESPACES
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(","))
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(v.strip() for v in value)
+    reader.bad("globalNamespaces", "a comma-separated string of namespaces", value)
+    return DEFAULT_GLOBAL_NAMESPACES
 
 
 DeviceIdGetter = Callable[[str], str]
@@ -84,19 +96,19 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
     :raises ConfigError: listing every problem (wrong types, neither delegates nor
         clusterNetwork).
     """
-    problems: List[ConfigProblem] = []
-    reader = _SettingsReader(netconf, problems)
+    problems = reader = ConfigReader()
     settings = MultusSettings(
-        conf_dir=reader.string("confDir") or DEFAULT_CONF_DIR,
-        multus_namespace=reader.string("multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
-        system_namespaces=reader.string_list("systemNamespaces", DEFAULT_SYSTEM_NAMESPACES),
-        global_namespaces=reader.global_namespaces(),
-        namespace_isolation=reader.boolean("namespaceIsolation"),
-        cluster_network=reader.string("clusterNetwork"),
-        default_networks=reader.string_list("defaultNetworks", ()),
-        delegates=reader.objects("delegates"),
-        auxiliary_chain=reader.string("auxiliaryCNIChainName"),
-        cni_version=reader.string("cniVersion"),
+        conf_dir=reader.string(netconf, "confDir") or DEFAULT_CONF_DIR,
+        multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
+        system_namespaces=reader.string_list(netconf, "systemNamespaces",
+                                             DEFAULT_SYSTEM_NAMESPACES),
+        global_namespaces=_global_namespaces(reader, netconf),
+        namespace_isolation=reader.boolean(netconf, "namespaceIsolation"),
+        cluster_network=reader.string(netconf, "clusterNetwork"),
+        default_networks=reader.string_list(netconf, "defaultNetworks", ()),
+        delegates=reader.objects(netconf, "delegates"),
+        auxiliary_chain=reader.string(netconf, "auxiliaryCNIChainName"),
+        cni_version=reader.string(netconf, "cniVersion"),
     )
     if not problems and not settings.cluster_network and not settings.delegates:
         problems.append(ConfigProblem("clusterNetwork", "at least one delegate/clusterNetwork "
@@ -317,64 +329,3 @@ def _is_v4(gateway: str) -> bool:
 
 
 # --- internals: settings -------------------------------------------------------------------
-
-
-class _SettingsReader:
-    """Typed reads of the multus config that record a ConfigProblem instead of raising."""
-
-    def __init__(self, netconf: Mapping[str, Any], problems: List[ConfigProblem]) -> None:
-        self.netconf = netconf
-        self.problems = problems
-
-    def _bad(self, key: str, expected: str) -> None:
-        self.problems.append(ConfigProblem(key, f"must be {expected}, got "
-                                                f"{json.dumps(self.netconf.get(key))}"))
-
-    def string(self, key: str) -> str:
-        value = self.netconf.get(key)
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            self._bad(key, "a string")
-            return ""
-        return value
-
-    def boolean(self, key: str) -> bool:
-        value = self.netconf.get(key)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            self._bad(key, "true or false")
-            return False
-        return value
-
-    def string_list(self, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
-        if key not in self.netconf:
-            return default
-        value = self.netconf[key]
-        if value is None:
-            return ()  # an explicit null empties the list, as Go's decoder does
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self._bad(key, "a list of strings")
-            return default
-        return tuple(value)
-
-    def global_namespaces(self) -> Tuple[str, ...]:
-        value = self.netconf.get("globalNamespaces")
-        if value is None or value == "":
-            return DEFAULT_GLOBAL_NAMESPACES
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(","))
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(v.strip() for v in value)
-        self._bad("globalNamespaces", "a comma-separated string of namespaces")
-        return DEFAULT_GLOBAL_NAMESPACES
-
-    def objects(self, key: str) -> Tuple[Dict[str, Any], ...]:
-        value = self.netconf.get(key)
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            self._bad(key, "a list of CNI config objects")
-            return ()
-        return tuple(value)

@@ -1,0 +1,123 @@
+"""Typed reads of JSON config objects that collect every problem instead of failing at the first.
+
+The one reader behind daemon-config.json (:mod:`.daemonconf`), the 00-multus.conf generator
+(:mod:`.confgen`) and the multus settings the delegates are resolved from
+(:mod:`multusd.core.delegates`). A ``null`` value counts as absent, as Go's decoder treats
+it; a value of the wrong JSON type is recorded as a :class:`~multusd.errors.ConfigProblem`
+(``key: must be <what>, got <value>``) and the default is used, so that the caller can
+report all problems in one :class:`~multusd.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from multusd.errors import ConfigProblem
+
+
+class ConfigReader(list):
+    """A list of :class:`ConfigProblem` filled in by typed reads of config objects."""
+
+    def add(self, path: str, message: str) -> None:
+        self.append(ConfigProblem(path, message))
+
+    def bad(self, key: str, expected: str, value: Any, hint: str = "") -> None:
+        self.add(key, f"must be {expected}, got {value!r}" + (f"; {hint}" if hint else ""))
+
+    def expect(self, raw: Mapping[str, Any], key: str, kind: type, what: str,
+               prefix: str = "") -> bool:
+        """Record a problem when ``raw[key]`` is set but not of ``kind``; True if it is fine."""
+        if is_wrong_type(raw, key, kind):
+            self.bad(prefix + key, what, raw[key])
+            return False
+        return True
+
+    def string(self, raw: Mapping[str, Any], key: str, default: str = "") -> str:
+        value = raw.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            self.bad(key, "a string", value, f'write "{key}": "..."')
+            return default
+        return value
+
+    def absolute_path(self, raw: Mapping[str, Any], key: str, default: str) -> str:
+        value = self.string(raw, key, default) or default
+        if not os.path.isabs(value):
+            self.bad(key, "an absolute path", value, f"write e.g. {default!r}")
+            return default
+        return value
+
+    def boolean(self, raw: Mapping[str, Any], key: str, default: bool = False) -> bool:
+        value = raw.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.bad(key, "true or false", value)
+            return default
+        return value
+
+    def mapping(self, raw: Mapping[str, Any], key: str) -> Dict[str, Any]:
+        value = raw.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.bad(key, "an object {...}", value)
+            return {}
+        return value
+
+    def string_list(self, raw: Mapping[str, Any], key: str,
+                    default: Tuple[str, ...]) -> Tuple[str, ...]:
+        if key not in raw:
+            return default
+        value = raw[key]
+        if value is None:
+            return ()  # an explicit null empties the list, as Go's decoder does
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.bad(key, "a list of strings", value)
+            return default
+        return tuple(value)
+
+    def objects(self, raw: Mapping[str, Any], key: str) -> Tuple[Dict[str, Any], ...]:
+        value = raw.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            self.bad(key, "a list of CNI config objects", value)
+            return ()
+        return tuple(value)
+
+    def port(self, raw: Mapping[str, Any], key: str) -> Optional[int]:
+        value = raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            self.bad(key, "a TCP port number from 1 to 65535", value)
+            return None
+        return value
+
+    def positive(self, raw: Mapping[str, Any], key: str, default, kind):
+        value = raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            self.bad(key, "a number greater than 0", value)
+            return default
+        return kind(value)
+
+
+def is_wrong_type(raw: Mapping[str, Any], key: str, kind: type) -> bool:
+    """A value of the wrong JSON type (null counts as absent; an int is not a bool)."""
+    value = raw.get(key)
+    if value is None:
+        return False
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int)
+    return not isinstance(value, kind)
+
+
+def lenient_str(raw: Mapping[str, Any], key: str, default: str) -> str:
+    """``raw[key]`` when it is a string, else ``default`` (for keys already validated)."""
+    value = raw.get(key)
+    return value if isinstance(value, str) else default
