@@ -47,3 +47,15 @@ def netns_links(netns_path: str) -> dict:
 def netns_routes(netns_path: str, family: str = "-4") -> list:
     name = os.path.basename(netns_path)
     return json.loads(run("ip", family, "-n", name, "-j", "route", "show").stdout)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of sample ``name{labels}`` (every label, in any order) in a /metrics text,
+    read with prometheus_client's own parser so that a malformed exposition fails; None
+    when there is no such sample."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = [sample.value for family in text_string_to_metric_families(text)
+             for sample in family.samples if sample.name == name and sample.labels == labels]
+    assert len(found) <= 1, f"{name}{labels} appears {len(found)} times"
+    return found[0] if found else None

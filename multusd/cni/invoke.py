@@ -12,6 +12,9 @@ here, at the one boundary, into the errors of :mod:`multusd.errors`:
 * a missing or non-executable binary -> :class:`InvalidNetworkConfig`.
 
 All but the first carry a ``details`` block (plugin, command, exit code, stdout, stderr).
+
+Each execution that started is reported to the caller's ``observer``, if it gave one
+(:data:`PluginObserver`: the daemon turns it into metrics); this module records nothing itself.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from multusd.daemon import metrics
 from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig, MultusError,
                       PluginError)
 
@@ -42,6 +44,11 @@ DETAILS_LIMIT = 4096
 _REAP_TIMEOUT = 2.0
 
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: Told of every plugin execution, after it ends: ``observer(plugin_type, command, seconds,
+#: outcome)``, outcome ``"ok"`` or ``"error"`` (any failure, the plugin's own CNI error
+#: included). Called on the request's thread; whatever it raises is logged and dropped.
+PluginObserver = Callable[[str, str, float, str], None]
 
 
 def find_plugin(plugin_type: str, bin_dirs: Sequence[str]) -> str:
@@ -84,11 +91,12 @@ def build_env(command: str, container_id: str, netns: str, ifname: str, cni_args
 
 
 def exec_plugin(path: str, *, command: str, stdin: bytes, env: Mapping[str, str],
-                deadline: float) -> Optional[dict]:
+                deadline: float, observer: Optional[PluginObserver] = None) -> Optional[dict]:
     """Run the plugin at ``path`` with ``stdin`` and ``env`` until ``deadline``.
 
     :param deadline: a :func:`time.monotonic` instant; the plugin's process group is
         killed when it passes.
+    :param observer: told of the execution once it ends (not when it never started).
     :returns: the JSON object the plugin printed, or None when it printed nothing.
     :raises PluginError: the plugin's own CNI error, unchanged.
     :raises DeadlineExceeded: the plugin was still running at the deadline (it is killed).
@@ -100,12 +108,23 @@ def exec_plugin(path: str, *, command: str, stdin: bytes, env: Mapping[str, str]
         raise run.failure(DeadlineExceeded, "was not started: the request deadline had "
                           "already passed", None, b"", b"")
     started = time.monotonic()
+    outcome = "error"
     try:
         proc = run.start(plugin_environment(env), deadline)
         stdout, stderr = run.communicate(proc, stdin, deadline)
-        return run.decode(proc.returncode, stdout, stderr)
+        output = run.decode(proc.returncode, stdout, stderr)
+        outcome = "ok"
+        return output
     finally:
-        metrics.observe_plugin(os.path.basename(path), command, time.monotonic() - started)
+        if observer is not None:
+            _report(observer, run, outcome, time.monotonic() - started)
+
+
+def _report(observer: PluginObserver, run: "_PluginRun", outcome: str, seconds: float) -> None:
+    try:
+        observer(run.name, run.command, seconds, outcome)
+    except Exception:  # a broken observer must not turn a plugin's answer into a failure
+        LOG.exception("the plugin observer failed on %s %s", run.name, run.command)
 
 
 def plugin_environment(env: Mapping[str, str]) -> Dict[str, str]:

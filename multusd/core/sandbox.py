@@ -29,6 +29,7 @@ from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.cni.invoke import PluginObserver
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
@@ -48,9 +49,11 @@ READINESS_TIMEOUT = 45.0
 class Multus:
     """The Multus semantics for one daemon; safe to call from many threads at once."""
 
-    def __init__(self, config: DaemonConfig, kube=None) -> None:
+    def __init__(self, config: DaemonConfig, kube=None, *,
+                 plugin_observer: PluginObserver | None = None) -> None:
         self.config = config
         self.kube = kube
+        self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
         self._daemon_cni_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
 
     def ready(self) -> bool:
@@ -65,7 +68,8 @@ class Multus:
 
     def engine(self, conf: Mapping[str, Any]) -> Engine:
         bin_dir = conf.get("binDir") or DEFAULT_BIN_DIR
-        return Engine([bin_dir] + [p for p in self._daemon_cni_path if p != bin_dir])
+        return Engine([bin_dir] + [p for p in self._daemon_cni_path if p != bin_dir],
+                      observer=self.plugin_observer)
 
     # -- ADD --------------------------------------------------------------------------------
     def add(self, req: CmdArgs, deadline: float, log) -> dict:

@@ -78,6 +78,7 @@ class Daemon:
         self.kube = None
         self.multus = None
         self.server: Server | None = None
+        self.metrics: metrics.DaemonMetrics | metrics.NullMetrics = metrics.NullMetrics()
         self.metrics_server = None
         self._owns_socket = False
         self._stopping = threading.Event()
@@ -87,11 +88,14 @@ class Daemon:
         if listener is None:
             listener = bind_socket(self.config.socket_path)
             self._owns_socket = True
+        if self.config.metrics_port is not None:
+            self.metrics = metrics.DaemonMetrics()  # imports prometheus_client
         self.multus = self._make_multus()
         self._start_metrics()
         self.server = Server(listener, self.handle, workers=self.config.workers,
                              request_timeout=self.config.request_timeout,
-                             readiness=self.multus.ready, after_request=self._report_status)
+                             readiness=self.multus.ready, after_request=self._report_status,
+                             observe_http=self.metrics.observe_http)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._start_watchdog()
@@ -114,18 +118,20 @@ class Daemon:
 
             self.kube = KubeClient(self.config.kubeconfig, self.config.node_name)
             self.kube.start()
-        return Multus(self.config, self.kube)
+        observer = self.metrics.observe_plugin if self.metrics.enabled else None
+        return Multus(self.config, self.kube, plugin_observer=observer)
 
     def _start_metrics(self) -> None:
         if self.config.metrics_port is None:
             return
         try:
             self.metrics_server = metrics.serve(self.config.metrics_address,
-                                                self.config.metrics_port)
+                                                self.config.metrics_port,
+                                                registry=self.metrics.registry)
         except metrics.MetricsServerError as exc:
             raise StartupError(str(exc)) from exc
         kube = self.kube
-        metrics.DEFAULT.set_sources(
+        self.metrics.set_sources(
             cached_pods=(lambda: kube.cache_sizes()[0]) if kube is not None else None,
             cached_nads=(lambda: kube.cache_sizes()[1]) if kube is not None else None,
             cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"))
@@ -147,7 +153,7 @@ class Daemon:
     def handle(self, endpoint: str, body: bytes, deadline: float,
                request_id: str) -> Mapping[str, Any] | None:
         """One /cni or /delegate request (called on a pool slot by the server)."""
-        with metrics.track_request(endpoint) as tracked:
+        with self.metrics.track_request(endpoint) as tracked:
             env, config, attributes = cmdargs.decode_body(body)
             request = cmdargs.parse(env, config, self.config)
             tracked.command = request.command

@@ -1,8 +1,4 @@
-"""Prometheus metrics of multusd: a small thread-safe registry, the daemon's series, /metrics.
-
-Standard library only: a handful of series does not justify a client library. The text is
-Prometheus exposition format 0.0.4 (``# HELP``/``# TYPE`` lines, escaped label values,
-cumulative ``_bucket{le=...}`` lines ending with ``+Inf``, then ``_sum`` and ``_count``).
+"""Prometheus metrics of multusd: the daemon's series on a private prometheus_client registry, /metrics.
 
 Series (see :class:`DaemonMetrics`)::
 
@@ -15,17 +11,18 @@ Series (see :class:`DaemonMetrics`)::
     multusd_scratch_cache_entries                    gauge, files in cniDir
     multusd_build_info{version}                      always 1
 
-Usage from the daemon::
+Usage from the daemon (each daemon has its own registry, so tests run several in one process)::
 
-    server = metrics.serve(config.metrics_address, config.metrics_port)  # enables DEFAULT
-    with metrics.track_request("/cni") as tracked:
+    recorder = metrics.DaemonMetrics() if config.metrics_port is not None else metrics.NullMetrics()
+    engine = Engine(bin_dirs, observer=recorder.observe_plugin)   # cni/ only sees a callable
+    server = metrics.serve(config.metrics_address, config.metrics_port, registry=recorder.registry)
+    with recorder.track_request("/cni") as tracked:
         tracked.command = "ADD"
         ...
-    metrics.observe_plugin("bridge", "ADD", 0.012)  # from the engine, after each exec
     server.close()
 
-The module-level functions record into :data:`DEFAULT`, which ignores every call (a flag
-test, nothing else) until :func:`serve` starts, so the engine may call them unconditionally.
+``prometheus_client`` is imported only when a :class:`DaemonMetrics` is made or :func:`serve`
+runs: with ``metricsPort`` unset the daemon records into :class:`NullMetrics` and never loads it.
 
 Upstream binds its metrics port on every interface without authentication; multusd binds
 127.0.0.1 unless ``metricsAddress`` in daemon-config.json says otherwise.
@@ -33,30 +30,29 @@ Upstream binds its metrics port on every interface without authentication; multu
 
 from __future__ import annotations
 
-import bisect
 import contextlib
+import copy
 import errno
 import logging
-import math
 import os
-import re
 import selectors
 import socket
+import sys
 import threading
 import time
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from multusd import __version__
 
 LOG = logging.getLogger(__name__)
 
 __all__ = [
-    "CONTENT_TYPE", "DEFAULT", "DEFAULT_ADDRESS", "DURATION_BUCKETS", "Counter",
-    "DaemonMetrics", "Gauge", "Histogram", "MetricsServer", "MetricsServerError", "Registry",
-    "Sampled", "count_scratch_entries", "observe_http", "observe_plugin", "serve",
-    "track_request",
+    "CONTENT_TYPE", "DEFAULT_ADDRESS", "DURATION_BUCKETS", "DaemonMetrics", "MetricsServer",
+    "MetricsServerError", "NullMetrics", "TrackedRequest", "count_scratch_entries",
+    "handler_label", "serve",
 ]
 
+#: What /metrics answers a scraper that does not ask for OpenMetrics (text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_ADDRESS = "127.0.0.1"
 # CNI latencies: a loopback ADD takes a few ms, a bridge+IPAM ADD tens of ms, a slow IPAM or
@@ -64,284 +60,15 @@ DEFAULT_ADDRESS = "127.0.0.1"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
                     30.0, 60.0, 120.0)
 
-_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _CNI_HANDLERS = ("/cni", "/delegate")
 _KNOWN_HANDLERS = _CNI_HANDLERS + ("/healthz", "/readyz")
 _HTTP_METHODS = {"get", "head", "post", "put", "delete", "patch", "options", "connect", "trace"}
+_SAMPLED = (
+    ("multusd_cached_pods", "Pods of this node in the watch cache."),
+    ("multusd_cached_nads", "NetworkAttachmentDefinitions in the watch cache."),
+    ("multusd_scratch_cache_entries", "Sandboxes recorded in the scratch cache (cniDir)."),
+)
 
-LabelValues = Tuple[str, ...]
-
-
-# -- text format helpers ----------------------------------------------------------------------
-
-def format_value(value: float) -> str:
-    """A sample value as Prometheus writes it: ``+Inf``, ``NaN``, ``3``, ``0.25``, ``1e+16``."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
-
-
-def escape_label_value(value: str) -> str:
-    """Backslash, double quote and newline escaped, as format 0.0.4 requires in label values."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def escape_help(text: str) -> str:
-    """Backslash and newline escaped (HELP text keeps double quotes as they are)."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _label_text(names: Sequence[str], values: Sequence[str]) -> str:
-    if not names:
-        return ""
-    pairs = ",".join(f'{name}="{escape_label_value(value)}"' for name, value in zip(names, values))
-    return "{" + pairs + "}"
-
-
-# -- metrics ----------------------------------------------------------------------------------
-
-class _Metric:
-    """A metric family: name, help, label names; subclasses hold the samples."""
-
-    kind = "untyped"
-    _reserved_labels: Tuple[str, ...] = ()
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:  # noqa: A002
-        if not _METRIC_NAME.match(name):
-            raise ValueError(f"metric name {name!r} is not valid; use letters, digits, '_' "
-                             "and ':' only, not starting with a digit")
-        for label in labelnames:
-            if not _LABEL_NAME.match(label) or label.startswith("__"):
-                raise ValueError(f"label name {label!r} of {name!r} is not valid; use letters, "
-                                 "digits and '_', not starting with a digit or '__'")
-            if label in self._reserved_labels:
-                raise ValueError(f"label name {label!r} is reserved in a {self.kind} "
-                                 f"({name!r}); choose another name")
-        if len(set(labelnames)) != len(labelnames):
-            raise ValueError(f"metric {name!r} lists a label name twice: {list(labelnames)!r}")
-        self.name = name
-        self.help = help
-        self.labelnames = tuple(labelnames)
-        self._lock = threading.Lock()
-
-    def _key(self, labels: Dict[str, object]) -> LabelValues:
-        if set(labels) != set(self.labelnames):
-            raise ValueError(f"metric {self.name!r} takes the labels {list(self.labelnames)!r}, "
-                             f"got {sorted(labels)!r}")
-        return tuple(str(labels[name]) for name in self.labelnames)
-
-    def header(self) -> List[str]:
-        return [f"# HELP {self.name} {escape_help(self.help)}", f"# TYPE {self.name} {self.kind}"]
-
-    def samples(self) -> List[str]:
-        raise NotImplementedError
-
-    def render(self) -> str:
-        """The family's lines, each ending in a newline."""
-        return "".join(line + "\n" for line in self.header() + self.samples())
-
-
-class _ValueMetric(_Metric):
-    """One float per label set; the unlabelled series exists (at 0) from the start."""
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:  # noqa: A002
-        super().__init__(name, help, labelnames)
-        self._values: Dict[LabelValues, float] = {} if labelnames else {(): 0.0}
-
-    def get(self, **labels: object) -> float:
-        """The current value of one series (0 if it was never touched)."""
-        key = self._key(labels)
-        with self._lock:
-            return self._values.get(key, 0.0)
-
-    def _add(self, amount: float, labels: Dict[str, object]) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-    def samples(self) -> List[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{_label_text(self.labelnames, key)} {format_value(value)}"
-                for key, value in items]
-
-
-class Counter(_ValueMetric):
-    """A value that only goes up (requests served, errors)."""
-
-    kind = "counter"
-
-    def inc(self, amount: float = 1.0, **labels: object) -> None:
-        """Add ``amount`` (≥ 0) to the series named by ``labels``.
-
-        :raises ValueError: a negative amount, or labels other than the declared ones.
-        """
-        if amount < 0:
-            raise ValueError(f"counter {self.name!r} cannot go down (inc by {amount!r}); "
-                             "use a Gauge for values that fall")
-        self._add(amount, labels)
-
-
-class Gauge(_ValueMetric):
-    """A value that goes up and down (requests in flight)."""
-
-    kind = "gauge"
-
-    def set(self, value: float, **labels: object) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = float(value)
-
-    def inc(self, amount: float = 1.0, **labels: object) -> None:
-        self._add(amount, labels)
-
-    def dec(self, amount: float = 1.0, **labels: object) -> None:
-        self._add(-amount, labels)
-
-
-class Sampled(_Metric):
-    """One unlabelled value read from ``function`` at every scrape (cache sizes, file counts).
-
-    ``function`` may be set later with :meth:`set_function`. While it is unset, returns None
-    or raises, the family is written without a sample: a scrape never fails because of it.
-    """
-
-    def __init__(self, name: str, help: str,  # noqa: A002
-                 function: Optional[Callable[[], Optional[float]]] = None,
-                 kind: str = "gauge") -> None:
-        if kind not in ("gauge", "counter"):
-            raise ValueError(f"a sampled metric is a 'gauge' or a 'counter', not {kind!r}")
-        self.kind = kind
-        super().__init__(name, help)
-        self._function = function
-
-    def set_function(self, function: Optional[Callable[[], Optional[float]]]) -> None:
-        self._function = function
-
-    def value(self) -> Optional[float]:
-        """What the function says now; None when it is unset or fails."""
-        function = self._function
-        if function is None:
-            return None
-        try:
-            value = function()
-        except Exception:  # a broken source must not break the whole scrape
-            LOG.debug("metric %s: the sampling function failed", self.name, exc_info=True)
-            return None
-        return None if value is None else float(value)
-
-    def samples(self) -> List[str]:
-        value = self.value()
-        return [] if value is None else [f"{self.name} {format_value(value)}"]
-
-
-class Histogram(_Metric):
-    """Observations counted into fixed buckets (upper bounds, inclusive), with sum and count."""
-
-    kind = "histogram"
-    _reserved_labels = ("le",)
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (),  # noqa: A002
-                 buckets: Sequence[float] = DURATION_BUCKETS) -> None:
-        super().__init__(name, help, labelnames)
-        bounds = [float(bound) for bound in buckets if not math.isinf(bound)]
-        if not bounds or bounds != sorted(set(bounds)):
-            raise ValueError(f"buckets of {name!r} must be finite, increasing and not empty; "
-                             f"got {list(buckets)!r}")
-        self.bounds = tuple(bounds)
-        # per label set: [count in each finite bucket (not cumulative), count above all], sum
-        self._series: Dict[LabelValues, Tuple[List[int], List[float]]] = {}
-        if not labelnames:
-            self._series[()] = self._empty()
-
-    def _empty(self) -> Tuple[List[int], List[float]]:
-        return [0] * (len(self.bounds) + 1), [0.0]
-
-    def observe(self, value: float, **labels: object) -> None:
-        """Count ``value`` in the first bucket whose bound is ≥ it, and in sum and count.
-
-        :raises ValueError: a NaN value, or labels other than the declared ones.
-        """
-        if math.isnan(value):
-            raise ValueError(f"histogram {self.name!r} cannot observe NaN")
-        key = self._key(labels)
-        index = bisect.bisect_left(self.bounds, value)  # bound == value belongs to that bucket
-        with self._lock:
-            series = self._series.get(key)
-            if series is None:
-                series = self._series[key] = self._empty()
-            series[0][index] += 1
-            series[1][0] += value
-
-    def snapshot(self, **labels: object) -> Tuple[List[int], float, int]:
-        """(cumulative counts per bound incl. +Inf, sum, count) of one series, for tests."""
-        key = self._key(labels)
-        with self._lock:
-            counts, total = self._series.get(key, self._empty())
-            counts = list(counts)
-            total_sum = total[0]
-        cumulative = _cumulative(counts)
-        return cumulative, total_sum, cumulative[-1]
-
-    def samples(self) -> List[str]:
-        with self._lock:  # one consistent copy: +Inf bucket always equals _count
-            items = sorted((key, list(counts), total[0])
-                           for key, (counts, total) in self._series.items())
-        names = self.labelnames + ("le",)
-        lines: List[str] = []
-        bound_texts = [format_value(bound) for bound in self.bounds] + ["+Inf"]
-        for key, counts, total_sum in items:
-            cumulative = _cumulative(counts)
-            for bound_text, count in zip(bound_texts, cumulative):
-                labels = _label_text(names, key + (bound_text,))
-                lines.append(f"{self.name}_bucket{labels} {count}")
-            plain = _label_text(self.labelnames, key)
-            lines.append(f"{self.name}_sum{plain} {format_value(total_sum)}")
-            lines.append(f"{self.name}_count{plain} {cumulative[-1]}")
-        return lines
-
-
-def _cumulative(counts: Sequence[int]) -> List[int]:
-    out: List[int] = []
-    running = 0
-    for count in counts:
-        running += count
-        out.append(running)
-    return out
-
-
-class Registry:
-    """The metric families one /metrics endpoint exposes, in registration order."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._metrics: Dict[str, _Metric] = {}
-
-    def register(self, metric: _Metric) -> _Metric:
-        """Add ``metric``; returns it. :raises ValueError: the name is already registered."""
-        with self._lock:
-            if metric.name in self._metrics:
-                raise ValueError(f"a metric named {metric.name!r} is already registered")
-            self._metrics[metric.name] = metric
-        return metric
-
-    def get(self, name: str) -> Optional[_Metric]:
-        with self._lock:
-            return self._metrics.get(name)
-
-    def render(self) -> str:
-        """The whole exposition text (format 0.0.4)."""
-        with self._lock:
-            metrics = list(self._metrics.values())
-        return "".join(metric.render() for metric in metrics)
-
-
-# -- the daemon's series ----------------------------------------------------------------------
 
 def count_scratch_entries(cni_dir: str) -> Optional[int]:
     """Regular files directly in ``cni_dir`` (one per sandbox); 0 if it does not exist yet.
@@ -359,8 +86,17 @@ def count_scratch_entries(cni_dir: str) -> Optional[int]:
         return None
 
 
+def handler_label(path: str) -> str:
+    """Upstream's handler label for a request path: the endpoint, or ``NotFound``."""
+    path = path.split("?", 1)[0]
+    return path if path in _KNOWN_HANDLERS else "NotFound"
+
+
 class TrackedRequest:
-    """What :meth:`DaemonMetrics.track_request` records; set ``command`` once it is known."""
+    """What ``track_request`` records; set ``command`` once it is known.
+
+    Also its own (empty) context manager: that is all :meth:`NullMetrics.track_request` costs.
+    """
 
     __slots__ = ("handler", "command", "ok")
 
@@ -369,70 +105,135 @@ class TrackedRequest:
         self.command = ""
         self.ok: Optional[bool] = None  # None: decided by whether the block raised
 
+    def __enter__(self) -> "TrackedRequest":
+        return self
 
-class DaemonMetrics:
-    """multusd's series on one :class:`Registry` (the module docstring lists them).
+    def __exit__(self, *exc: object) -> None:
+        return None
 
-    While ``enabled`` is false every recording method returns at once, so call sites need
-    no checks of their own.
+
+class NullMetrics:
+    """The recorder when ``metricsPort`` is unset: every method returns at once, nothing is
+    imported, and the engine is handed no observer at all."""
+
+    enabled = False
+
+    def observe_plugin(self, plugin_type: str, command: str, seconds: float,
+                       outcome: str = "ok") -> None:
+        return None
+
+    def observe_request(self, handler: str, command: str, ok: bool,
+                        seconds: Optional[float] = None) -> None:
+        return None
+
+    def observe_http(self, path: str, method: str, status: int) -> None:
+        return None
+
+    def track_request(self, handler: str) -> TrackedRequest:
+        return TrackedRequest(handler)
+
+    def set_sources(self, **_sources: object) -> None:
+        return None
+
+
+class _Sampled:
+    """A collector of unlabelled gauges read from functions at every scrape.
+
+    A gauge whose function is unset, returns None or raises is written without a sample:
+    a scrape never fails because a source is broken.
     """
 
-    def __init__(self, registry: Optional[Registry] = None, *, enabled: bool = True,
-                 version: str = __version__) -> None:
-        self.registry = registry if registry is not None else Registry()
-        self.enabled = enabled
-        add = self.registry.register
-        self.requests = add(Counter(
+    def __init__(self, family: Callable[[str, str], Any]) -> None:
+        self._family = family  # prometheus_client's GaugeMetricFamily
+        self._functions: Dict[str, Optional[Callable[[], Optional[float]]]] = {
+            name: None for name, _ in _SAMPLED}
+
+    def set_function(self, name: str, function: Optional[Callable[[], Optional[float]]]) -> None:
+        self._functions[name] = function
+
+    def value(self, name: str) -> Optional[float]:
+        function = self._functions[name]
+        if function is None:
+            return None
+        try:
+            value = function()
+        except Exception:
+            LOG.debug("metric %s: the sampling function failed", name, exc_info=True)
+            return None
+        return None if value is None else float(value)
+
+    def describe(self) -> list:
+        return [self._family(name, text) for name, text in _SAMPLED]
+
+    def collect(self) -> Iterator[Any]:
+        for name, text in _SAMPLED:
+            family = self._family(name, text)
+            value = self.value(name)
+            if value is not None:
+                family.add_metric([], value)
+            yield family
+
+
+class DaemonMetrics:
+    """multusd's series (the module docstring lists them) on a registry of its own."""
+
+    enabled = True
+
+    def __init__(self, *, version: str = __version__) -> None:
+        import prometheus_client as prom
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.registry = prom.CollectorRegistry()
+        registry = self.registry
+        self.requests = prom.Counter(
             "multusd_requests_total", "Requests answered, by endpoint, CNI command and outcome.",
-            ("handler", "command", "result")))
-        self.upstream_requests = add(Counter(
+            ("handler", "command", "result"), registry=registry)
+        self.upstream_requests = prom.Counter(
             "multus_server_request_total", "Counter of HTTP requests (upstream Multus's series).",
-            ("handler", "code", "method")))
-        self.request_duration = add(Histogram(
+            ("handler", "code", "method"), registry=registry)
+        self.request_duration = prom.Histogram(
             "multusd_request_duration_seconds",
-            "Time spent on a /cni or /delegate request, by CNI command.", ("command",)))
-        self.delegate_duration = add(Histogram(
+            "Time spent on a /cni or /delegate request, by CNI command.", ("command",),
+            buckets=DURATION_BUCKETS, registry=registry)
+        self.delegate_duration = prom.Histogram(
             "multusd_delegate_duration_seconds",
             "Time one delegate plugin execution took, by plugin type and CNI command.",
-            ("plugin", "command")))
-        self.in_flight = add(Gauge(
-            "multusd_requests_in_flight", "CNI requests being processed now."))
-        self.cached_pods = add(Sampled(
-            "multusd_cached_pods", "Pods of this node in the watch cache."))
-        self.cached_nads = add(Sampled(
-            "multusd_cached_nads", "NetworkAttachmentDefinitions in the watch cache."))
-        self.scratch_entries = add(Sampled(
-            "multusd_scratch_cache_entries", "Sandboxes recorded in the scratch cache (cniDir)."))
-        self.build_info = add(Gauge(
+            ("plugin", "command"), buckets=DURATION_BUCKETS, registry=registry)
+        self.in_flight = prom.Gauge(
+            "multusd_requests_in_flight", "CNI requests being processed now.", registry=registry)
+        self.sampled = _Sampled(GaugeMetricFamily)
+        registry.register(self.sampled)
+        self.build_info = prom.Gauge(
             "multusd_build_info", "Always 1; the version label says which multusd runs.",
-            ("version",)))
-        self.build_info.set(1, version=version)
+            ("version",), registry=registry)
+        self.build_info.labels(version=version).set(1)
+        self._generate = prom.generate_latest
 
-    def enable(self) -> None:
-        self.enabled = True
+    def render(self) -> str:
+        """The exposition text /metrics serves (format 0.0.4)."""
+        return self._generate(_WithoutCreated(self.registry)).decode("utf-8")
 
     def set_sources(self, *, cached_pods: Optional[Callable[[], Optional[float]]] = None,
                     cached_nads: Optional[Callable[[], Optional[float]]] = None,
                     cni_dir: Optional[str] = None) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty."""
-        self.cached_pods.set_function(cached_pods)
-        self.cached_nads.set_function(cached_nads)
-        self.scratch_entries.set_function(
+        self.sampled.set_function("multusd_cached_pods", cached_pods)
+        self.sampled.set_function("multusd_cached_nads", cached_nads)
+        self.sampled.set_function(
+            "multusd_scratch_cache_entries",
             None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))
 
-    def observe_plugin(self, plugin_type: str, command: str, seconds: float) -> None:
-        """One delegate plugin execution took ``seconds`` (successful or not)."""
-        if self.enabled:
-            self.delegate_duration.observe(seconds, plugin=plugin_type, command=command)
+    def observe_plugin(self, plugin_type: str, command: str, seconds: float,
+                       outcome: str = "ok") -> None:
+        """The engine's observer: one plugin execution took ``seconds`` (whatever ``outcome``)."""
+        self.delegate_duration.labels(plugin_type, command).observe(seconds)
 
     def observe_request(self, handler: str, command: str, ok: bool,
                         seconds: Optional[float] = None) -> None:
         """One request finished: count it, and time it when ``seconds`` is given."""
-        if not self.enabled:
-            return
-        self.requests.inc(handler=handler, command=command, result="ok" if ok else "error")
+        self.requests.labels(handler, command, "ok" if ok else "error").inc()
         if seconds is not None:
-            self.request_duration.observe(seconds, command=command)
+            self.request_duration.labels(command).observe(seconds)
 
     def observe_http(self, path: str, method: str, status: int) -> None:
         """One HTTP answer on the API socket, in upstream's series.
@@ -441,14 +242,12 @@ class DaemonMetrics:
         ``NotFound``) this also counts ``multusd_requests_total`` with an empty command,
         result ok below 400; /cni and /delegate are counted there by :meth:`track_request`.
         """
-        if not self.enabled:
-            return
         handler = handler_label(path)
         method = method.lower()
-        self.upstream_requests.inc(handler=handler, code=str(status),
-                                   method=method if method in _HTTP_METHODS else "unknown")
+        self.upstream_requests.labels(handler, str(status),
+                                      method if method in _HTTP_METHODS else "unknown").inc()
         if handler not in _CNI_HANDLERS:
-            self.requests.inc(handler=handler, command="", result="ok" if status < 400 else "error")
+            self.requests.labels(handler, "", "ok" if status < 400 else "error").inc()
 
     @contextlib.contextmanager
     def track_request(self, handler: str) -> Iterator[TrackedRequest]:
@@ -458,9 +257,6 @@ class DaemonMetrics:
         block set ``tracked.ok`` itself.
         """
         tracked = TrackedRequest(handler)
-        if not self.enabled:
-            yield tracked
-            return
         started = time.monotonic()
         self.in_flight.inc()
         try:
@@ -476,28 +272,24 @@ class DaemonMetrics:
                                  time.monotonic() - started)
 
 
-def handler_label(path: str) -> str:
-    """Upstream's handler label for a request path: the endpoint, or ``NotFound``."""
-    path = path.split("?", 1)[0]
-    return path if path in _KNOWN_HANDLERS else "NotFound"
+class _WithoutCreated:
+    """A registry as /metrics shows it: without the ``*_created`` samples prometheus_client
+    adds to counters and histograms (0.16 turns them off only through the environment);
+    upstream's Go client has none either."""
 
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
 
-DEFAULT = DaemonMetrics(enabled=False)
+    def collect(self) -> Iterator[Any]:
+        for family in self._registry.collect():
+            created = family.name + "_created"
+            if any(sample.name == created for sample in family.samples):
+                family = copy.copy(family)
+                family.samples = [s for s in family.samples if s.name != created]
+            yield family
 
-
-def observe_plugin(plugin_type: str, command: str, seconds: float) -> None:
-    """Record one delegate plugin execution in :data:`DEFAULT` (no-op until :func:`serve`)."""
-    DEFAULT.observe_plugin(plugin_type, command, seconds)
-
-
-def observe_http(path: str, method: str, status: int) -> None:
-    """Record one HTTP answer on the API socket in :data:`DEFAULT`."""
-    DEFAULT.observe_http(path, method, status)
-
-
-def track_request(handler: str) -> ContextManager[TrackedRequest]:
-    """:meth:`DaemonMetrics.track_request` on :data:`DEFAULT`."""
-    return DEFAULT.track_request(handler)
+    def restricted_registry(self, names: Any) -> "_WithoutCreated":  # ?name[]=... scrapes
+        return _WithoutCreated(self._registry.restricted_registry(names))
 
 
 # -- the HTTP endpoint ------------------------------------------------------------------------
@@ -506,52 +298,46 @@ class MetricsServerError(Exception):
     """The metrics endpoint cannot listen; the message names the key to change."""
 
 
-def _make_http_server(address: Tuple[str, int], registry: Registry) -> Any:
-    """A bound ThreadingHTTPServer answering GET /metrics from ``registry``.
+def _make_http_server(address: Tuple[str, int], registry: Any) -> Any:
+    """A bound threading WSGI server answering /metrics with prometheus_client's app."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    http.server is imported here, not at module level: it pulls in the email package, and
-    the engine imports this module only to call :func:`observe_plugin`.
-    """
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from prometheus_client import make_wsgi_app
 
-    class MetricsHandler(BaseHTTPRequestHandler):
-        server_version = "multusd"
-        sys_version = ""
+    scrape = make_wsgi_app(_WithoutCreated(registry))
+    plain = [("Content-Type", "text/plain; charset=utf-8")]
+
+    def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> list:
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", plain)
+            return [b"404 page not found\n"]
+        try:
+            return scrape(environ, start_response)
+        except Exception:
+            LOG.exception("rendering the metrics failed")
+            start_response("500 Internal Server Error", plain, sys.exc_info())
+            return [b"rendering the metrics failed; see the multusd log\n"]
+
+    class Handler(WSGIRequestHandler):
         timeout = 10.0  # a scraper that stalls mid-request must not hold a thread for ever
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib
             LOG.debug("metrics http: " + format, *args)
 
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] != "/metrics":
-                return self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
-            try:
-                body = registry.render().encode("utf-8")
-            except Exception:
-                LOG.exception("rendering the metrics failed")
-                return self._send(500, b"rendering the metrics failed; see the multusd log\n",
-                                  "text/plain; charset=utf-8")
-            self._send(200, body, CONTENT_TYPE)
-
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    class MetricsHTTPServer(ThreadingHTTPServer):
+    class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
         address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
 
-    return MetricsHTTPServer(address, MetricsHandler)
+    return make_server(address[0], address[1], app, Server, Handler)
 
 
 class MetricsServer:
     """GET /metrics served on a daemon thread; :meth:`close` stops it and frees the port.
 
     The accept loop waits on the listening socket and a wake-up pipe, so closing is
-    immediate and an idle daemon never wakes up to poll.
+    immediate and an idle daemon never wakes up to poll (``serve_forever`` would, twice a
+    second).
     """
 
     def __init__(self, httpd: Any) -> None:
@@ -597,9 +383,8 @@ class MetricsServer:
         self.close()
 
 
-def serve(address: str = DEFAULT_ADDRESS, port: int = 0, *,
-          registry: Optional[Registry] = None) -> MetricsServer:
-    """Serve ``registry`` (default: :data:`DEFAULT`'s, which this enables) at /metrics.
+def serve(address: str = DEFAULT_ADDRESS, port: int = 0, *, registry: Any) -> MetricsServer:
+    """Serve ``registry`` (a ``prometheus_client.CollectorRegistry``) at /metrics.
 
     :param address: where to listen; "" means 127.0.0.1. "0.0.0.0" or "::" expose the
         endpoint to the network, unauthenticated, as upstream always does.
@@ -609,12 +394,9 @@ def serve(address: str = DEFAULT_ADDRESS, port: int = 0, *,
     """
     address = address or DEFAULT_ADDRESS
     try:
-        httpd = _make_http_server(
-            (address, port), registry if registry is not None else DEFAULT.registry)
+        httpd = _make_http_server((address, port), registry)
     except OSError as exc:
         raise MetricsServerError(_bind_failure(address, port, exc)) from exc
-    if registry is None:
-        DEFAULT.enable()
     server = MetricsServer(httpd)
     LOG.info("serving metrics on %s", server.url)
     return server

@@ -21,7 +21,6 @@ import uuid
 from typing import Any, Callable, Mapping, Optional
 
 from multusd.wire import api
-from multusd.daemon import metrics
 from multusd.errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater,
                      from_exception)
 
@@ -72,10 +71,12 @@ class Server:
     def __init__(self, listener: socket.socket, handler: Handler, *, workers: int = 16,
                  request_timeout: float = 110.0,
                  readiness: Callable[[], bool] = lambda: True,
-                 after_request: Callable[[], None] = lambda: None) -> None:
+                 after_request: Callable[[], None] = lambda: None,
+                 observe_http: Callable[[str, str, int], None] = lambda *answer: None) -> None:
         self.listener = listener
         self.readiness = readiness
         self.after_request = after_request
+        self.observe_http = observe_http  # (path, method, status) of every answer: metrics
         self._counts_lock = threading.Lock()
         self.handler = handler
         self.request_timeout = request_timeout
@@ -312,4 +313,4 @@ class _Connection:
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n").encode()
         self.conn.sendall(head + body)  # one write: no Nagle delay between head and body
-        metrics.observe_http(self.path, self.method, status)
+        self.server.observe_http(self.path, self.method, status)

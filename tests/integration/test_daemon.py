@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from harness import DaemonProcess, call_shim, netns_addresses
-from testlib import wait_for
+from testlib import metric_value, wait_for
 from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -391,10 +391,13 @@ def test_metrics_count_requests_and_time_delegate_plugins(sandbox):
     assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    assert 'multusd_requests_total{handler="/cni",command="ADD",result="ok"} 1' in text
-    assert 'multus_server_request_total{handler="/cni",code="200",method="post"} 1' in text
-    assert 'multusd_delegate_duration_seconds_count{plugin="bridge",command="ADD"} 1' in text
-    assert "multusd_scratch_cache_entries 1" in text
+    assert metric_value(text, "multusd_requests_total", handler="/cni", command="ADD",
+                        result="ok") == 1
+    assert metric_value(text, "multus_server_request_total", handler="/cni", code="200",
+                        method="post") == 1
+    assert metric_value(text, "multusd_delegate_duration_seconds_count", plugin="bridge",
+                        command="ADD") == 1
+    assert metric_value(text, "multusd_scratch_cache_entries") == 1
     assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
 
 

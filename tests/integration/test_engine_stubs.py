@@ -322,3 +322,14 @@ def test_engine_is_safe_from_many_threads(engine, tmp_path):
     assert errors == []
     assert {i: r["ips"][0]["address"] for i, r in results.items()} == {
         i: f"10.9.1.{i}/24" for i in range(1, 13)}
+
+
+def test_the_engine_reports_every_plugin_run_to_its_observer(stub_bin, record, tmp_path):
+    observed: list = []
+    engine = Engine([stub_bin], default_timeout=60,
+                    observer=lambda *report: observed.append(report))
+    net, rt = chain(record), rt_for(tmp_path)
+    engine.add(net, rt)
+    engine.delete(net, rt)
+    assert [(plugin, command, outcome) for plugin, command, _, outcome in observed] == (
+        [("stub-record", "ADD", "ok")] * 3 + [("stub-record", "DEL", "ok")] * 3)

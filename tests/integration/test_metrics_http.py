@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
+import prometheus_client
 import pytest
 
+from multusd.cni import invoke
 from multusd.daemon import metrics
 from multusd.daemon.metrics import DaemonMetrics, MetricsServerError, serve
-from testlib import unique
+from testlib import metric_value
 
 
 def get(url: str) -> tuple:
@@ -48,22 +52,25 @@ def test_scrape_has_the_content_type_and_the_series(server, daemon_metrics):
 
     assert status == 200
     assert content_type.startswith("text/plain; version=0.0.4")
-    assert 'multus_server_request_total{handler="/cni",code="200",method="post"} 1\n' in body
-    assert 'multusd_requests_total{handler="/cni",command="ADD",result="ok"} 1\n' in body
-    assert 'multusd_request_duration_seconds_count{command="ADD"} 1\n' in body
-    assert ('multusd_delegate_duration_seconds_bucket{plugin="bridge",command="ADD",le="0.05"} 1\n'
-            in body)
-    assert 'multusd_build_info{version="1.2.3"} 1\n' in body
-    assert "multusd_requests_in_flight 0\n" in body
+    assert metric_value(body, "multus_server_request_total", handler="/cni", code="200",
+                        method="post") == 1
+    assert metric_value(body, "multusd_requests_total", handler="/cni", command="ADD",
+                        result="ok") == 1
+    assert metric_value(body, "multusd_request_duration_seconds_count", command="ADD") == 1
+    assert metric_value(body, "multusd_delegate_duration_seconds_bucket", plugin="bridge",
+                        command="ADD", le="0.05") == 1
+    assert metric_value(body, "multusd_build_info", version="1.2.3") == 1
+    assert metric_value(body, "multusd_requests_in_flight") == 0
+    assert "_created" not in body
 
 
 def test_each_scrape_sees_the_current_values(server, daemon_metrics):
     url = server.url
     assert url == f"http://127.0.0.1:{server.port}/metrics"
     daemon_metrics.set_sources(cached_pods=lambda: 4)
-    assert "multusd_cached_pods 4\n" in get(url)[2]
+    assert metric_value(get(url)[2], "multusd_cached_pods") == 4
     daemon_metrics.set_sources(cached_pods=lambda: 9)
-    assert "multusd_cached_pods 9\n" in get(url)[2]
+    assert metric_value(get(url)[2], "multusd_cached_pods") == 9
 
 
 def test_other_paths_are_404(server):
@@ -88,7 +95,8 @@ def test_concurrent_scrapes_all_succeed(server, daemon_metrics):
         thread.join()
     assert results == [200] * 60
     final = get(server.url)[2]
-    assert 'multusd_delegate_duration_seconds_count{plugin="macvlan",command="ADD"} 60\n' in final
+    assert metric_value(final, "multusd_delegate_duration_seconds_count", plugin="macvlan",
+                        command="ADD") == 60
 
 
 def test_port_in_use_names_the_port_and_the_key():
@@ -144,29 +152,37 @@ def test_ipv6_loopback():
         assert get(running.url)[0] == 200
 
 
-def test_serving_the_default_registry_enables_the_module_functions(monkeypatch):
-    monkeypatch.setattr(metrics.DEFAULT, "enabled", False)  # restored afterwards
-    plugin = unique("plugin-")
-    metrics.observe_plugin(plugin, "ADD", 0.01)  # before serve(): dropped
-    with serve("127.0.0.1", 0) as running:
-        metrics.observe_plugin(plugin, "ADD", 0.01)
-        body = get(running.url)[2]
-    assert f'multusd_delegate_duration_seconds_count{{plugin="{plugin}",command="ADD"}} 1\n' in body
+def test_plugin_runs_reach_the_daemon_that_handed_out_the_observer(stub_bin):
+    # two daemons' metrics in one process: each /metrics shows only its own plugin runs
+    mine, other = DaemonMetrics(), DaemonMetrics()
+    plugin = os.path.join(stub_bin, "stub-record")
+    env = invoke.build_env("ADD", "cid1", "", "eth0", "", stub_bin)
+    invoke.exec_plugin(plugin, command="ADD", stdin=b'{"cniVersion": "1.0.0"}', env=env,
+                       deadline=time.monotonic() + 30, observer=mine.observe_plugin)
+    with serve("127.0.0.1", 0, registry=mine.registry) as running, \
+            serve("127.0.0.1", 0, registry=other.registry) as elsewhere:
+        body, other_body = get(running.url)[2], get(elsewhere.url)[2]
+    count = "multusd_delegate_duration_seconds_count"
+    assert metric_value(body, count, plugin="stub-record", command="ADD") == 1
+    assert metric_value(other_body, count, plugin="stub-record", command="ADD") is None
 
 
 def test_a_failing_render_is_a_500_and_the_server_keeps_serving():
-    class Broken(metrics.Gauge):
+    class Broken:
         fail = True
 
-        def samples(self) -> list:
+        def collect(self) -> list:
             if self.fail:
                 raise RuntimeError("broken metric")
-            return super().samples()
+            return [prometheus_client.core.GaugeMetricFamily("broken", "b", value=1)]
 
-    registry = metrics.Registry()
-    broken = registry.register(Broken("broken", "b"))
+    registry = prometheus_client.CollectorRegistry()
+    broken = Broken()
+    registry.register(broken)
     with serve("127.0.0.1", 0, registry=registry) as running:
         status, _, body = get(running.url)
         assert status == 500 and "see the multusd log" in body
         broken.fail = False
-        assert get(running.url)[:2] == (200, metrics.CONTENT_TYPE)
+        status, content_type, body = get(running.url)
+        assert (status, content_type) == (200, metrics.CONTENT_TYPE)
+        assert metric_value(body, "broken") == 1

@@ -35,7 +35,7 @@ def test_deb_metadata_declares_the_runtime_dependencies(packages):
     assert deb_field(deb, "Architecture") == "all"
     depends = [d.strip() for d in deb_field(deb, "Depends").split(",")]
     assert depends == ["python3 (>= 3.9)", "python3-systemd", "python3-pyroute2",
-                       "python3-kubernetes"]
+                       "python3-kubernetes", "python3-prometheus-client"]
     assert deb_field(deb, "Recommends") == "containernetworking-plugins, python3-grpcio"
 
 
@@ -98,7 +98,8 @@ def test_rpm_info_and_requires(packages):
     assert f"Version     : {packages['version']}" in info
     assert "Architecture: noarch" in info
     requires = rpm_query(rpm, "--requires").splitlines()
-    for name in ("python3-systemd", "python3-pyroute2", "python3-kubernetes"):
+    for name in ("python3-systemd", "python3-pyroute2", "python3-kubernetes",
+                 "python3-prometheus_client"):
         assert name in requires, requires
     assert "python3 >= 3.9" in requires
     assert rpm_query(rpm, "--recommends").split() == ["containernetworking-plugins", "python3-grpcio"]

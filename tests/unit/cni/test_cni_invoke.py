@@ -209,3 +209,45 @@ def test_concurrent_execs_get_their_own_environment(stub_bin, tmp_path):
     for thread in threads:
         thread.join()
     assert results == {i: f"cid{i}" for i in range(10)}
+
+
+class _Observed(list):
+    """An observer that keeps what it is told: (plugin, command, seconds, outcome)."""
+
+    def __call__(self, plugin: str, command: str, seconds: float, outcome: str) -> None:
+        self.append((plugin, command, seconds, outcome))
+
+
+def test_the_observer_is_told_of_each_execution_and_its_outcome(stub_bin):
+    observed = _Observed()
+    record = {"cniVersion": "1.0.0", "type": "stub-record"}
+    invoke.exec_plugin(os.path.join(stub_bin, "stub-record"), command="DEL", env=ENV,
+                       stdin=json.dumps(record).encode(), deadline=time.monotonic() + 30,
+                       observer=observed)
+    with pytest.raises(PluginError):
+        invoke.exec_plugin(os.path.join(stub_bin, "stub-error"), command="ADD", env=ENV,
+                           stdin=b"{}", deadline=time.monotonic() + 30, observer=observed)
+    assert [(plugin, command, outcome) for plugin, command, _, outcome in observed] == [
+        ("stub-record", "DEL", "ok"), ("stub-error", "ADD", "error")]
+    assert all(seconds >= 0 for _, _, seconds, _ in observed)
+
+
+def test_a_plugin_never_started_is_not_observed(stub_bin):
+    observed = _Observed()
+    with pytest.raises(DeadlineExceeded):
+        invoke.exec_plugin(os.path.join(stub_bin, "stub-record"), command="ADD", env=ENV,
+                           stdin=b"{}", deadline=time.monotonic() - 1, observer=observed)
+    assert observed == []
+
+
+def test_a_failing_observer_does_not_change_the_plugin_answer(stub_bin, caplog):
+    def broken(*_report: object) -> None:
+        raise RuntimeError("observer broke")
+
+    conf = {"cniVersion": "1.0.0", "type": "stub-record", "result": {"ips": []}}
+    with caplog.at_level(logging.ERROR, logger="multusd.cni.invoke"):
+        result = invoke.exec_plugin(os.path.join(stub_bin, "stub-record"), command="ADD",
+                                    env=ENV, stdin=json.dumps(conf).encode(),
+                                    deadline=time.monotonic() + 30, observer=broken)
+    assert result == {"cniVersion": "1.0.0", "ips": []}
+    assert "the plugin observer failed on stub-record ADD" in caplog.text

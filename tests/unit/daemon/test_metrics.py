@@ -1,16 +1,19 @@
-"""The metrics registry: exposition text, histogram buckets, escaping, threads, daemon series."""
+"""The daemon's series on prometheus_client: exposition text, buckets, escaping, threads, no-op."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 
+import prometheus_client
 import pytest
 
 from multusd.daemon import metrics
-from multusd.daemon.metrics import (Counter, DaemonMetrics, Gauge, Histogram, Registry, Sampled,
-                             count_scratch_entries, format_value)
+from multusd.daemon.metrics import DaemonMetrics, NullMetrics, count_scratch_entries
+from testlib import REPO
 
 # One sample line of format 0.0.4: name, optional {labels}, value.
 _PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
@@ -38,222 +41,6 @@ def assert_valid_exposition(text: str) -> None:
         assert name in typed or family in typed, f"sample before its TYPE line: {line!r}"
 
 
-def test_golden_exposition_text():
-    registry = Registry()
-    requests = registry.register(Counter("demo_requests_total", "Requests served.",
-                                         ("handler", "result")))
-    in_flight = registry.register(Gauge("demo_in_flight", "Requests now."))
-    latency = registry.register(Histogram("demo_seconds", "Latency.", ("command",),
-                                          buckets=(0.25, 1, 2.5)))
-    registry.register(Sampled("demo_cached", "Cache size.", lambda: 7))
-    requests.inc(handler="/cni", result="ok")
-    requests.inc(2, handler="/cni", result="ok")
-    requests.inc(handler="/readyz", result="error")
-    in_flight.inc()
-    in_flight.inc()
-    in_flight.dec()
-    for value in (0.125, 0.25, 1.5, 300):
-        latency.observe(value, command="ADD")
-    latency.observe(0.5, command="DEL")
-
-    assert registry.render() == (
-        "# HELP demo_requests_total Requests served.\n"
-        "# TYPE demo_requests_total counter\n"
-        'demo_requests_total{handler="/cni",result="ok"} 3\n'
-        'demo_requests_total{handler="/readyz",result="error"} 1\n'
-        "# HELP demo_in_flight Requests now.\n"
-        "# TYPE demo_in_flight gauge\n"
-        "demo_in_flight 1\n"
-        "# HELP demo_seconds Latency.\n"
-        "# TYPE demo_seconds histogram\n"
-        'demo_seconds_bucket{command="ADD",le="0.25"} 2\n'
-        'demo_seconds_bucket{command="ADD",le="1"} 2\n'
-        'demo_seconds_bucket{command="ADD",le="2.5"} 3\n'
-        'demo_seconds_bucket{command="ADD",le="+Inf"} 4\n'
-        'demo_seconds_sum{command="ADD"} 301.875\n'
-        'demo_seconds_count{command="ADD"} 4\n'
-        'demo_seconds_bucket{command="DEL",le="0.25"} 0\n'
-        'demo_seconds_bucket{command="DEL",le="1"} 1\n'
-        'demo_seconds_bucket{command="DEL",le="2.5"} 1\n'
-        'demo_seconds_bucket{command="DEL",le="+Inf"} 1\n'
-        'demo_seconds_sum{command="DEL"} 0.5\n'
-        'demo_seconds_count{command="DEL"} 1\n'
-        "# HELP demo_cached Cache size.\n"
-        "# TYPE demo_cached gauge\n"
-        "demo_cached 7\n"
-    )
-
-
-def test_unlabelled_families_start_at_zero():
-    registry = Registry()
-    registry.register(Counter("c_total", "c"))
-    registry.register(Histogram("h_seconds", "h", buckets=(1,)))
-    assert registry.render() == (
-        "# HELP c_total c\n# TYPE c_total counter\nc_total 0\n"
-        "# HELP h_seconds h\n# TYPE h_seconds histogram\n"
-        'h_seconds_bucket{le="1"} 0\nh_seconds_bucket{le="+Inf"} 0\n'
-        "h_seconds_sum 0\nh_seconds_count 0\n")
-
-
-@pytest.mark.parametrize("value, bucket_counts", [
-    (0.0, [1, 1, 1, 1]),
-    (0.1, [1, 1, 1, 1]),        # equal to a bound: counted in that bucket (le is inclusive)
-    (0.1000001, [0, 1, 1, 1]),
-    (1.0, [0, 1, 1, 1]),
-    (10.0, [0, 0, 1, 1]),
-    (10.5, [0, 0, 0, 1]),       # above every bound: only +Inf
-    (-3.0, [1, 1, 1, 1]),
-])
-def test_histogram_bucket_for_one_value(value, bucket_counts):
-    histogram = Histogram("h", "h", buckets=(0.1, 1, 10))
-    histogram.observe(value)
-    cumulative, total, count = histogram.snapshot()
-    assert cumulative == bucket_counts
-    assert total == value
-    assert count == 1
-
-
-def test_histogram_buckets_are_cumulative_and_sum_and_count_add_up():
-    histogram = Histogram("h", "h", ("plugin",), buckets=(0.005, 0.05, 0.5, 5))
-    values = [0.001, 0.004, 0.005, 0.02, 0.3, 0.3, 4.9, 7.0, 121.0]
-    for value in values:
-        histogram.observe(value, plugin="bridge")
-    cumulative, total, count = histogram.snapshot(plugin="bridge")
-    assert cumulative == [3, 4, 6, 7, 9]
-    assert count == len(values)
-    assert total == pytest.approx(sum(values))
-    assert histogram.snapshot(plugin="macvlan") == ([0, 0, 0, 0, 0], 0.0, 0)
-
-
-def test_default_duration_buckets_span_5ms_to_120s():
-    assert metrics.DURATION_BUCKETS[0] == 0.005
-    assert metrics.DURATION_BUCKETS[-1] == 120
-    assert list(metrics.DURATION_BUCKETS) == sorted(set(metrics.DURATION_BUCKETS))
-    text = Histogram("d_seconds", "d").render()
-    les = re.findall(r'le="([^"]+)"', text)
-    assert les[0] == "0.005" and les[-2:] == ["120", "+Inf"]
-    assert len(les) == len(metrics.DURATION_BUCKETS) + 1
-
-
-def test_label_values_are_escaped():
-    counter = Counter("esc_total", "esc", ("path",))
-    counter.inc(path='C:\\dir "quoted"\nnext')
-    line = counter.render().splitlines()[-1]
-    assert line == 'esc_total{path="C:\\\\dir \\"quoted\\"\\nnext"} 1'
-    assert_valid_exposition(counter.render())
-
-
-def test_help_text_is_escaped_but_keeps_quotes():
-    gauge = Gauge("g", 'back\\slash "quoted"\nsecond line')
-    assert gauge.render().splitlines()[0] == '# HELP g back\\\\slash "quoted"\\nsecond line'
-
-
-@pytest.mark.parametrize("value, text", [
-    (0, "0"), (3.0, "3"), (-2, "-2"), (0.25, "0.25"), (0.005, "0.005"), (1e16, "1e+16"),
-    (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (float("nan"), "NaN"),
-])
-def test_value_formatting(value, text):
-    assert format_value(value) == text
-
-
-@pytest.mark.parametrize("make, message", [
-    (lambda: Counter("1bad", "x"), "metric name '1bad' is not valid"),
-    (lambda: Counter("ok", "x", ("bad-label",)), "label name 'bad-label'"),
-    (lambda: Counter("ok", "x", ("__reserved",)), "label name '__reserved'"),
-    (lambda: Counter("ok", "x", ("a", "a")), "lists a label name twice"),
-    (lambda: Histogram("ok", "x", ("le",)), "'le' is reserved in a histogram"),
-    (lambda: Histogram("ok", "x", buckets=(1, 0.5)), "must be finite, increasing"),
-    (lambda: Histogram("ok", "x", buckets=()), "must be finite, increasing"),
-    (lambda: Sampled("ok", "x", kind="histogram"), "'gauge' or a 'counter'"),
-])
-def test_invalid_definitions_are_refused(make, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        make()
-
-
-def test_wrong_labels_negative_increments_and_nan_are_refused():
-    counter = Counter("c_total", "c", ("handler",))
-    with pytest.raises(ValueError, match=r"takes the labels \['handler'\], got \['code'\]"):
-        counter.inc(code="200")
-    with pytest.raises(ValueError, match="takes the labels"):
-        counter.inc()
-    with pytest.raises(ValueError, match="cannot go down"):
-        counter.inc(-1, handler="/cni")
-    with pytest.raises(ValueError, match="cannot observe NaN"):
-        Histogram("h", "h").observe(float("nan"))
-    assert counter.get(handler="/cni") == 0
-
-
-def test_a_name_registers_once():
-    registry = Registry()
-    registry.register(Counter("dup_total", "first"))
-    with pytest.raises(ValueError, match="'dup_total' is already registered"):
-        registry.register(Gauge("dup_total", "second"))
-    assert registry.get("dup_total").help == "first"
-
-
-def test_sampled_metric_without_a_usable_value_has_no_sample():
-    def broken() -> float:
-        raise OSError("cache gone")
-
-    registry = Registry()
-    unset = registry.register(Sampled("unset", "u"))
-    registry.register(Sampled("broken", "b", broken))
-    registry.register(Sampled("none", "n", lambda: None))
-    registry.register(Sampled("cpu_seconds_total", "c", lambda: 1.5, kind="counter"))
-    text = registry.render()
-    assert [line for line in text.splitlines() if not line.startswith("#")] == [
-        "cpu_seconds_total 1.5"]
-    assert "# TYPE cpu_seconds_total counter" in text
-    unset.set_function(lambda: 42)
-    assert "unset 42\n" in registry.render()
-
-
-def test_threads_incrementing_lose_no_update():
-    registry = Registry()
-    counter = registry.register(Counter("t_total", "t", ("worker",)))
-    histogram = registry.register(Histogram("t_seconds", "t", buckets=(0.5,)))
-    gauge = registry.register(Gauge("t_gauge", "t"))
-    threads_n, per_thread = 8, 2000
-    start = threading.Barrier(threads_n + 1)
-    snapshots: list = []
-
-    def work(index: int) -> None:
-        start.wait()
-        for step in range(per_thread):
-            counter.inc(worker=str(index % 2))
-            histogram.observe(0.25 if step % 2 else 1.0)
-            gauge.inc()
-            gauge.dec()
-
-    def scrape() -> None:
-        start.wait()
-        for _ in range(200):
-            snapshots.append(registry.render())
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(threads_n)]
-    threads.append(threading.Thread(target=scrape))
-    for thread in threads[:-1]:
-        thread.start()
-    threads[-1].start()
-    for thread in threads:
-        thread.join()
-
-    total = threads_n * per_thread
-    assert counter.get(worker="0") + counter.get(worker="1") == total
-    assert histogram.snapshot() == ([total // 2, total], 0.25 * total / 2 + 1.0 * total / 2,
-                                    total)
-    assert gauge.get() == 0
-    # every scrape taken while threads ran is self-consistent: the +Inf bucket equals _count
-    for text in snapshots:
-        inf = re.search(r'^t_seconds_bucket\{le="\+Inf"\} (\d+)$', text, re.M).group(1)
-        count = re.search(r"^t_seconds_count (\d+)$", text, re.M).group(1)
-        assert inf == count
-        assert_valid_exposition(text)
-
-
-# -- the daemon's series ----------------------------------------------------------------------
-
 def sample(text: str, line_start: str) -> str:
     """The value of the one sample line starting with ``line_start``."""
     found = [line for line in text.splitlines() if line.startswith(line_start + " ")]
@@ -261,24 +48,169 @@ def sample(text: str, line_start: str) -> str:
     return found[0].rsplit(" ", 1)[1]
 
 
-def test_daemon_series_are_all_present_and_valid():
-    daemon = DaemonMetrics(version="9.9.9")
-    text = daemon.registry.render()
-    for name in ("multusd_requests_total", "multus_server_request_total",
-                 "multusd_request_duration_seconds", "multusd_delegate_duration_seconds",
-                 "multusd_requests_in_flight", "multusd_cached_pods", "multusd_cached_nads",
-                 "multusd_scratch_cache_entries", "multusd_build_info"):
-        assert f"# TYPE {name} " in text
-    assert sample(text, 'multusd_build_info{version="9.9.9"}') == "1"
-    assert sample(text, "multusd_requests_in_flight") == "0"
+def value(daemon: DaemonMetrics, name: str, **labels: str) -> float:
+    """One sample of ``daemon``'s registry; 0 for a series never touched."""
+    found = daemon.registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+def buckets(daemon: DaemonMetrics, name: str, **labels: str) -> list:
+    """The cumulative bucket counts of one histogram series, finite bounds then +Inf."""
+    bounds = [repr(float(bound)) for bound in metrics.DURATION_BUCKETS] + ["+Inf"]
+    return [value(daemon, name + "_bucket", **labels, le=bound) for bound in bounds]
+
+
+def test_a_fresh_daemon_exposes_every_family_and_nothing_else():
+    assert DaemonMetrics(version="9.9.9").render() == (
+        "# HELP multusd_requests_total Requests answered, by endpoint, CNI command and outcome.\n"
+        "# TYPE multusd_requests_total counter\n"
+        "# HELP multus_server_request_total Counter of HTTP requests (upstream Multus's series).\n"
+        "# TYPE multus_server_request_total counter\n"
+        "# HELP multusd_request_duration_seconds Time spent on a /cni or /delegate request, by "
+        "CNI command.\n"
+        "# TYPE multusd_request_duration_seconds histogram\n"
+        "# HELP multusd_delegate_duration_seconds Time one delegate plugin execution took, by "
+        "plugin type and CNI command.\n"
+        "# TYPE multusd_delegate_duration_seconds histogram\n"
+        "# HELP multusd_requests_in_flight CNI requests being processed now.\n"
+        "# TYPE multusd_requests_in_flight gauge\n"
+        "multusd_requests_in_flight 0.0\n"
+        "# HELP multusd_cached_pods Pods of this node in the watch cache.\n"
+        "# TYPE multusd_cached_pods gauge\n"
+        "# HELP multusd_cached_nads NetworkAttachmentDefinitions in the watch cache.\n"
+        "# TYPE multusd_cached_nads gauge\n"
+        "# HELP multusd_scratch_cache_entries Sandboxes recorded in the scratch cache (cniDir).\n"
+        "# TYPE multusd_scratch_cache_entries gauge\n"
+        "# HELP multusd_build_info Always 1; the version label says which multusd runs.\n"
+        "# TYPE multusd_build_info gauge\n"
+        'multusd_build_info{version="9.9.9"} 1.0\n'
+    )
+
+
+def test_golden_histogram_and_counter_text_without_created_samples():
+    daemon = DaemonMetrics()
+    daemon.observe_plugin("bridge", "ADD", 0.02)
+    daemon.observe_plugin("bridge", "ADD", 0.2)
+    daemon.observe_plugin("bridge", "ADD", 300)
+    daemon.observe_http("/healthz", "GET", 200)
+    text = daemon.render()
+    assert "_created" not in text  # prometheus_client's extra series; upstream has none
+    # prometheus_client writes labels sorted by name and every value as a float
+    name = "multusd_delegate_duration_seconds"
+    counts = [0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]
+    expected = [f'{name}_bucket{{command="ADD",le="{bound!r}",plugin="bridge"}} {count}.0'
+                for bound, count in zip(metrics.DURATION_BUCKETS, counts)]
+    expected += [f'{name}_bucket{{command="ADD",le="+Inf",plugin="bridge"}} 3.0',
+                 f'{name}_count{{command="ADD",plugin="bridge"}} 3.0',
+                 f'{name}_sum{{command="ADD",plugin="bridge"}} 300.22']
+    assert [line for line in text.splitlines()
+            if line.startswith("multusd_delegate_duration_seconds_")] == expected
+    assert 'multusd_requests_total{command="",handler="/healthz",result="ok"} 1.0\n' in text
     assert_valid_exposition(text)
+
+
+@pytest.mark.parametrize("seconds, first_buckets", [
+    (0.0, [1, 1, 1]),
+    (0.005, [1, 1, 1]),         # equal to a bound: counted in that bucket (le is inclusive)
+    (0.0050001, [0, 1, 1]),
+    (0.01, [0, 1, 1]),
+    (0.02, [0, 0, 1]),
+])
+def test_histogram_bucket_for_one_value(seconds, first_buckets):
+    daemon = DaemonMetrics()
+    daemon.observe_plugin("macvlan", "DEL", seconds)
+    counts = buckets(daemon, "multusd_delegate_duration_seconds", plugin="macvlan",
+                     command="DEL")
+    assert counts[:3] == first_buckets
+    assert counts[-1] == 1
+    assert value(daemon, "multusd_delegate_duration_seconds_sum", plugin="macvlan",
+                 command="DEL") == seconds
+
+
+def test_above_every_bound_counts_only_in_inf():
+    daemon = DaemonMetrics()
+    daemon.observe_request("/cni", "ADD", True, 121.0)
+    assert buckets(daemon, "multusd_request_duration_seconds", command="ADD") == [0] * 15 + [1]
+
+
+def test_default_duration_buckets_span_5ms_to_120s():
+    assert metrics.DURATION_BUCKETS[0] == 0.005
+    assert metrics.DURATION_BUCKETS[-1] == 120
+    assert list(metrics.DURATION_BUCKETS) == sorted(set(metrics.DURATION_BUCKETS))
+    daemon = DaemonMetrics()
+    daemon.observe_request("/cni", "DEL", True, 0.1)
+    les = re.findall(r'le="([^"]+)"', daemon.render())
+    assert les[0] == "0.005" and les[-2:] == ["120.0", "+Inf"]
+    assert len(les) == len(metrics.DURATION_BUCKETS) + 1
+
+
+def test_label_values_are_escaped():
+    daemon = DaemonMetrics()
+    daemon.observe_plugin('C:\\dir "quoted"\nnext', "ADD", 0.1)
+    text = daemon.render()
+    assert ('multusd_delegate_duration_seconds_count'
+            '{command="ADD",plugin="C:\\\\dir \\"quoted\\"\\nnext"} 1.0') in text.splitlines()
+    assert_valid_exposition(text)
+
+
+def test_threads_recording_lose_no_update():
+    daemon = DaemonMetrics()
+    threads_n, per_thread = 8, 500
+    start = threading.Barrier(threads_n + 1)
+    snapshots: list = []
+
+    def work(index: int) -> None:
+        start.wait()
+        for step in range(per_thread):
+            daemon.observe_plugin("bridge", "ADD", 0.25 if step % 2 else 1.0)
+            daemon.observe_http("/cni", "POST", 200 + index % 2)
+            with daemon.track_request("/cni") as tracked:
+                tracked.command = "ADD"
+
+    def scrape() -> None:
+        start.wait()
+        for _ in range(100):
+            snapshots.append(daemon.render())
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(threads_n)]
+    threads.append(threading.Thread(target=scrape))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    total = threads_n * per_thread
+    bridge = {"plugin": "bridge", "command": "ADD"}
+    assert value(daemon, "multusd_delegate_duration_seconds_count", **bridge) == total
+    assert value(daemon, "multusd_delegate_duration_seconds_bucket", **bridge,
+                 le="0.25") == total // 2
+    assert value(daemon, "multusd_delegate_duration_seconds_sum", **bridge) == (
+        0.25 * total / 2 + 1.0 * total / 2)
+    assert sum(value(daemon, "multus_server_request_total", handler="/cni", code=code,
+                     method="post") for code in ("200", "201")) == total
+    assert value(daemon, "multusd_requests_total", handler="/cni", command="ADD",
+                 result="ok") == total
+    assert value(daemon, "multusd_requests_in_flight") == 0
+    for text in snapshots:  # every scrape taken while threads ran is well formed
+        assert_valid_exposition(text)
+
+
+def test_each_daemon_has_its_own_registry():
+    first, second = DaemonMetrics(version="1"), DaemonMetrics(version="2")
+    first.observe_plugin("bridge", "ADD", 0.1)
+    assert value(first, "multusd_delegate_duration_seconds_count", plugin="bridge",
+                 command="ADD") == 1
+    assert value(second, "multusd_delegate_duration_seconds_count", plugin="bridge",
+                 command="ADD") == 0
+    assert prometheus_client.REGISTRY.get_sample_value("multusd_build_info",
+                                                       {"version": "1"}) is None
 
 
 def test_track_request_counts_outcome_duration_and_in_flight():
     daemon = DaemonMetrics()
     with daemon.track_request("/cni") as tracked:
         tracked.command = "ADD"
-        assert daemon.in_flight.get() == 1
+        assert value(daemon, "multusd_requests_in_flight") == 1
     with pytest.raises(RuntimeError):
         with daemon.track_request("/delegate") as tracked:
             tracked.command = "DEL"
@@ -287,13 +219,15 @@ def test_track_request_counts_outcome_duration_and_in_flight():
         tracked.command = "CHECK"
         tracked.ok = False
 
-    assert daemon.in_flight.get() == 0
-    assert daemon.requests.get(handler="/cni", command="ADD", result="ok") == 1
-    assert daemon.requests.get(handler="/delegate", command="DEL", result="error") == 1
-    assert daemon.requests.get(handler="/cni", command="CHECK", result="error") == 1
+    assert value(daemon, "multusd_requests_in_flight") == 0
+    requests = "multusd_requests_total"
+    assert value(daemon, requests, handler="/cni", command="ADD", result="ok") == 1
+    assert value(daemon, requests, handler="/delegate", command="DEL", result="error") == 1
+    assert value(daemon, requests, handler="/cni", command="CHECK", result="error") == 1
+    assert value(daemon, requests, handler="/cni", command="ADD", result="error") == 0
     for command in ("ADD", "DEL", "CHECK"):
-        assert daemon.request_duration.snapshot(command=command)[2] == 1
-    assert_valid_exposition(daemon.registry.render())
+        assert value(daemon, "multusd_request_duration_seconds_count", command=command) == 1
+    assert_valid_exposition(daemon.render())
 
 
 def test_http_answers_use_upstream_labels():
@@ -303,55 +237,68 @@ def test_http_answers_use_upstream_labels():
     daemon.observe_http("/readyz?x=1", "GET", 500)
     daemon.observe_http("/nope", "GET", 404)
     daemon.observe_http("/healthz", "BREW", 405)
-    text = daemon.registry.render()
+    text = daemon.render()
     upstream = "multus_server_request_total"
-    assert sample(text, upstream + '{handler="/cni",code="200",method="post"}') == "1"
-    assert sample(text, upstream + '{handler="/cni",code="400",method="post"}') == "1"
-    assert sample(text, upstream + '{handler="/readyz",code="500",method="get"}') == "1"
-    assert sample(text, upstream + '{handler="NotFound",code="404",method="get"}') == "1"
-    assert sample(text, upstream + '{handler="/healthz",code="405",method="unknown"}') == "1"
+    assert sample(text, upstream + '{code="200",handler="/cni",method="post"}') == "1.0"
+    assert sample(text, upstream + '{code="400",handler="/cni",method="post"}') == "1.0"
+    assert sample(text, upstream + '{code="500",handler="/readyz",method="get"}') == "1.0"
+    assert sample(text, upstream + '{code="404",handler="NotFound",method="get"}') == "1.0"
+    assert sample(text, upstream + '{code="405",handler="/healthz",method="unknown"}') == "1.0"
     # probes and unknown paths are counted in multusd_requests_total too; /cni is not (the
     # daemon counts it with its command through track_request)
-    assert daemon.requests.get(handler="/readyz", command="", result="error") == 1
-    assert daemon.requests.get(handler="NotFound", command="", result="error") == 1
-    assert 'multusd_requests_total{handler="/cni"' not in text
+    requests = "multusd_requests_total"
+    assert value(daemon, requests, handler="/readyz", command="", result="error") == 1
+    assert value(daemon, requests, handler="NotFound", command="", result="error") == 1
+    assert not re.search(r'^multusd_requests_total\{[^}]*handler="/cni"', text, re.M)
 
 
 def test_plugin_durations_by_type_and_command():
     daemon = DaemonMetrics()
-    daemon.observe_plugin("bridge", "ADD", 0.02)
-    daemon.observe_plugin("bridge", "ADD", 0.2)
+    daemon.observe_plugin("bridge", "ADD", 0.02, "ok")
+    daemon.observe_plugin("bridge", "ADD", 0.2, "error")  # failed runs are timed too
     daemon.observe_plugin("host-local", "DEL", 0.004)
-    cumulative, total, count = daemon.delegate_duration.snapshot(plugin="bridge", command="ADD")
-    assert count == 2 and total == pytest.approx(0.22)
-    assert cumulative[:4] == [0, 0, 1, 1]  # 5 ms, 10 ms, 25 ms, 50 ms
-    assert daemon.delegate_duration.snapshot(plugin="host-local", command="DEL")[0][0] == 1
+    bridge = {"plugin": "bridge", "command": "ADD"}
+    assert value(daemon, "multusd_delegate_duration_seconds_count", **bridge) == 2
+    assert value(daemon, "multusd_delegate_duration_seconds_sum", **bridge) == \
+        pytest.approx(0.22)
+    assert buckets(daemon, "multusd_delegate_duration_seconds", **bridge)[:4] == [0, 0, 1, 1]
+    assert buckets(daemon, "multusd_delegate_duration_seconds", plugin="host-local",
+                   command="DEL")[0] == 1
 
 
-def test_a_disabled_registry_records_nothing():
-    daemon = DaemonMetrics(enabled=False)
-    daemon.observe_plugin("bridge", "ADD", 0.1)
-    daemon.observe_http("/cni", "POST", 200)
-    with daemon.track_request("/cni") as tracked:
+def test_null_metrics_take_every_call_and_keep_nothing():
+    null = NullMetrics()
+    assert null.enabled is False
+    null.observe_plugin("bridge", "ADD", 0.1, "ok")
+    null.observe_http("/cni", "POST", 200)
+    null.observe_request("/cni", "ADD", True, 0.1)
+    null.set_sources(cached_pods=lambda: 1, cni_dir="/nonexistent")
+    with null.track_request("/cni") as tracked:
         tracked.command = "ADD"
-        assert daemon.in_flight.get() == 0
-    text = daemon.registry.render()
-    assert "multusd_delegate_duration_seconds_bucket" not in text
-    assert "multus_server_request_total{" not in text
-    assert "multusd_requests_total{" not in text
-    daemon.enable()
-    daemon.observe_plugin("bridge", "ADD", 0.1)
-    assert daemon.delegate_duration.snapshot(plugin="bridge", command="ADD")[2] == 1
+    assert (tracked.handler, tracked.command) == ("/cni", "ADD")
+    with pytest.raises(RuntimeError, match="passes through"):
+        with null.track_request("/delegate"):
+            raise RuntimeError("passes through")
+    assert not hasattr(null, "registry")
 
 
-def test_module_functions_do_nothing_until_served(monkeypatch):
-    monkeypatch.setattr(metrics.DEFAULT, "enabled", False)  # as before any serve()
-    plugin = "unit-test-never-recorded"
-    metrics.observe_plugin(plugin, "ADD", 0.1)
-    metrics.observe_http("/cni", "POST", 200)
-    with metrics.track_request("/cni") as tracked:
-        tracked.command = "ADD"
-    assert metrics.DEFAULT.delegate_duration.snapshot(plugin=plugin, command="ADD")[2] == 0
+def test_metrics_off_never_imports_prometheus_client():
+    # what the daemon loads with metricsPort unset, then a request recorded into NullMetrics;
+    # the engine must not pull in the daemon layer either (it is handed an observer)
+    probe = (
+        "import sys\n"
+        "import multusd.cni.conflist, multusd.core.sandbox\n"
+        "assert not [m for m in sys.modules if m.startswith('multusd.daemon')], sys.modules\n"
+        "from multusd.daemon import lifecycle, metrics\n"
+        "null = metrics.NullMetrics()\n"
+        "with null.track_request('/cni') as tracked:\n"
+        "    tracked.command = 'ADD'\n"
+        "null.observe_http('/cni', 'POST', 200)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prometheus_client'))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_sources_feed_the_sampled_gauges(tmp_path):
@@ -359,10 +306,10 @@ def test_sources_feed_the_sampled_gauges(tmp_path):
     daemon = DaemonMetrics()
     pods = {"a": 1, "b": 2}
     daemon.set_sources(cached_pods=lambda: len(pods), cached_nads=lambda: 5, cni_dir=str(cni_dir))
-    text = daemon.registry.render()
-    assert sample(text, "multusd_cached_pods") == "2"
-    assert sample(text, "multusd_cached_nads") == "5"
-    assert sample(text, "multusd_scratch_cache_entries") == "0"  # not created yet
+    text = daemon.render()
+    assert sample(text, "multusd_cached_pods") == "2.0"
+    assert sample(text, "multusd_cached_nads") == "5.0"
+    assert sample(text, "multusd_scratch_cache_entries") == "0.0"  # not created yet
 
     (cni_dir / "results").mkdir(parents=True)
     (cni_dir / "results" / "net-abc-eth0").write_text("{}")
@@ -370,13 +317,27 @@ def test_sources_feed_the_sampled_gauges(tmp_path):
     (cni_dir / "def").write_text("{}")
     os.symlink(str(cni_dir / "abc"), str(cni_dir / "link"))
     pods["c"] = 3
-    text = daemon.registry.render()
-    assert sample(text, "multusd_cached_pods") == "3"
-    assert sample(text, "multusd_scratch_cache_entries") == "2"
+    text = daemon.render()
+    assert sample(text, "multusd_cached_pods") == "3.0"
+    assert sample(text, "multusd_scratch_cache_entries") == "2.0"
 
     daemon.set_sources()  # no sources: the gauges go empty instead of showing stale values
-    text = daemon.registry.render()
+    text = daemon.render()
     assert not re.search(r"^multusd_cached_pods ", text, re.M)
+    assert "# TYPE multusd_cached_pods gauge\n" in text
+
+
+def test_a_sampled_gauge_without_a_usable_value_has_no_sample():
+    def broken() -> float:
+        raise OSError("cache gone")
+
+    daemon = DaemonMetrics()
+    daemon.set_sources(cached_pods=broken, cached_nads=lambda: None, cni_dir=None)
+    text = daemon.render()
+    for name in ("multusd_cached_pods", "multusd_cached_nads", "multusd_scratch_cache_entries"):
+        assert f"# TYPE {name} gauge\n" in text
+        assert not re.search(rf"^{name} ", text, re.M)
+    assert_valid_exposition(text)
 
 
 def test_scratch_count_of_an_unreadable_path_is_unknown(tmp_path):
