@@ -1,4 +1,4 @@
-"""Prometheus metrics of multusd: the daemon's series on a private prometheus_client registry, /metrics.
+"""Prometheus metrics: the daemon's series on a private prometheus_client registry, and /metrics.
 
 Series (see :class:`DaemonMetrics`)::
 
@@ -309,14 +309,18 @@ def _make_http_server(address: Tuple[str, int], registry: Any) -> Any:
     plain = [("Content-Type", "text/plain; charset=utf-8")]
 
     def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> list:
+        def respond(status: str, headers: list, exc_info: Any = None) -> Any:
+            # "multusd", not wsgiref's default naming the Python version to the network
+            return start_response(status, headers + [("Server", "multusd")], exc_info)
+
         if environ.get("PATH_INFO") != "/metrics":
-            start_response("404 Not Found", plain)
+            respond("404 Not Found", plain)
             return [b"404 page not found\n"]
         try:
-            return scrape(environ, start_response)
+            return scrape(environ, respond)
         except Exception:
             LOG.exception("rendering the metrics failed")
-            start_response("500 Internal Server Error", plain, sys.exc_info())
+            respond("500 Internal Server Error", plain, sys.exc_info())
             return [b"rendering the metrics failed; see the multusd log\n"]
 
     class Handler(WSGIRequestHandler):

@@ -73,6 +73,17 @@ def test_each_scrape_sees_the_current_values(server, daemon_metrics):
     assert metric_value(get(url)[2], "multusd_cached_pods") == 9
 
 
+def test_the_server_header_names_no_python_version(server):
+    for path in ("/metrics", "/nope"):
+        try:
+            with urllib.request.urlopen(server.url.replace("/metrics", path), timeout=10) as r:
+                header = r.headers["Server"]
+        except urllib.error.HTTPError as exc:
+            with exc:
+                header = exc.headers["Server"]
+        assert header == "multusd", path
+
+
 def test_other_paths_are_404(server):
     status, _, body = get(f"http://127.0.0.1:{server.port}/debug/pprof/")
     assert status == 404
