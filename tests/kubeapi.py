@@ -451,7 +451,7 @@ ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
                        r"(?P<name>[^/]+)"), "get_nad"),
     ("POST", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
     ("POST", re.compile(r"/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
-    ("GET", re.compile(r"/version"), "version"),
+    ("GET", re.compile(r"/version/?"), "version"),  # the client asks for /version/
     ("GET", re.compile(r"/api/v1/nodes/(?P<name>[^/]+)"), "get_node"),
     ("POST", re.compile(r"/apis/authorization\.k8s\.io/v1/selfsubjectaccessreviews"), "review"),
 ]
