@@ -196,14 +196,22 @@ def stale_sandboxes(cni_dir: str) -> List[SandboxRecord]:
 def count_stale_sandboxes(cni_dir: str) -> Optional[int]:
     """How many sandboxes under ``cni_dir`` name a network namespace that no longer exists.
 
-    For the ``multusd_stale_sandboxes`` gauge; None when the records cannot be read (the
-    sample is then left out rather than wrong).
+    For the ``multusd_stale_sandboxes`` gauge, so it reads only the result cache (which
+    names the netns), not the scratch caches: the same count as :func:`stale_sandboxes` at
+    a fraction of the cost. None when the records cannot be read (the sample is then left
+    out rather than wrong).
     """
     try:
-        return len(stale_sandboxes(cni_dir))
+        netns_of: Dict[str, str] = {}
+        for entry in result_cache.list_entries(cni_dir):
+            if entry.get("netns"):
+                netns_of.setdefault(str(entry["containerId"]), str(entry["netns"]))
     except (OSError, MultusError) as exc:
         LOG.debug("cannot count the stale sandboxes in %s: %s", cni_dir, exc)
         return None
+    states: Dict[str, str] = {}
+    return sum(1 for netns in netns_of.values()
+               if states.setdefault(netns, netns_state(netns)) == GONE)
 
 
 def redact(value: Any) -> Any:

@@ -24,12 +24,10 @@ LOG = logging.getLogger("multusd.gc")
 def run(config_path: str, *, release: bool = False, as_json: bool = False) -> int:
     try:
         config = common.load_config(config_path)
-        common.load_records(config)  # a readable cniDir, or a clear error
+        stale = [r for r in common.load_records(config) if r.netns_state() == records.GONE]
     except common.ToolError as exc:
         print(f"multusd gc: {exc}", file=sys.stderr)
         return exc.code
-    cni_dir = records.cni_dir_of(config.raw)
-    stale = records.stale_sandboxes(cni_dir)
     outcomes: List[Dict[str, Any]] = []
     via = ""
     if release and stale:
