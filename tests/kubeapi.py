@@ -458,7 +458,8 @@ ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
 RBAC_USER = "multusd"
 
 
-def request_attributes(method: str, path: str, query: Dict[str, str]) -> Optional[Tuple[str, str, str, str]]:
+def request_attributes(method: str, path: str,
+                       query: Dict[str, str]) -> Optional[Tuple[str, str, str, str]]:
     """(verb, group, resource[/subresource], namespace) of a resource request, as kube-apiserver's
     RequestInfo resolves it; None for non-resource paths (/version)."""
     parts = [p for p in path.split("/") if p]
@@ -756,8 +757,9 @@ class _Handler(BaseHTTPRequestHandler):
             exists = name in self.server.api._nodes
         if not exists:
             raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+        uid = str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
         self._send_json(200, {"apiVersion": "v1", "kind": "Node",
-                              "metadata": {"name": name, "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, name))},
+                              "metadata": {"name": name, "uid": uid},
                               "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
 
     def do_route_review(self, body: Optional[Obj], **_: Any) -> None:

@@ -206,7 +206,7 @@ class Doctor:
         from multusd.errors import MultusError
 
         conf = overlay(_runtime_conf(self.config), self.config)
-        get_nad = self.probe.get_nad if self.api_ok else None
+        get_nad = _memoized(self.probe.get_nad) if self.api_ok else None
         sources = [("the cluster network and defaultNetworks", "", "", {})]
         sources += [(f"pod {p.namespace}/{p.name}", p.namespace, p.name, dict(p.annotations))
                     for p in self.pods or []]
@@ -261,7 +261,8 @@ class Doctor:
                          "not call multus-shim", common.REGENERATE)
         problems = []
         try:
-            data = json.loads(open(path, "rb").read())
+            with open(path, "rb") as handle:
+                data = json.loads(handle.read())
         except (OSError, ValueError) as exc:
             return Check("00-multus.conf", FAIL, f"{path} is not valid JSON ({exc})",
                          common.REGENERATE)
@@ -370,6 +371,18 @@ def _plugin_problem(invoke, kind: str, cni_version: str, bin_dirs) -> str:
     if cni_version and supported and cni_version not in supported:
         return f"{path} does not support cniVersion {cni_version} (only {', '.join(supported)})"
     return ""
+
+
+def _memoized(get_nad: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """One live GET per NAD however many pods select it (the probe has no watch cache)."""
+    seen: Dict[tuple, Any] = {}
+
+    def lookup(namespace: str, name: str) -> Any:
+        if (namespace, name) not in seen:
+            seen[(namespace, name)] = get_nad(namespace, name)
+        return seen[(namespace, name)]
+
+    return lookup
 
 
 def _runtime_conf(config) -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``multusd show POD|CONTAINER_ID``: one sandbox's records, and the API's network-status beside them."""
+"""``multusd show POD|CONTAINER_ID``: one sandbox's records beside the API's network-status."""
 
 from __future__ import annotations
 

@@ -134,6 +134,9 @@ def test_status_and_show_match_the_pods_namespaces_running_and_stopped(node):
         "cluster-net", "default/net-a", "default/net-b"]
     assert len(by_pod["one"]["attachments"]) == 1
 
+    from multusd.wire import api  # the daemon's own read-only endpoint behind it
+
+    assert api.http_request(node.daemon.socket_path, "POST", "/status").status == 405
     human = node.tool("status", json_out=False)
     assert human.returncode == 0, human.stdout
     assert "daemon:     running" in human.stdout

@@ -10,7 +10,8 @@ from multusd.cni.conflist import RuntimeConf
 from multusd.core import records, scratch
 from multusd.core.delegates import Delegate
 
-CLUSTER = b'{"cniVersion":"0.4.0","name":"cluster-net","type":"bridge","ipam":{"type":"host-local"}}'
+CLUSTER = (b'{"cniVersion":"0.4.0","name":"cluster-net","type":"bridge",'
+           b'"ipam":{"type":"host-local"}}')
 NAD = b'{"cniVersion":"0.4.0","name":"net-a","type":"macvlan","password":"s3cret"}'
 ARGS = (("IgnoreUnknown", "true"), ("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", "web"),
         ("K8S_POD_INFRA_CONTAINER_ID", "cid1"), ("K8S_POD_UID", "u-1"))
