@@ -249,6 +249,8 @@ BREAKAGES = {
                      "multusd generate-config"),
     "socket-mode": (lambda n: os.chmod(n.daemon.socket_path, 0o666), "socket", "0666",
                     "SocketMode=0600"),
+    "daemon-down": (lambda n: n.daemon.terminate(), "service", "does not answer /healthz",
+                    "journalctl -u multusd.service"),
 }
 
 
