@@ -5,7 +5,7 @@ while holding a slot of a bounded pool and the lock of its container ID, so that
 sandbox's ADD/DEL/CHECK never interleave and a burst of pods queues instead of exhausting
 memory. Every request carries a deadline; time spent waiting for a slot counts against it.
 Every failure is answered 400 with CNI error JSON, as upstream's daemon does, and the
-server keeps serving. ``/healthz`` and ``/readyz`` never wait for the pool.
+server keeps serving. ``/healthz``, ``/readyz`` and ``/status`` never wait for the pool.
 """
 
 from __future__ import annotations
