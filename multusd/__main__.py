@@ -1,4 +1,4 @@
-"""The ``multusd`` command: serve, check-config, generate-config, --version."""
+"""The ``multusd`` command: serve, check-config, generate-config, status, show, doctor, gc."""
 
 from __future__ import annotations
 
@@ -23,9 +23,31 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="write <cniConfigDir>/00-multus.conf for the runtime")
     generate.add_argument("--remove", action="store_true",
                           help="delete 00-multus.conf if multusd generated it (package removal)")
-    for sub in (serve, check, generate):
+    status = commands.add_parser("status", help="the daemon, the node and every sandbox "
+                                                "recorded in cniDir (works with the daemon "
+                                                "stopped)")
+    show = commands.add_parser("show", help="everything recorded about one sandbox, compared "
+                                            "with the pod's network-status")
+    show.add_argument("sandbox", metavar="POD|CONTAINER_ID",
+                      help="NAMESPACE/NAME, a pod name, or a container ID (or a prefix of one)")
+    show.add_argument("--no-api", action="store_true",
+                      help="do not ask the API server for the pod's network-status")
+    doctor = commands.add_parser("doctor", help="check everything multusd needs; exit 1 and "
+                                                "say what to fix when a check fails")
+    doctor.add_argument("--rbac", default="", metavar="PATH",
+                        help="the RBAC rules to check (default /usr/share/multusd/rbac.yaml)")
+    gc = commands.add_parser("gc", help="list the sandboxes whose network namespace is gone; "
+                                        "--release runs DEL for them")
+    mode = gc.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true",
+                      help="only list them, change nothing (the default)")
+    mode.add_argument("--release", action="store_true",
+                      help="release them: DEL each from its own records, as the runtime would")
+    for sub in (serve, check, generate, status, show, doctor, gc):
         sub.add_argument("--config", default=DEFAULT_CONFIG_PATH,
                          help=f"daemon-config.json (default {DEFAULT_CONFIG_PATH})")
+    for sub in (status, show, doctor, gc):
+        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
     return parser
 
 
@@ -41,8 +63,32 @@ def main(argv: list[str] | None = None) -> int:
 
         log.setup("verbose", to_stderr=True, journal=False)  # a oneshot: stderr is the journal
         return run(args.config, remove=args.remove)
+    if args.command in TOOLS:
+        return run_tool(args)
     build_parser().print_help()
     return 2
+
+
+TOOLS = ("status", "show", "doctor", "gc")
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    """The operator tools (multusd/tools/): they read the on-disk state, the daemon may be down."""
+    if args.command == "status":
+        from multusd.tools import status
+
+        return status.run(args.config, as_json=args.json)
+    if args.command == "show":
+        from multusd.tools import show
+
+        return show.run(args.config, args.sandbox, as_json=args.json, use_api=not args.no_api)
+    if args.command == "doctor":
+        from multusd.tools import doctor
+
+        return doctor.run(args.config, as_json=args.json, rbac_path=args.rbac)
+    from multusd.tools import gc
+
+    return gc.run(args.config, release=args.release, as_json=args.json)
 
 
 def check_config(path: str) -> int:

@@ -11,13 +11,17 @@ the real ``kubernetes`` client to work against it:
   409 on a stale resourceVersion or a different UID);
 * NetworkAttachmentDefinitions: list and watch in all namespaces, GET one;
 * events: ``POST`` to core/v1 and events.k8s.io/v1, kept in :attr:`FakeKubeAPI.events`;
+* nodes: GET one (the server's own node exists from the start; :meth:`add_node`,
+  :meth:`delete_node`); SelfSubjectAccessReview (``POST`` to authorization.k8s.io/v1);
+* RBAC in a small way: everything is allowed until :meth:`deny` takes a (verb, resource)
+  away, after which reviews answer ``allowed: false`` and real requests 403 Forbidden;
 * one increasing resourceVersion shared by every object (like etcd's revision); watches resume
   from a resourceVersion and answer an ERROR event with 410 Gone once it was compacted away;
 * bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``.
 
 Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`add_nad`,
 :meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
-(same port), :meth:`fail_next`, :meth:`compact` and :attr:`kubeconfig_path`.
+(same port), :meth:`fail_next`, :meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`.
 
 Usage::
 
@@ -138,6 +142,8 @@ class FakeKubeAPI:
         self._nads: Dict[Key, Obj] = {}
         self._history = _History()
         self._failures: List[Dict[str, Any]] = []
+        self._nodes: set = {node}
+        self._denied: set = set()  # (verb, group, resource[/subresource])
         self._generation = 0  # bumped by stop(): watches of an earlier run end
         self._running = False
         self._watchers = 0  # watch streams open now
@@ -340,6 +346,24 @@ class FakeKubeAPI:
         with self._cond:
             self._delete("nads", self._nads, (namespace, name))
 
+    def add_node(self, name: str) -> None:
+        with self._cond:
+            self._nodes.add(name)
+
+    def delete_node(self, name: str) -> None:
+        with self._cond:
+            self._nodes.discard(name)
+
+    def deny(self, verb: str, resource: str, group: str = "") -> None:
+        """Take ``verb`` on ``resource`` (``pods``, ``pods/status``, ...) in ``group`` away from
+        the kubeconfig's user: reviews say so and matching requests get 403 Forbidden."""
+        with self._cond:
+            self._denied.add((verb, group, resource))
+
+    def allowed(self, verb: str, group: str, resource: str) -> bool:
+        with self._cond:
+            return (verb, group, resource) not in self._denied
+
     def compact(self) -> None:
         """Forget the change history: watches resuming from an older version get 410 Gone."""
         with self._cond:
@@ -427,8 +451,34 @@ ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
                        r"(?P<name>[^/]+)"), "get_nad"),
     ("POST", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
     ("POST", re.compile(r"/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
-    ("GET", re.compile(r"/version"), "version"),
+    ("GET", re.compile(r"/version/?"), "version"),  # the client asks for /version/
+    ("GET", re.compile(r"/api/v1/nodes/(?P<name>[^/]+)"), "get_node"),
+    ("POST", re.compile(r"/apis/authorization\.k8s\.io/v1/selfsubjectaccessreviews"), "review"),
 ]
+RBAC_USER = "multusd"
+
+
+def request_attributes(method: str, path: str,
+                       query: Dict[str, str]) -> Optional[Tuple[str, str, str, str]]:
+    """(verb, group, resource[/subresource], namespace) of a resource request, as kube-apiserver's
+    RequestInfo resolves it; None for non-resource paths (/version)."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest:
+        return None
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) >= 3 else "")
+    named = len(rest) >= 2
+    verb = {"GET": "get" if named else ("watch" if _is_watch(query) else "list"),
+            "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+    return verb, group, resource, namespace
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -487,6 +537,13 @@ class _Handler(BaseHTTPRequestHandler):
             if injected is not None:
                 reason = HTTPStatus(injected).phrase.replace(" ", "")
                 raise ApiError(injected, reason, f"injected failure {injected} for {parts.path}")
+            attributes = request_attributes(self.command, parts.path, query)
+            if attributes is not None and not api.allowed(*attributes[:3]):
+                verb, group, resource, namespace = attributes
+                where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+                raise ApiError(403, "Forbidden", f'{resource.split("/")[0]} is forbidden: User '
+                               f'"{RBAC_USER}" cannot {verb} resource "{resource}" in API group '
+                               f'"{group}"{where}')
             handler, params = self._route(parts.path)
             getattr(self, "do_route_" + handler)(query=query, body=body, generation=generation,
                                                  **params)
@@ -694,6 +751,33 @@ class _Handler(BaseHTTPRequestHandler):
             api.events.append(event)
             api._cond.notify_all()
         self._send_json(201, event)
+
+    def do_route_get_node(self, name: str, **_: Any) -> None:
+        with self.server.api._cond:
+            exists = name in self.server.api._nodes
+        if not exists:
+            raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+        uid = str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
+        self._send_json(200, {"apiVersion": "v1", "kind": "Node",
+                              "metadata": {"name": name, "uid": uid},
+                              "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+
+    def do_route_review(self, body: Optional[Obj], **_: Any) -> None:
+        """A SelfSubjectAccessReview, answered from :meth:`FakeKubeAPI.deny`'s list."""
+        attributes = ((body or {}).get("spec") or {}).get("resourceAttributes")
+        if not isinstance(attributes, dict) or not attributes.get("verb"):
+            raise ApiError(400, "BadRequest", "spec.resourceAttributes.verb: Required value")
+        resource = attributes.get("resource", "")
+        if attributes.get("subresource"):
+            resource += "/" + attributes["subresource"]
+        allowed = self.server.api.allowed(attributes["verb"], attributes.get("group", ""), resource)
+        review = copy.deepcopy(body)
+        review["status"] = {"allowed": allowed}
+        if not allowed:
+            review["status"]["reason"] = "denied by the fake API server's deny() list"
+        else:
+            review["status"]["reason"] = "RBAC: allowed by the fake API server"
+        self._send_json(201, review)
 
     def do_route_version(self, **_: Any) -> None:
         self._send_json(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-multusd-fake",

@@ -82,6 +82,7 @@ class Daemon:
         self.metrics_server = None
         self._owns_socket = False
         self._stopping = threading.Event()
+        self._started = time.time()
 
     def run(self) -> int:
         listener = systemd.inherited_unix_listener()
@@ -95,7 +96,8 @@ class Daemon:
         self.server = Server(listener, self.handle, workers=self.config.workers,
                              request_timeout=self.config.request_timeout,
                              readiness=self.multus.ready, after_request=self._report_status,
-                             observe_http=self.metrics.observe_http)
+                             observe_http=self.metrics.observe_http,
+                             describe=self._describe)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._start_watchdog()
@@ -187,6 +189,19 @@ class Daemon:
         if request.command == "ADD":
             return {"Result": result}
         return None
+
+    def _describe(self) -> dict:
+        """The daemon's facts for ``GET /status`` (``multusd status`` asks for them)."""
+        info = {"version": __version__, "pid": os.getpid(), "startedAt": self._started,
+                "uptimeSeconds": round(time.time() - self._started, 3),
+                "socketActivated": not self._owns_socket, "config": self.config.path,
+                "nodeName": self.config.node_name, "stopping": self._stopping.is_set()}
+        kube = self.kube
+        if kube is not None:
+            pods, nads = kube.cache_sizes()
+            info["kube"] = {"server": kube.server_url, "synced": kube.synced(),
+                            "lastError": kube.last_error, "cachedPods": pods, "cachedNads": nads}
+        return info
 
     def _report_status(self) -> None:
         counts = self.server.counts

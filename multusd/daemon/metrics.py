@@ -9,6 +9,7 @@ Series (see :class:`DaemonMetrics`)::
     multusd_requests_in_flight                       gauge
     multusd_cached_pods / multusd_cached_nads        gauges, read from the watch caches
     multusd_scratch_cache_entries                    gauge, files in cniDir
+    multusd_stale_sandboxes                          gauge, sandboxes whose netns is gone
     multusd_build_info{version}                      always 1
 
 Usage from the daemon (each daemon has its own registry, so tests run several in one process)::
@@ -61,12 +62,13 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
                     30.0, 60.0, 120.0)
 
 _CNI_HANDLERS = ("/cni", "/delegate")
-_KNOWN_HANDLERS = _CNI_HANDLERS + ("/healthz", "/readyz")
+_KNOWN_HANDLERS = _CNI_HANDLERS + ("/healthz", "/readyz", "/status")
 _HTTP_METHODS = {"get", "head", "post", "put", "delete", "patch", "options", "connect", "trace"}
 _SAMPLED = (
     ("multusd_cached_pods", "Pods of this node in the watch cache."),
     ("multusd_cached_nads", "NetworkAttachmentDefinitions in the watch cache."),
     ("multusd_scratch_cache_entries", "Sandboxes recorded in the scratch cache (cniDir)."),
+    ("multusd_stale_sandboxes", "Sandboxes whose network namespace is gone (multusd gc)."),
 )
 
 
@@ -84,6 +86,12 @@ def count_scratch_entries(cni_dir: str) -> Optional[int]:
     except OSError as exc:
         LOG.debug("cannot count the scratch cache entries in %s: %s", cni_dir, exc)
         return None
+
+
+def _stale_counter(cni_dir: str) -> Callable[[], Optional[int]]:
+    from multusd.core.records import count_stale_sandboxes  # only when metrics are on
+
+    return lambda: count_stale_sandboxes(cni_dir)
 
 
 def handler_label(path: str) -> str:
@@ -222,6 +230,8 @@ class DaemonMetrics:
         self.sampled.set_function(
             "multusd_scratch_cache_entries",
             None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))
+        self.sampled.set_function("multusd_stale_sandboxes",
+                                  None if cni_dir is None else _stale_counter(cni_dir))
 
     def observe_plugin(self, plugin_type: str, command: str, seconds: float,
                        outcome: str = "ok") -> None:

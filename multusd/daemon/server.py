@@ -5,7 +5,7 @@ while holding a slot of a bounded pool and the lock of its container ID, so that
 sandbox's ADD/DEL/CHECK never interleave and a burst of pods queues instead of exhausting
 memory. Every request carries a deadline; time spent waiting for a slot counts against it.
 Every failure is answered 400 with CNI error JSON, as upstream's daemon does, and the
-server keeps serving. ``/healthz`` and ``/readyz`` never wait for the pool.
+server keeps serving. ``/healthz``, ``/readyz`` and ``/status`` never wait for the pool.
 """
 
 from __future__ import annotations
@@ -72,9 +72,11 @@ class Server:
                  request_timeout: float = 110.0,
                  readiness: Callable[[], bool] = lambda: True,
                  after_request: Callable[[], None] = lambda: None,
-                 observe_http: Callable[[str, str, int], None] = lambda *answer: None) -> None:
+                 observe_http: Callable[[str, str, int], None] = lambda *answer: None,
+                 describe: Callable[[], Mapping[str, Any]] = dict) -> None:
         self.listener = listener
         self.readiness = readiness
+        self.describe = describe
         self.after_request = after_request
         self.observe_http = observe_http  # (path, method, status) of every answer: metrics
         self._counts_lock = threading.Lock()
@@ -146,6 +148,15 @@ class Server:
             with self._idle:
                 self._in_flight -= 1
                 self._idle.notify_all()
+
+    def status(self) -> dict:
+        """What ``GET /status`` answers: request counts and in flight, plus :attr:`describe`."""
+        with self._counts_lock:
+            counts = dict(self.counts)
+        info = {"requests": counts, "inFlight": max(0, self._in_flight - 1),  # not this one
+                "ready": bool(self.ready and self.readiness())}
+        info.update(self.describe())
+        return info
 
     def _count(self, outcome: str) -> None:
         with self._counts_lock:
@@ -246,6 +257,10 @@ class _Connection:
             self._drain_body()
             ok = path == api.HEALTH_ENDPOINT or (self.server.ready and self.server.readiness())
             return self._send(200 if ok else 500, b"")
+        if path == api.STATUS_ENDPOINT:
+            if method != "GET":
+                return self._send(405, b"Method not allowed\n", "text/plain")
+            return self._send(200, json.dumps(self.server.status()).encode())
         if path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT):
             if method != "POST":
                 return self._send(405, b"Method not allowed\n", "text/plain")

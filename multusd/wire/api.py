@@ -7,6 +7,8 @@ HTTP/1.1 over the unix socket ``<socketDir>/multus.sock``:
   a failure 400 with CNI error JSON.
 * ``POST /delegate``: the same plus ``"interfaceAttributes"`` (hot-plug of one interface).
 * ``GET|POST /healthz`` (always 200 while serving), ``/readyz`` (500 once stopping).
+* ``GET /status``: the daemon's own facts as JSON (version, uptime, request counts), for
+  ``multusd status``; read-only, multusd's own (upstream has no such endpoint).
 
 The client here is deliberately tiny (a raw request on a unix socket, ``Connection: close``)
 because the shim runs it once per pod sandbox and must start fast.
@@ -26,6 +28,7 @@ CNI_ENDPOINT = "/cni"
 DELEGATE_ENDPOINT = "/delegate"
 HEALTH_ENDPOINT = "/healthz"
 READY_ENDPOINT = "/readyz"
+STATUS_ENDPOINT = "/status"
 DEFAULT_SOCKET_DIR = "/run/multus/"
 SOCKET_NAME = "multus.sock"
 

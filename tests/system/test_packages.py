@@ -50,6 +50,10 @@ def test_deb_layout_and_conffile(packages, tmp_path):
         assert (tmp_path / exe).read_text().startswith("#!/usr/bin/python3"), exe
     assert (tmp_path / "usr/lib/multusd/multusd/__main__.py").is_file()
     assert (tmp_path / "usr/lib/multusd/multusd/wire/shim.py").is_file()
+    assert (tmp_path / "usr/lib/multusd/multusd/tools/doctor.py").is_file()
+    completion = tmp_path / "usr/share/bash-completion/completions/multusd"
+    assert "complete -o filenames -F _multusd multusd" in completion.read_text()
+    run("bash", "-n", str(completion))
     import yaml  # python3-yaml, a dependency of python3-kubernetes
 
     rbac = list(yaml.safe_load_all((tmp_path / "usr/share/multusd/rbac.yaml").read_text()))

@@ -81,6 +81,8 @@ def test_a_fresh_daemon_exposes_every_family_and_nothing_else():
         "# TYPE multusd_cached_nads gauge\n"
         "# HELP multusd_scratch_cache_entries Sandboxes recorded in the scratch cache (cniDir).\n"
         "# TYPE multusd_scratch_cache_entries gauge\n"
+        "# HELP multusd_stale_sandboxes Sandboxes whose network namespace is gone (multusd gc).\n"
+        "# TYPE multusd_stale_sandboxes gauge\n"
         "# HELP multusd_build_info Always 1; the version label says which multusd runs.\n"
         "# TYPE multusd_build_info gauge\n"
         'multusd_build_info{version="9.9.9"} 1.0\n'
@@ -345,3 +347,19 @@ def test_scratch_count_of_an_unreadable_path_is_unknown(tmp_path):
     not_a_dir.write_text("x")
     assert count_scratch_entries(str(not_a_dir)) is None
     assert count_scratch_entries(str(tmp_path / "missing")) == 0
+
+
+def test_stale_sandboxes_gauge_counts_records_whose_netns_is_gone(tmp_path):
+    from multusd.cni import cache
+
+    cni_dir = str(tmp_path / "multus")
+    daemon = DaemonMetrics()
+    daemon.set_sources(cni_dir=cni_dir)
+    assert sample(daemon.render(), "multusd_stale_sandboxes") == "0.0"
+    for cid, netns in (("live", "/proc/self/ns/net"), ("gone", str(tmp_path / "no-such-netns"))):
+        rt = cache.RuntimeConf(container_id=cid, netns=netns, ifname="eth0", cache_dir=cni_dir)
+        cache.write(cni_dir, "net", rt, b'{"cniVersion":"1.0.0","name":"net","type":"x"}',
+                    {"cniVersion": "1.0.0"})
+    assert sample(daemon.render(), "multusd_stale_sandboxes") == "1.0"
+    daemon.set_sources()
+    assert "multusd_stale_sandboxes " not in daemon.render()  # no source, no sample
