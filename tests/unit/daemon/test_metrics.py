@@ -362,4 +362,4 @@ def test_stale_sandboxes_gauge_counts_records_whose_netns_is_gone(tmp_path):
                     {"cniVersion": "1.0.0"})
     assert sample(daemon.render(), "multusd_stale_sandboxes") == "1.0"
     daemon.set_sources()
-    assert "multusd_stale_sandboxes " not in daemon.render()  # no source, no sample
+    assert "\nmultusd_stale_sandboxes " not in daemon.render()  # no source, no sample
