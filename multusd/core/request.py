@@ -24,7 +24,7 @@ SANDBOX_FREE_COMMANDS = ("STATUS", "GC")
 
 @dataclass(frozen=True)
 class CmdArgs:
-    """A parsed request: the CNI call plus the pod identity from CNI_ARGS."""
+    """A parsed request: the CNI call plus the pod identity from CNI_ARGS (if it is a pod's)."""
 
     command: str
     container_id: str
@@ -48,6 +48,11 @@ class CmdArgs:
     @property
     def pod_name(self) -> str:
         return self.arg("K8S_POD_NAME")
+
+    @property
+    def has_pod(self) -> bool:
+        """A Kubernetes pod's sandbox (K8S_POD_NAMESPACE set), not a plain container's."""
+        return bool(self.pod_namespace)
 
     @property
     def pod_uid(self) -> str:
@@ -112,10 +117,12 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
         raise InvalidEnvironment(f"invalid CNI_CONTAINERID {request.container_id!r}: it must "
                                  "start with a letter or digit and hold only letters, digits, "
                                  "'_', '.' and '-' (the CNI specification's rule)")
-    for key in ("K8S_POD_NAMESPACE", "K8S_POD_NAME"):
-        if not request.arg(key):
-            raise InvalidEnvironment(f"missing {key} in CNI_ARGS: multusd needs the pod's "
-                                     "namespace and name (set by kubelet's runtime)")
+    if request.pod_namespace and not request.pod_name:
+        # Half a pod identity is a broken runtime; none at all is a container that is not a
+        # pod (podman, nerdctl, Nomad: K8S_POD_NAME, if any, is the container's name).
+        raise InvalidEnvironment("missing K8S_POD_NAME in CNI_ARGS: K8S_POD_NAMESPACE is "
+                                 f"{request.pod_namespace!r} but the pod's name is missing; "
+                                 "kubelet's runtime sets both (other runtimes set neither)")
     return request
 
 
