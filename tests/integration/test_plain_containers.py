@@ -43,14 +43,14 @@ def test_a_container_gets_the_cluster_and_default_networks_with_its_runtime_conf
     os.makedirs(conf_dir)
     record = str(tmp_path / "calls.jsonl")
     cluster = {"cniVersion": "0.4.0", "name": "host-net", "plugins": [
-        sandbox.net("ignored", "10.91.0.0/24", cni_version="0.4.0"),
+        sandbox.net("ignored", "10.150.0.0/24", cni_version="0.4.0"),
         {"type": "stub-record", "recordFile": record, "capabilities": {"portMappings": True}}]}
     del cluster["plugins"][0]["name"], cluster["plugins"][0]["cniVersion"]
     cluster_path = os.path.join(conf_dir, "10-host.conflist")
     with open(cluster_path, "w") as handle:
         json.dump(cluster, handle)
     with open(os.path.join(conf_dir, "20-extra.conf"), "w") as handle:
-        json.dump(sandbox.net("extra", "10.92.0.0/24", cni_version="0.4.0", gateway=False),
+        json.dump(sandbox.net("extra", "10.151.0.0/24", cni_version="0.4.0", gateway=False),
                   handle)
     daemon = sandbox.daemon({"cniVersion": "0.4.0", "clusterNetwork": cluster_path,
                              "defaultNetworks": ["extra"], "confDir": conf_dir})
@@ -68,9 +68,9 @@ def test_a_container_gets_the_cluster_and_default_networks_with_its_runtime_conf
 
     assert add.code == 0, add.output
     assert add.output["cniVersion"] == "0.4.0"
-    assert [ip["address"] for ip in add.output["ips"]] == ["10.91.0.2/24"]
+    assert [ip["address"] for ip in add.output["ips"]] == ["10.150.0.2/24"]
     links = {k: v for k, v in netns_addresses(ns_name).items() if k != "lo"}
-    assert links == {"eth0": ["10.91.0.2/24"], "net1": ["10.92.0.2/24"]}
+    assert links == {"eth0": ["10.150.0.2/24"], "net1": ["10.151.0.2/24"]}
     stub_add = recorded(record)[-1]
     assert stub_add["command"] == "ADD"
     assert stub_add["stdin"]["runtimeConfig"] == {"portMappings": PORTS}
@@ -96,8 +96,8 @@ def test_a_container_gets_the_cluster_and_default_networks_with_its_runtime_conf
 
 def test_delegates_mode_and_a_repeated_del(sandbox):
     daemon = sandbox.daemon({"cniVersion": "0.4.0", "delegates": [
-        sandbox.net("first", "10.93.0.0/24", cni_version="0.4.0"),
-        sandbox.net("second", "10.94.0.0/24", cni_version="0.4.0", gateway=False)]})
+        sandbox.net("first", "10.152.0.0/24", cni_version="0.4.0"),
+        sandbox.net("second", "10.153.0.0/24", cni_version="0.4.0", gateway=False)]})
     conf = daemon.shim_conf("0.4.0", name="multusnet")
     ns_name, ns_path = sandbox.netns()
     cid = uuid.uuid4().hex
@@ -106,7 +106,7 @@ def test_delegates_mode_and_a_repeated_del(sandbox):
 
     assert add.code == 0, add.output
     links = {k: v for k, v in netns_addresses(ns_name).items() if k != "lo"}
-    assert links == {"eth0": ["10.93.0.2/24"], "net1": ["10.94.0.2/24"]}
+    assert links == {"eth0": ["10.152.0.2/24"], "net1": ["10.153.0.2/24"]}
     for _ in range(2):  # podman rm and conmon's cleanup may both get here
         delete = podman("DEL", dict(conf, prevResult=add.output), "db", cid, ns_path)
         assert delete.code == 0, delete.output
@@ -116,7 +116,7 @@ def test_delegates_mode_and_a_repeated_del(sandbox):
 
 def test_del_after_a_failed_add_succeeds_and_nothing_is_left(sandbox):
     daemon = sandbox.daemon({"cniVersion": "0.4.0", "delegates": [
-        sandbox.net("good", "10.95.0.0/24", cni_version="0.4.0"),
+        sandbox.net("good", "10.154.0.0/24", cni_version="0.4.0"),
         {"cniVersion": "0.4.0", "name": "broken", "type": "stub-error"}]})
     conf = daemon.shim_conf("0.4.0", name="multusnet")
     ns_name, ns_path = sandbox.netns()
