@@ -5,8 +5,10 @@ libpod's tmpdir, the CNI network configs, the plugin dir holding ``multus-shim``
 package's launcher, pointed at this tree), runc's state dir (a wrapper named in
 containers.conf, so conmon's cleanup uses it too) and a cgroup parent of its own. No
 registry is configured: the one image is imported from a tarball holding busybox-static.
-Nothing podman writes outside it is left behind, except libcni's own result cache directory
-``/var/lib/cni/results`` (podman 4.3 has no setting for it; its entries are removed on DEL).
+Outside it podman writes two things it has no setting for: libcni's result cache directory
+``/var/lib/cni/results`` (its entries are removed on DEL; the directory stays) and, on
+``podman import``, containers/image's blob-info cache under ``/var/lib/containers/cache``
+(removed at cleanup when this installation created it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ IMAGE = "localhost/multusd-test-busybox:latest"
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 LIBCNI_CACHE = "/var/lib/cni/results"
 CGROUP_ROOT = "/sys/fs/cgroup"
+BLOB_INFO_CACHE = "/var/lib/containers/cache/blob-info-cache-v1.boltdb"
 
 
 def missing() -> str:
@@ -50,6 +53,7 @@ class Podman:
         self.net_dir = os.path.join(self.workdir, "net.d")
         self.bin_dir = os.path.join(self.workdir, "cni-bin")
         self.cgroup_parent = f"/mdtpm{uuid.uuid4().hex[:8]}"
+        self._owns_blob_cache = not os.path.exists(BLOB_INFO_CACHE)
         for sub in ("root", "runroot", "tmp", "runc", "net.d", "cni-bin"):
             os.makedirs(os.path.join(self.workdir, sub), exist_ok=True)
         self._write_configs()
@@ -150,6 +154,8 @@ runroot = "{self._path('runroot')}"
         for mount in reversed(_mounts_under(self.workdir)):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         _remove_cgroup(self.cgroup_parent)
+        if self._owns_blob_cache:
+            _remove_blob_cache()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -173,6 +179,16 @@ def _remove_cgroup(parent: str) -> None:
             for name in dirs:
                 _rmdir(os.path.join(root, name))
         _rmdir(top)
+
+
+def _remove_blob_cache() -> None:
+    """The blob-info cache ``podman import`` made, and its directories if nothing else is there."""
+    try:
+        os.unlink(BLOB_INFO_CACHE)
+    except OSError:
+        return
+    _rmdir(os.path.dirname(BLOB_INFO_CACHE))
+    _rmdir(os.path.dirname(os.path.dirname(BLOB_INFO_CACHE)))
 
 
 def _rmdir(path: str) -> None:
