@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import uuid
 
@@ -21,6 +22,10 @@ from podmanlib import LIBCNI_CACHE, Podman, missing
 from testlib import netns_links, run, wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
+
+# A third octet of this run's own: portmap's DNAT goes through the host's routes, which two
+# runs at once (two checkouts' make test) must not share.
+OCTET = random.randrange(256)
 
 
 @pytest.fixture
@@ -47,7 +52,7 @@ def multus_network(sandbox, podman: Podman, tmp_path, delegates_mode: list | Non
     """The daemon (delegates mode) and podman's conflist that points at it; (daemon, name)."""
     conf_dir = str(tmp_path / "confdir")
     os.makedirs(conf_dir)
-    primary = sandbox.net("unused", "10.155.0.0/24", cni_version="0.4.0")
+    primary = sandbox.net("unused", f"10.155.{OCTET}.0/24", cni_version="0.4.0")
     for key in ("name", "cniVersion"):
         del primary[key]
     cluster_path = os.path.join(conf_dir, "10-pm.conflist")
@@ -55,8 +60,8 @@ def multus_network(sandbox, podman: Podman, tmp_path, delegates_mode: list | Non
         json.dump({"cniVersion": "0.4.0", "name": "pm-primary", "plugins": [
             primary, {"type": "portmap", "capabilities": {"portMappings": True}}]}, handle)
     with open(os.path.join(conf_dir, "20-extra.conf"), "w") as handle:
-        json.dump(sandbox.net("pm-extra", "10.156.0.0/24", cni_version="0.4.0", gateway=False),
-                  handle)
+        json.dump(sandbox.net("pm-extra", f"10.156.{OCTET}.0/24", cni_version="0.4.0",
+                              gateway=False), handle)
     config = {"cniVersion": "0.4.0", "confDir": conf_dir}
     if delegates_mode is None:
         config.update(clusterNetwork=cluster_path, defaultNetworks=["pm-extra"])
@@ -131,7 +136,8 @@ def test_podman_run_gets_eth0_net1_and_a_published_port_and_rm_leaves_nothing(
     cid, netns = podman("inspect", "--format", "{{.Id}} {{.NetworkSettings.SandboxKey}}",
                         name).stdout.split()
     links = {k: [a for a in v if "." in a] for k, v in netns_links(netns).items() if k != "lo"}
-    assert links == {"eth0": ["10.155.0.2/24"], "net1": ["10.156.0.2/24"]}
+    assert links == {"eth0": [f"10.155.{OCTET}.2/24"],
+                     "net1": [f"10.156.{OCTET}.2/24"]}
     assert wait_for(lambda: http_get(port), 20, interval=0.05,
                     what="the container's httpd through portmap") == "multusd via podman\n"
     assert cid in iptables()  # portmap's rules, named after the container
@@ -146,7 +152,7 @@ def test_podman_run_gets_eth0_net1_and_a_published_port_and_rm_leaves_nothing(
 
 
 def test_a_podman_run_whose_add_fails_leaves_nothing(sandbox, podman, image, tmp_path):
-    good = sandbox.net("pm-good", "10.157.0.0/24", cni_version="0.4.0")
+    good = sandbox.net("pm-good", f"10.157.{OCTET}.0/24", cni_version="0.4.0")
     broken = {"cniVersion": "0.4.0", "name": "pm-broken", "type": "stub-error"}
     daemon, network = multus_network(sandbox, podman, tmp_path, delegates_mode=[good, broken])
     chains_before = dnat_chains()
