@@ -166,4 +166,5 @@ def test_a_podman_run_whose_add_fails_leaves_nothing(sandbox, podman, image, tmp
     assert f"[container {name}:pm-broken]" in failed.stderr
     cid = podman("inspect", "--format", "{{.Id}}", name).stdout.strip()
     podman("rm", "--force", "--time", "0", name)
+    assert "DEL starting CNI request" in daemon.log()  # podman's teardown of the failed set-up
     assert_nothing_left(sandbox, daemon, cid, "/nonexistent", chains_before)
