@@ -16,6 +16,7 @@ import pytest
 
 from harness import Cluster, call_shim, netns_addresses
 from multusd.cni import cache
+from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
@@ -158,3 +159,40 @@ def test_with_a_kubeconfig_a_container_is_served_without_a_pod_lookup(sandbox, k
     assert set(netns_addresses(ns_name)) == {"lo"}
     assert sandbox.leases_held() == []
     assert kube_api.events == []
+
+
+def test_without_kubernetes_default_networks_skip_only_system_namespaces(sandbox, tmp_path):
+    conf_dir = str(tmp_path / "confdir")
+    os.makedirs(conf_dir)
+    for name, subnet in (("main", "10.161.0.0/24"), ("extra", "10.162.0.0/24")):
+        with open(os.path.join(conf_dir, f"10-{name}.conf"), "w") as handle:
+            json.dump(sandbox.net(name, subnet, cni_version="0.4.0", gateway=name == "main"),
+                      handle)
+    daemon = sandbox.daemon({"cniVersion": "0.4.0", "clusterNetwork": "main",
+                             "defaultNetworks": ["extra"], "confDir": conf_dir})
+    conf = daemon.shim_conf("0.4.0")
+    got = {}
+    for namespace in ("test", "kube-system"):
+        ns_name, ns_path = sandbox.netns()
+        cid = uuid.uuid4().hex
+        add = call_shim("ADD", conf, container_id=cid, netns=ns_path, pod=(namespace, "p"))
+        assert add.code == 0, add.output
+        got[namespace] = sorted(k for k in netns_addresses(ns_name) if k != "lo")
+        assert call_shim("DEL", conf, container_id=cid, netns=ns_path,
+                         pod=(namespace, "p")).code == 0
+    assert got == {"test": ["eth0", "net1"], "kube-system": ["eth0"]}
+    assert sandbox.leases_held() == []
+
+
+def test_with_a_kubeconfig_hot_plug_still_needs_a_pod(sandbox, kube_api, tmp_path):
+    cluster = Cluster(sandbox, kube_api, tmp_path).start()
+    _, ns_path = sandbox.netns()
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": ns_path,
+           "CNI_IFNAME": "net9", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAME=cache"}
+    body = api.encode_request(env, json.dumps(sandbox.net("hp", "10.163.0.0/24",
+                                                          cni_version="0.4.0")).encode())
+    response = api.http_request(cluster.daemon.socket_path, "POST", "/delegate", body,
+                                timeout=30)
+    assert response.status == 400
+    assert "needs the pod's K8S_POD_NAMESPACE" in json.loads(response.body)["msg"]
+    assert sandbox.leases_held() == []
