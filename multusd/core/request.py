@@ -23,7 +23,7 @@ SANDBOX_FREE_COMMANDS = ("STATUS", "GC")
 
 @dataclass(frozen=True)
 class CmdArgs:
-    """A parsed request: the CNI call plus the pod identity from CNI_ARGS."""
+    """A parsed request: the CNI call plus the pod identity from CNI_ARGS (if it is a pod's)."""
 
     command: str
     container_id: str
@@ -47,6 +47,11 @@ class CmdArgs:
     @property
     def pod_name(self) -> str:
         return self.arg("K8S_POD_NAME")
+
+    @property
+    def has_pod(self) -> bool:
+        """A Kubernetes pod's sandbox (K8S_POD_NAMESPACE set), not a plain container's."""
+        return bool(self.pod_namespace)
 
     @property
     def pod_uid(self) -> str:
@@ -110,10 +115,12 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
         # It names files under cniDir: never let it be a path.
         raise InvalidEnvironment(f"invalid CNI_CONTAINERID {request.container_id!r}: it must "
                                  f"{NAME_RULE} (the CNI specification's rule)")
-    for key in ("K8S_POD_NAMESPACE", "K8S_POD_NAME"):
-        if not request.arg(key):
-            raise InvalidEnvironment(f"missing {key} in CNI_ARGS: multusd needs the pod's "
-                                     "namespace and name (set by kubelet's runtime)")
+    if request.pod_namespace and not request.pod_name:
+        # Half a pod identity is a broken runtime; none at all is a container that is not a
+        # pod (podman, nerdctl, Nomad: K8S_POD_NAME, if any, is the container's name).
+        raise InvalidEnvironment("missing K8S_POD_NAME in CNI_ARGS: K8S_POD_NAMESPACE is "
+                                 f"{request.pod_namespace!r} but the pod's name is missing; "
+                                 "kubelet's runtime sets both (other runtimes set neither)")
     return request
 
 

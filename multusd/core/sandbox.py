@@ -9,7 +9,9 @@ written through k8s.py. The rules it keeps (architecture.md):
   included) and its scratch cache before answering: it never half-succeeds;
 * DEL is idempotent and best-effort complete: gone pod, NAD, netns or cache do not stop
   it; a missing or corrupt scratch cache falls back to libcni's result cache;
-* a delegate's DEL error is returned, so that the runtime retries instead of leaking.
+* a delegate's DEL error is returned, so that the runtime retries instead of leaking;
+* a container that is not a pod (no K8S_POD_NAMESPACE: podman, nerdctl) gets the daemon's
+  own networks (``clusterNetwork`` + ``defaultNetworks``, or ``delegates``), never a pod lookup.
 """
 
 from __future__ import annotations
@@ -76,8 +78,8 @@ class Multus:
         conf = req.config
         require_delegates(conf)
         wait_for_readiness_file(conf, deadline)
-        pod = self._pod_for_add(req)
-        if self.kube is not None and pod is None:
+        pod = self._pod_for_add(req, log)
+        if self.kube is not None and pod is None and req.has_pod:
             log.warning("pod %s/%s not found in the API: returning an empty result",
                         req.pod_namespace, req.pod_name)
             return empty_result(req)
@@ -113,7 +115,16 @@ class Multus:
                  ", ".join(f"{d.name}:{d.ifname}" for d, _ in results))
         return convert_result(master, WIRE_VERSION)
 
-    def _pod_for_add(self, req: CmdArgs):
+    def _pod_for_add(self, req: CmdArgs, log):
+        if not req.has_pod:
+            # podman, nerdctl, Nomad...: a container, not a pod. With a kubeconfig this is
+            # also what a runtime that lost the pod's identity sends: say it loudly.
+            log.log(logging.WARNING if self.kube is not None else logging.INFO,
+                    "ADD for a container that is not a Kubernetes pod (no K8S_POD_NAMESPACE "
+                    "in CNI_ARGS): attaching the daemon's networks only%s",
+                    "; no network-selection annotation applies and no network-status is "
+                    "written" if self.kube is not None else "")
+            return None
         if self.kube is None:
             return None
         pod = self.kube.get_pod(req.pod_namespace, req.pod_name, expected_uid=req.pod_uid)
@@ -135,7 +146,7 @@ class Multus:
         try:
             return delegates_mod.build_delegates(
                 req.config, pod_namespace=req.pod_namespace, pod_name=req.pod_name,
-                annotations=dict(pod.annotations) if pod is not None else None,
+                annotations=dict(pod.annotations) if pod is not None else {},
                 cni_ifname=req.ifname, get_nad=get_nad, device_id_for=allocator)
         except MultusError as exc:
             if isinstance(exc, delegates_mod.NadNotFound) and pod is not None:
@@ -310,8 +321,14 @@ class Multus:
 
 
 def pod_prefix(req: CmdArgs, network: str = "") -> str:
-    """Upstream's ``[namespace/pod/uid:network]`` in front of an error message."""
+    """Upstream's ``[namespace/pod/uid:network]`` in front of an error message.
+
+    ``[container <name>:network]`` for a container that is not a pod (podman's
+    K8S_POD_NAME is the container's name).
+    """
     suffix = f":{network}" if network else ""
+    if not req.has_pod:
+        return f"[container {req.pod_name or req.container_id}{suffix}]"
     return f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}{suffix}]"
 
 
