@@ -212,10 +212,10 @@ class Doctor:
                     for p in self.pods or []]
         wanted: Dict[str, tuple] = {}  # type -> (cniVersion, used by)
         warnings = []
-        for label, namespace, name, annotations in sources:
+        for label, namespace, name, pod_annotations in sources:
             try:
                 delegates = delegates_mod.build_delegates(
-                    conf, pod_namespace=namespace, pod_name=name, annotations=annotations,
+                    conf, pod_namespace=namespace, pod_name=name, annotations=pod_annotations,
                     cni_ifname="eth0", get_nad=get_nad)
             except MultusError as exc:
                 if not namespace:
