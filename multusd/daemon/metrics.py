@@ -13,6 +13,8 @@ Series (see :class:`DaemonMetrics`)::
     multusd_requests_in_flight                       gauge
     multusd_cached_pods / multusd_cached_nads        gauges, read from the watch caches
     multusd_scratch_cache_entries                    gauge, files in cniDir
+    multusd_pod_cache_misses_total / multusd_watch_relists_total  counters, from the caches
+    multusd_node_name_mismatch                       gauge, 1 when the watched name is wrong
     multusd_build_info{version}                      always 1
 
 Usage from the daemon::
@@ -403,6 +405,16 @@ class DaemonMetrics:
             "multusd_cached_nads", "NetworkAttachmentDefinitions in the watch cache."))
         self.scratch_entries = add(Sampled(
             "multusd_scratch_cache_entries", "Sandboxes recorded in the scratch cache (cniDir)."))
+        self.pod_cache_misses = add(Sampled(
+            "multusd_pod_cache_misses_total",
+            "Pod lookups the watch cache could not answer (one live GET each).", kind="counter"))
+        self.node_name_mismatch = add(Sampled(
+            "multusd_node_name_mismatch", "1 when this node's pods are scheduled on another "
+            "node name than the one watched (the log names both); set nodeName."))
+        self.watch_relists = add(Sampled(
+            "multusd_watch_relists_total",
+            "Watches that expired (410 Gone, lost history) and were listed again.",
+            kind="counter"))
         self.build_info = add(Gauge(
             "multusd_build_info", "Always 1; the version label says which multusd runs.",
             ("version",)))
@@ -413,10 +425,16 @@ class DaemonMetrics:
 
     def set_sources(self, *, cached_pods: Optional[Callable[[], Optional[float]]] = None,
                     cached_nads: Optional[Callable[[], Optional[float]]] = None,
-                    cni_dir: Optional[str] = None) -> None:
+                    cni_dir: Optional[str] = None,
+                    pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
+                    node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
+                    watch_relists: Optional[Callable[[], Optional[float]]] = None) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty."""
         self.cached_pods.set_function(cached_pods)
         self.cached_nads.set_function(cached_nads)
+        self.pod_cache_misses.set_function(pod_cache_misses)
+        self.node_name_mismatch.set_function(node_name_mismatch)
+        self.watch_relists.set_function(watch_relists)
         self.scratch_entries.set_function(
             None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))
 

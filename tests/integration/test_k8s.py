@@ -1,4 +1,4 @@
-"""multusd.kube.client against the fake Kubernetes API server, through the real ``kubernetes`` client."""
+"""multusd.kube (client, reflector, status) against the fake Kubernetes API server, through the real ``kubernetes`` client."""
 
 from __future__ import annotations
 
