@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -47,3 +48,10 @@ def netns_links(netns_path: str) -> dict:
 def netns_routes(netns_path: str, family: str = "-4") -> list:
     name = os.path.basename(netns_path)
     return json.loads(run("ip", family, "-n", name, "-j", "route", "show").stdout)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
