@@ -29,7 +29,7 @@ class NodeName:
     source: str
 
     def describe(self) -> str:
-        return f"node name {self.name!r} from {self.source}"
+        return f'node name "{self.name}" from {self.source}'
 
 
 def resolve(configured: str, environ: Mapping[str, str],

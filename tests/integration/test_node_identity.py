@@ -94,7 +94,7 @@ def check_node(cluster: Cluster, node: str, source: str) -> None:
     pod = cluster.pod("web-id")
     add_gets = add_and_del(cluster, pod)
     assert watched_node(cluster.kube) == {f"spec.nodeName={node}"}
-    assert f"node name {node!r} from {source}" in cluster.daemon.log()
+    assert f'node name "{node}" from {source}' in cluster.daemon.log()
     assert add_gets == 1  # from the cache; the one GET is the fresh read before the status PUT
     assert "node name mismatch" not in cluster.daemon.log()
 
@@ -153,3 +153,26 @@ def test_the_right_name_shows_no_mismatch_in_the_metrics(cluster):
         text = response.read().decode()
     assert "multusd_node_name_mismatch 0" in text
     assert "multusd_pod_cache_misses_total 0" in text
+
+
+def test_status_line_shows_the_node_name_then_the_mismatch(cluster, tmp_path):
+    notify_path = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(notify_path)
+    listener.settimeout(20)
+    messages: list[str] = []
+
+    def receive_until(text: str) -> None:
+        wait_for(lambda: messages.append(listener.recv(4096).decode()) or
+                 any(text in m for m in messages), 20, what=f"{text!r} from sd_notify")
+
+    try:
+        cluster.start(nodeName=None, env={"NOTIFY_SOCKET": notify_path,
+                                          "MULTUS_NODE_NAME": "wrong-node"})
+        receive_until('STATUS=serving on')
+        assert 'node name "wrong-node" from MULTUS_NODE_NAME' in messages[-1]
+        add_and_del(cluster, cluster.pod("web-st"))
+        receive_until("NODE NAME MISMATCH")
+        assert f"{NODE!r}" in messages[-1] and "'wrong-node'" in messages[-1]
+    finally:
+        listener.close()

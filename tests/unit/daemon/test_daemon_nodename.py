@@ -12,7 +12,7 @@ def never() -> str:
 def test_key_first():
     found = resolve(" node-a ", {"MULTUS_NODE_NAME": "env"}, never, never)
     assert (found.name, found.source) == ("node-a", "nodeName in daemon-config.json")
-    assert found.describe() == "node name 'node-a' from nodeName in daemon-config.json"
+    assert found.describe() == 'node name "node-a" from nodeName in daemon-config.json'
 
 
 def test_environment_second():
