@@ -84,6 +84,7 @@ class Reflector:
     def run(self) -> None:
         state = self.state
         version: Optional[str] = None
+        opened = 0.0
         while not state.stopping.is_set():
             try:
                 if version is None:
@@ -98,6 +99,7 @@ class Reflector:
                          version, exc)
                 self._stale()
                 version = None
+                self._pause_if_young(opened)
                 continue
             except WatchError as exc:
                 if state.stopping.is_set():
@@ -112,11 +114,17 @@ class Reflector:
                              self.kind, version)
                     self._stale()
                     version = None
+                    self._pause_if_young(opened)
                     continue
                 self._report(exc)
             except Exception:  # noqa: BLE001 - the watch thread must not die
                 LOG.exception("%s watch failed unexpectedly", self.kind)
             state.stopping.wait(self.backoff.next())
+
+    def _pause_if_young(self, opened: float) -> None:
+        """A server that expires every fresh watch at once must not get a LIST loop."""
+        if time.monotonic() - opened < 1.0:
+            self.state.stopping.wait(self.backoff.next())
 
     def _stale(self) -> None:
         with self.state.cond:
