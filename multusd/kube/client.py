@@ -36,6 +36,9 @@ __all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_A
 
 LOG = logging.getLogger(__name__)
 EMPTY_CACHE_MISSES = 3  # live GETs with an empty pod cache before that is called suspicious
+# After the API server said 404: how long the watch may still deliver the pod (upstream
+# retries NotFound on ADD for ~2.5 s; a static pod's mirror is created after its sandbox).
+NOT_FOUND_WAIT = 2.0
 
 
 class KubeClient:
@@ -111,7 +114,7 @@ class KubeClient:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the list+watch threads (pods on this node, NADs everywhere) and the event sender."""
+        """Start the list+watch threads (this node's pods, all NADs) and the event sender."""
         if self._threads:
             return
         reflectors = [
@@ -171,8 +174,11 @@ class KubeClient:
     # ---- lookups -------------------------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str, *, wait: float = 0.0,
-                expected_uid: str = "") -> Optional[Pod]:
+                expected_uid: str = "", not_found_wait: float = NOT_FOUND_WAIT) -> Optional[Pod]:
         """The pod from the cache, else one live GET at once (after ``wait`` s, if given).
+
+        Only when that GET answers 404 (a pod not created yet, a static pod whose mirror is
+        on its way) the watch gets up to ``not_found_wait`` s to deliver it, then one more GET.
 
         :param expected_uid: the runtime's K8S_POD_UID; a cached pod with another UID (a pod
             recreated under the same name) counts as a miss. The caller still checks the UID.
@@ -197,14 +203,27 @@ class KubeClient:
         if pod is not None:
             return pod
         LOG.debug("pod %s/%s not in the cache; asking the API server", namespace, name)
+        pod = self._read_pod(namespace, name)
+        if pod is None and self._threads and not_found_wait > 0:
+            with self._cond:
+                self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
+                                    not_found_wait)
+                pod = cached()
+            if pod is not None:
+                return pod
+            pod = self._read_pod(namespace, name)  # the watch may not see it (wrong node name)
+        if pod is not None:
+            self._missed(pod, cache_empty)
+        return pod
+
+    def _read_pod(self, namespace: str, name: str) -> Optional[Pod]:
+        """One live GET of a pod; None on 404."""
         try:
-            pod = pod_from_object(self._json(self._core.read_namespaced_pod, name, namespace))
+            return pod_from_object(self._json(self._core.read_namespaced_pod, name, namespace))
         except self.config.request_errors() as exc:
             if getattr(exc, "status", None) == 404:
                 return None
             raise self.config.failure(exc, f"get pod {namespace}/{name}") from exc
-        self._missed(pod, cache_empty)
-        return pod
 
     def _missed(self, pod: Pod, cache_empty: bool) -> None:
         """Account for a live GET and detect a wrong node name (warned about once)."""

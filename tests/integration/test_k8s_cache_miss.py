@@ -71,5 +71,6 @@ def test_an_empty_pod_watch_while_adds_arrive_is_reported(kube_api, make_client,
 
 def test_a_pod_the_api_server_lacks_is_none_after_one_get(kube_api, make_client):
     client = make_client(kube_api.node)
-    assert client.get_pod(NS, "ghost") is None
+    assert client.get_pod(NS, "ghost", not_found_wait=0) is None
     assert pod_gets(kube_api, "ghost") == 1
+    assert client.cache_misses == 0  # a pod that does not exist says nothing about the name

@@ -1,4 +1,4 @@
-"""systemNamespaces by namespace (F49): no network-status in kube-system, a pod *named* so gets it."""
+"""systemNamespaces by namespace (F49): no network-status in kube-system; a pod so named has it."""
 
 from __future__ import annotations
 
