@@ -58,7 +58,7 @@ from harness import (PYTHON, DaemonProcess, ShimOutput, bridge_conf, call_shim, 
                      del_link, del_netns, new_netns, shim_conf)
 from testlib import PLUGIN_DIR, REPO, wait_for  # noqa: E402
 
-from multusd import api  # noqa: E402
+from multusd.wire import api  # noqa: E402
 
 CNI_VERSION = "0.3.1"
 NAMESPACE = "default"

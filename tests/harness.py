@@ -259,14 +259,16 @@ class Cluster:
         self.kube.add_nad(namespace, name, json.dumps(conf))
         return conf
 
-    def start(self, **config: Any) -> "Cluster":
+    def start(self, env: Mapping[str, str] | None = None, **config: Any) -> "Cluster":
+        """Start the daemon; a config key given as None is left out (e.g. ``nodeName=None``)."""
         from multusd.wire import api
 
         full = {"cniVersion": "0.4.0", "kubeconfig": self.kube.kubeconfig_path,
                 "nodeName": self.kube.node, "confDir": self.conf_dir,
                 "clusterNetwork": self.cluster_path, "multusNamespace": "kube-system"}
         full.update(config)
-        self.daemon = self.sandbox.daemon(full)
+        full = {key: value for key, value in full.items() if value is not None}
+        self.daemon = self.sandbox.daemon(full, env=env)
         wait_for(lambda: api.http_request(self.daemon.socket_path, "GET", "/readyz",
                                           timeout=2).status == 200, 20, what="caches synced")
         return self

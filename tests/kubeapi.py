@@ -21,7 +21,9 @@ the real ``kubernetes`` client to work against it:
 
 Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`add_nad`,
 :meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
-(same port), :meth:`fail_next`, :meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`.
+(same port), :meth:`fail_next`, :meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; watch
+expiry: :meth:`expire_watches` (ERROR 410 in open streams), :attr:`expired_as_http` (HTTP 410 at
+the start of a watch from a compacted version) and :meth:`restart` with ``lose_history``.
 
 Usage::
 
@@ -147,6 +149,10 @@ class FakeKubeAPI:
         self._generation = 0  # bumped by stop(): watches of an earlier run end
         self._running = False
         self._watchers = 0  # watch streams open now
+        self._expiries = 0  # bumped by expire_watches(): open watches get ERROR 410
+        # expired_as_http: a watch from a compacted version is answered HTTP 410 at its
+        # start instead of a 200 stream carrying an ERROR event (both happen in real clusters)
+        self.expired_as_http = False
         self._httpd: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
         self._connections: set = set()
@@ -368,6 +374,36 @@ class FakeKubeAPI:
         """Forget the change history: watches resuming from an older version get 410 Gone."""
         with self._cond:
             self._history.compact(self._rv)
+
+    # ---- test controls: watch expiry (410 Gone in its three forms) --------------------------
+
+    def expire_watches(self) -> int:
+        """Send an ERROR event with code 410 into every open watch stream now, then end them
+        (etcd compacted the history while they were open); returns how many were open."""
+        with self._cond:
+            self._history.compact(self._rv)
+            self._expiries += 1
+            self._cond.notify_all()
+            return self._watchers
+
+    def restart(self, *, lose_history: bool = False) -> None:
+        """Stop and start on the same port; with ``lose_history`` the API server comes back
+        with a new etcd: objects kept, resourceVersions restarted from 1, no watch history.
+
+        A watch resuming from a version the new history does not reach gets what
+        kube-apiserver sends: an ERROR event "Too large resource version" (code 504, cause
+        ResourceVersionTooLarge) when it is ahead, 410 Gone when it is behind.
+        """
+        self.stop()
+        if lose_history:
+            with self._cond:
+                self._rv = 1
+                for store in (self._pods, self._nads):
+                    for obj in store.values():
+                        obj["metadata"]["resourceVersion"] = self._bump()
+                self._history = _History()
+                self._history.compacted = self._rv
+        self.start()
 
     def _store_update(self, kind: str, store: Dict[Key, Obj], old: Obj, new: Obj) -> Obj:
         new["metadata"]["resourceVersion"] = self._bump()
@@ -611,6 +647,10 @@ class _Handler(BaseHTTPRequestHandler):
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
         requested = query.get("resourceVersion", "")
+        with api._cond:
+            compacted, expiries = api._history.compacted, api._expiries
+        if api.expired_as_http and requested not in ("", "0") and int(requested) < compacted:
+            raise ApiError(410, "Gone", f"too old resource version: {requested} ({compacted})")
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Transfer-Encoding: chunked\r\nCache-Control: no-cache, private\r\n\r\n")
         try:
@@ -627,6 +667,14 @@ class _Handler(BaseHTTPRequestHandler):
                     expired = status_object(410, "Expired", f"too old resource version: "
                                             f"{requested} ({api._history.compacted})")
                     initial, sent, deadline = [("ERROR", expired)], api._rv, 0.0
+                elif int(requested) > api._rv:
+                    # an API server whose history restarted below the client's version
+                    too_large = status_object(504, "Timeout", "Too large resource version: "
+                                              f"{requested}, current: {api._rv}")
+                    too_large["details"] = {"causes": [{"reason": "ResourceVersionTooLarge",
+                                                        "message": "Too large resource version"}],
+                                            "retryAfterSeconds": 1}
+                    initial, sent, deadline = [("ERROR", too_large)], api._rv, 0.0
                 else:
                     initial, sent = [], int(requested)
             for etype, obj in initial:
@@ -634,11 +682,17 @@ class _Handler(BaseHTTPRequestHandler):
             while deadline:
                 with api._cond:
                     api._cond.wait_for(lambda: api._generation != generation or not api._running
-                                       or api._rv > sent or time.monotonic() >= deadline,
+                                       or api._rv > sent or time.monotonic() >= deadline
+                                       or api._expiries != expiries,
                                        max(0.0, deadline - time.monotonic()))
                     if api._generation != generation or not api._running:
                         self.close_connection = True
                         return  # the server is going away: cut the stream without its end
+                    if api._expiries != expiries:
+                        self._send_event("ERROR", status_object(
+                            410, "Expired", f"too old resource version: {sent} "
+                            f"({api._history.compacted})"))
+                        break
                     changes = api._history.since(sent)
                     sent = api._rv
                 for _rv, entry_kind, etype, old, new in changes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -59,3 +60,9 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
              for sample in family.samples if sample.name == name and sample.labels == labels]
     assert len(found) <= 1, f"{name}{labels} appears {len(found)} times"
     return found[0] if found else None
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -104,7 +103,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         "metrics_port": problems.port(raw, "metricsPort"),
         "metrics_address": problems.string(raw, "metricsAddress", "127.0.0.1"),
         "kubeconfig": problems.string(raw, "kubeconfig", ""),
-        "node_name": problems.string(raw, "nodeName", "") or socket.gethostname(),
+        "node_name": problems.string(raw, "nodeName", ""),  # "" = resolved by the daemon
         "request_timeout": problems.positive(raw, "requestTimeout", 110.0, float),
         "workers": problems.positive(raw, "workers", 16, int),
     }

@@ -102,7 +102,10 @@ class Multus:
                 self.event_added(pod, delegate, result)
         finally:
             routes.close()
-        if pod is not None:
+        # F49: no network-status for pods whose *namespace* is a system one (upstream
+        # compares the pod name, a bug); defaultNetworks follow the same rule
+        if pod is not None and req.pod_namespace not in \
+                delegates_mod.load_settings(conf).system_namespaces:
             try:
                 self._write_network_status(req, pod, results)
             except Exception as exc:

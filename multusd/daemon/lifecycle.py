@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from multusd import __version__
 from multusd.core import request as cmdargs
-from multusd.daemon import metrics, systemd
+from multusd.daemon import metrics, nodename, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import MultusError
 from multusd.daemon.log import RequestLogger, request_fields
@@ -76,6 +76,7 @@ class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.kube = None
+        self.node: nodename.NodeName | None = None
         self.multus = None
         self.server: Server | None = None
         self.metrics: metrics.DaemonMetrics | metrics.NullMetrics = metrics.NullMetrics()
@@ -103,7 +104,7 @@ class Daemon:
         self._start_watchdog()
         LOG.info("multusd %s serving on %s (%s)", __version__, self.config.socket_path,
                  "socket from systemd" if not self._owns_socket else "socket bound by multusd")
-        systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}")
+        systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}{self._node_status()}")
         try:
             self.server.serve_forever()
             self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
@@ -117,8 +118,13 @@ class Daemon:
 
         if self.config.kubeconfig:
             from multusd.kube.client import KubeClient
+            from multusd.kube.clientconfig import ClientConfig
 
-            self.kube = KubeClient(self.config.kubeconfig, self.config.node_name)
+            client_config = ClientConfig(self.config.kubeconfig)
+            self.node = nodename.resolve(self.config.node_name, os.environ,
+                                         client_config.node_identity)
+            LOG.info("%s", self.node.describe())
+            self.kube = KubeClient(client_config, self.node.name, node_source=self.node.source)
             self.kube.start()
         observer = self.metrics.observe_plugin if self.metrics.enabled else None
         return Multus(self.config, self.kube, plugin_observer=observer)
@@ -136,7 +142,11 @@ class Daemon:
         self.metrics.set_sources(
             cached_pods=(lambda: kube.cache_sizes()[0]) if kube is not None else None,
             cached_nads=(lambda: kube.cache_sizes()[1]) if kube is not None else None,
-            cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"))
+            cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"),
+            pod_cache_misses=(lambda: kube.cache_misses) if kube is not None else None,
+            node_name_mismatch=(lambda: int(kube.node_mismatch is not None))
+            if kube is not None else None,
+            watch_relists=(lambda: kube.relists) if kube is not None else None)
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:
@@ -206,7 +216,18 @@ class Daemon:
     def _report_status(self) -> None:
         counts = self.server.counts
         systemd.notify(f"STATUS=serving: {counts['ok']} requests done, "
-                       f"{counts['failed']} failed, {self.server.in_flight} in flight")
+                       f"{counts['failed']} failed, {self.server.in_flight} in flight"
+                       f"{self._node_status()}")
+
+    def _node_status(self) -> str:
+        """The node part of the status line: its name and source, or the mismatch found."""
+        if self.node is None:
+            return ""
+        mismatch = self.kube.node_mismatch if self.kube is not None else None
+        if mismatch is not None:
+            return (f"; NODE NAME MISMATCH: watching {mismatch[0]!r} ({self.node.source}) but "
+                    f"this node's pods are on {mismatch[1]!r}: set nodeName")
+        return f"; {self.node.describe()}"
 
     # -- stopping ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame) -> None:

@@ -10,6 +10,8 @@ Series (see :class:`DaemonMetrics`)::
     multusd_cached_pods / multusd_cached_nads        gauges, read from the watch caches
     multusd_scratch_cache_entries                    gauge, files in cniDir
     multusd_stale_sandboxes                          gauge, sandboxes whose netns is gone
+    multusd_pod_cache_misses_total / multusd_watch_relists_total  counters, from the caches
+    multusd_node_name_mismatch                       gauge, 1 when the watched name is wrong
     multusd_build_info{version}                      always 1
 
 Usage from the daemon (each daemon has its own registry, so tests run several in one process)::
@@ -41,7 +43,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from multusd import __version__
 
@@ -64,11 +66,20 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _CNI_HANDLERS = ("/cni", "/delegate")
 _KNOWN_HANDLERS = _CNI_HANDLERS + ("/healthz", "/readyz", "/status")
 _HTTP_METHODS = {"get", "head", "post", "put", "delete", "patch", "options", "connect", "trace"}
+# (name, help, kind) of the series read from a function at every scrape.
 _SAMPLED = (
-    ("multusd_cached_pods", "Pods of this node in the watch cache."),
-    ("multusd_cached_nads", "NetworkAttachmentDefinitions in the watch cache."),
-    ("multusd_scratch_cache_entries", "Sandboxes recorded in the scratch cache (cniDir)."),
-    ("multusd_stale_sandboxes", "Sandboxes whose network namespace is gone (multusd gc)."),
+    ("multusd_cached_pods", "Pods of this node in the watch cache.", "gauge"),
+    ("multusd_cached_nads", "NetworkAttachmentDefinitions in the watch cache.", "gauge"),
+    ("multusd_scratch_cache_entries", "Sandboxes recorded in the scratch cache (cniDir).",
+     "gauge"),
+    ("multusd_stale_sandboxes", "Sandboxes whose network namespace is gone (multusd gc).",
+     "gauge"),
+    ("multusd_pod_cache_misses_total",
+     "Pod lookups the watch cache could not answer (one live GET each).", "counter"),
+    ("multusd_node_name_mismatch", "1 when this node's pods are scheduled on another node name "
+     "than the one watched (the log names both); set nodeName.", "gauge"),
+    ("multusd_watch_relists_total",
+     "Watches that expired (410 Gone, lost history) and were listed again.", "counter"),
 )
 
 
@@ -145,16 +156,16 @@ class NullMetrics:
 
 
 class _Sampled:
-    """A collector of unlabelled gauges read from functions at every scrape.
+    """A collector of unlabelled gauges and counters read from functions at every scrape.
 
-    A gauge whose function is unset, returns None or raises is written without a sample:
+    A series whose function is unset, returns None or raises is written without a sample:
     a scrape never fails because a source is broken.
     """
 
-    def __init__(self, family: Callable[[str, str], Any]) -> None:
-        self._family = family  # prometheus_client's GaugeMetricFamily
+    def __init__(self, families: Mapping[str, Callable[[str, str], Any]]) -> None:
+        self._families = families  # kind -> prometheus_client's Gauge/CounterMetricFamily
         self._functions: Dict[str, Optional[Callable[[], Optional[float]]]] = {
-            name: None for name, _ in _SAMPLED}
+            name: None for name, _, _ in _SAMPLED}
 
     def set_function(self, name: str, function: Optional[Callable[[], Optional[float]]]) -> None:
         self._functions[name] = function
@@ -171,11 +182,11 @@ class _Sampled:
         return None if value is None else float(value)
 
     def describe(self) -> list:
-        return [self._family(name, text) for name, text in _SAMPLED]
+        return [self._families[kind](name, text) for name, text, kind in _SAMPLED]
 
     def collect(self) -> Iterator[Any]:
-        for name, text in _SAMPLED:
-            family = self._family(name, text)
+        for name, text, kind in _SAMPLED:
+            family = self._families[kind](name, text)
             value = self.value(name)
             if value is not None:
                 family.add_metric([], value)
@@ -189,7 +200,7 @@ class DaemonMetrics:
 
     def __init__(self, *, version: str = __version__) -> None:
         import prometheus_client as prom
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         self.registry = prom.CollectorRegistry()
         registry = self.registry
@@ -209,7 +220,7 @@ class DaemonMetrics:
             ("plugin", "command"), buckets=DURATION_BUCKETS, registry=registry)
         self.in_flight = prom.Gauge(
             "multusd_requests_in_flight", "CNI requests being processed now.", registry=registry)
-        self.sampled = _Sampled(GaugeMetricFamily)
+        self.sampled = _Sampled({"gauge": GaugeMetricFamily, "counter": CounterMetricFamily})
         registry.register(self.sampled)
         self.build_info = prom.Gauge(
             "multusd_build_info", "Always 1; the version label says which multusd runs.",
@@ -223,10 +234,16 @@ class DaemonMetrics:
 
     def set_sources(self, *, cached_pods: Optional[Callable[[], Optional[float]]] = None,
                     cached_nads: Optional[Callable[[], Optional[float]]] = None,
-                    cni_dir: Optional[str] = None) -> None:
+                    cni_dir: Optional[str] = None,
+                    pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
+                    node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
+                    watch_relists: Optional[Callable[[], Optional[float]]] = None) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty."""
         self.sampled.set_function("multusd_cached_pods", cached_pods)
         self.sampled.set_function("multusd_cached_nads", cached_nads)
+        self.sampled.set_function("multusd_pod_cache_misses_total", pod_cache_misses)
+        self.sampled.set_function("multusd_node_name_mismatch", node_name_mismatch)
+        self.sampled.set_function("multusd_watch_relists_total", watch_relists)
         self.sampled.set_function(
             "multusd_scratch_cache_entries",
             None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))

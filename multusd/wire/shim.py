@@ -85,16 +85,24 @@ def check_command_allowed(command: str, cni_version: str) -> None:
 
 
 def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
-    """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds."""
+    """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds.
+
+    A 404 means a daemon without a readiness endpoint (upstream's v4.2 and older): it is
+    polled on /healthz instead, at once, as upstream's shim does.
+    """
     deadline = time.monotonic() + timeout
     last = "no answer"
     pause = READY_POLL_FIRST
+    endpoint = api.READY_ENDPOINT
     while True:
         try:
-            response = api.http_request(sock, "GET", api.READY_ENDPOINT, timeout=5.0)
+            response = api.http_request(sock, "GET", endpoint, timeout=5.0)
             if response.status == 200:
                 return
-            last = f"/readyz answered {response.status} (multusd is stopping or starting)"
+            if response.status == 404 and endpoint == api.READY_ENDPOINT:
+                endpoint = api.HEALTH_ENDPOINT
+                continue
+            last = f"{endpoint} answered {response.status} (multusd is stopping or starting)"
         except OSError as exc:
             last = f"{exc.strerror or exc}"
         if time.monotonic() >= deadline:

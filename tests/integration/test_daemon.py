@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from harness import DaemonProcess, call_shim, netns_addresses
-from testlib import metric_value, wait_for
+from testlib import free_port, metric_value, wait_for
 from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -370,14 +370,6 @@ def test_shim_refuses_commands_the_config_version_lacks(command, version):
     assert out.code == 1
     assert out.output == {"cniVersion": version, "code": 1, "details": "",
                           "msg": f"config version does not allow {command}"}
-
-
-def free_port() -> int:
-    import socket as pysocket
-
-    with pysocket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_metrics_count_requests_and_time_delegate_plugins(sandbox):

@@ -1,4 +1,4 @@
-"""multusd.kube.client against the fake Kubernetes API server, through the real ``kubernetes`` client."""
+"""multusd.kube (client, reflector, status) against the fake API server, via ``kubernetes``."""
 
 from __future__ import annotations
 
@@ -113,8 +113,21 @@ def test_pod_created_after_the_lookup_started_is_returned(kube_api, client):
 
 
 def test_missing_pod_is_none_after_one_live_get(kube_api, client):
-    assert client.get_pod(NS, "ghost", wait=0.1) is None
+    assert client.get_pod(NS, "ghost", wait=0.1, not_found_wait=0) is None
     assert kube_api.count("GET", pod_path("ghost")) == 1
+
+
+def test_after_a_404_the_watch_may_still_deliver_the_pod(kube_api, client):
+    assert client.get_pod(NS, "ghost", not_found_wait=0.2) is None
+    assert kube_api.count("GET", pod_path("ghost")) == 2  # before and after the bounded wait
+    found = []
+    fetch = threading.Thread(target=lambda: found.append(client.get_pod(NS, "late-2")))
+    fetch.start()
+    wait_for(lambda: kube_api.count("GET", pod_path("late-2")) == 1, what="the first GET")
+    kube_api.add_pod(NS, "late-2")
+    fetch.join(10)
+    assert found and found[0] is not None and found[0].name == "late-2"
+    assert kube_api.count("GET", pod_path("late-2")) == 1  # the watch delivered it
 
 
 def test_recreated_pod_with_another_uid_is_fetched_live(kube_api, client):

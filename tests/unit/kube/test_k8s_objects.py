@@ -1,4 +1,4 @@
-"""Unit tests of multusd.kube.client that need no API server: trimming, static pods, kubeconfig errors."""
+"""Unit tests of multusd.kube that need no API server: trimming, static pods, kubeconfig errors."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from multusd.errors import InvalidNetworkConfig
-from multusd.kube.client import (KubeClient, is_static_pod, nad_from_object, pod_from_object,
-                         NETWORK_STATUS_ANNOTATION)
+from multusd.kube.client import KubeClient
+from multusd.kube.objects import (NETWORK_STATUS_ANNOTATION, is_static_pod, nad_from_object,
+                                  pod_from_object)
 
 SECRET = "unit-secret-token-4b0a9c8d7e6f"
 
@@ -27,7 +28,9 @@ def full_pod() -> dict:
 
 
 def test_import_does_not_load_kubernetes():
-    code = "import sys, multusd.kube.client; print(any(m.startswith('kubernetes') for m in sys.modules))"
+    code = ("import sys, multusd.kube.client, multusd.kube.clientconfig, multusd.kube.reflector, "
+            "multusd.kube.status, multusd.kube.identity; "
+            "print(any(m.startswith('kubernetes') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -37,6 +40,7 @@ def test_pod_is_trimmed_to_what_multusd_reads():
     assert (pod.namespace, pod.name, pod.uid, pod.resource_version) == ("team", "web", "u-1", "42")
     assert dict(pod.annotations) == {"k8s.v1.cni.cncf.io/networks": "net1"}
     assert pod.is_static is False
+    assert pod.node_name == "node-a"
     with pytest.raises(TypeError):
         pod.annotations[NETWORK_STATUS_ANNOTATION] = "[]"  # read-only view
 

@@ -1,0 +1,155 @@
+"""Writes to the API server: the network-status annotation (pods/status) and pod events.
+
+The network-status annotation is one GET and one PUT of ``pods/<name>/status``, the verbs
+upstream's ClusterRole grants (a PATCH would be one request but needs a ``patch`` grant that
+operators' existing RBAC does not have). Events go out from a background thread and never
+fail or slow an ADD.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from multusd.errors import PodNotFound, TryAgainLater
+from multusd.kube.clientconfig import ClientConfig
+from multusd.kube.objects import NETWORK_STATUS_ANNOTATION, Obj, Pod, is_static_pod
+
+LOG = logging.getLogger(__name__)
+
+EVENT_COMPONENT = "multus"
+EVENT_TYPES = ("Normal", "Warning")
+STATUS_UPDATE_ATTEMPTS = 5  # like upstream's retry-on-conflict
+STATUS_CONFLICT_PAUSE = 0.01
+EVENT_QUEUE_SIZE = 256
+EVENT_MESSAGE_LIMIT = 1024  # what kube-apiserver accepts in an event message
+
+JsonCall = Callable[..., Obj]  # sends one request, returns the decoded JSON body
+
+
+def set_network_status(send: JsonCall, core: Any, config: ClientConfig, pod: Pod, status: str,
+                       stopping: threading.Event) -> None:
+    """Write ``status`` as the pod's network-status annotation through pods/status.
+
+    A fresh GET, then a PUT of the whole pod; a 409 conflict repeats both (up to
+    STATUS_UPDATE_ATTEMPTS times). A pod that is gone is logged and skipped.
+
+    :raises PodNotFound: the pod was replaced (another UID) and is not a static pod.
+    :raises TryAgainLater: unreachable, overloaded, or conflicts on every attempt.
+    :raises MultusError: the API server refused the request (401, 403, ...).
+    """
+    action = f"set the network-status of pod {pod.namespace}/{pod.name}"
+    for attempt in range(1, STATUS_UPDATE_ATTEMPTS + 1):
+        try:
+            current = send(core.read_namespaced_pod, pod.name, pod.namespace)
+            if not _status_update_needed(pod, current, status):
+                return
+            send(core.replace_namespaced_pod_status, pod.name, pod.namespace, current)
+            return
+        except config.request_errors() as exc:
+            code = getattr(exc, "status", None)
+            if code == 404:
+                LOG.info("pod %s/%s is gone; its network-status was not written",
+                         pod.namespace, pod.name)
+                return
+            if code != 409:
+                raise config.failure(exc, action) from exc
+            LOG.debug("conflict writing network-status of %s/%s (attempt %d); retrying",
+                      pod.namespace, pod.name, attempt)
+        if stopping.wait(STATUS_CONFLICT_PAUSE * attempt):
+            break
+    raise TryAgainLater(f"cannot {action}: the pod changed under every one of "
+                        f"{STATUS_UPDATE_ATTEMPTS} attempts at {config.server_url}; try again")
+
+
+def _status_update_needed(pod: Pod, current: Obj, status: str) -> bool:
+    """Check the UID and put the annotation into ``current``; False if already there."""
+    meta = current.setdefault("metadata", {})
+    annotations = meta.get("annotations") or {}
+    uid = meta.get("uid", "")
+    if pod.uid and uid != pod.uid and not is_static_pod(annotations):
+        raise PodNotFound(
+            f"pod {pod.namespace}/{pod.name} was replaced: expected UID {pod.uid!r} but the "
+            f"API server has {uid!r}; the sandbox belongs to a pod that no longer exists")
+    if annotations.get(NETWORK_STATUS_ANNOTATION) == status:
+        return False
+    annotations[NETWORK_STATUS_ANNOTATION] = status
+    meta["annotations"] = annotations
+    return True
+
+
+class EventSender:
+    """A bounded queue of pod events and the thread that creates them (never raises)."""
+
+    def __init__(self, send: JsonCall, core: Any, config: ClientConfig, node_name: str,
+                 stopping: threading.Event) -> None:
+        self._send, self._core, self._config = send, core, config
+        self.node_name = node_name
+        self._stopping = stopping
+        self._events: "queue.Queue[Optional[Obj]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def emit(self, pod: Pod, event_type: str, reason: str, message: str) -> None:
+        """Queue an event about ``pod`` (sent by the background thread); never raises."""
+        try:
+            if event_type not in EVENT_TYPES:
+                LOG.warning("event %r for pod %s/%s dropped: type %r is not one of %s", reason,
+                            pod.namespace, pod.name, event_type, EVENT_TYPES)
+                return
+            self.ensure_thread()
+            self._events.put_nowait(self._body(pod, event_type, reason, message))
+        except queue.Full:
+            LOG.warning("event %r for pod %s/%s dropped: %d events are already waiting for the "
+                        "API server", reason, pod.namespace, pod.name, EVENT_QUEUE_SIZE)
+        except Exception:  # noqa: BLE001 - an event must never fail the caller
+            LOG.exception("event %r for pod %s/%s dropped", reason, pod.namespace, pod.name)
+
+    def _body(self, pod: Pod, event_type: str, reason: str, message: str) -> Obj:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {
+            "apiVersion": "v1", "kind": "Event",
+            # the same naming as client-go's recorder: <object>.<hex timestamp>
+            "metadata": {"name": f"{pod.name}.{time.time_ns():x}", "namespace": pod.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                               "name": pod.name, "uid": pod.uid,
+                               "resourceVersion": pod.resource_version},
+            "type": event_type, "reason": reason, "message": message[:EVENT_MESSAGE_LIMIT],
+            "source": {"component": EVENT_COMPONENT, "host": self.node_name},
+            "reportingComponent": EVENT_COMPONENT, "reportingInstance": self.node_name,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+
+    def ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._stopping.is_set():
+                self._thread = threading.Thread(target=self._run, name="multusd-k8s-events",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            body = self._events.get()
+            if body is None:
+                return
+            try:
+                self._send(self._core.create_namespaced_event, body["metadata"]["namespace"],
+                           body)
+            except self._config.request_errors() as exc:
+                failure = self._config.failure(exc, f"record event {body['reason']!r}")
+                LOG.warning("%s", failure.msg)
+            except Exception:  # noqa: BLE001 - the sender thread must survive anything
+                LOG.exception("sending event %r failed", body.get("reason"))
+
+    def stop(self, timeout: float) -> None:
+        """Let queued events go out for a moment, then end the thread."""
+        if self._thread is None:
+            return
+        try:
+            self._events.put(None, timeout=1.0)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=timeout)

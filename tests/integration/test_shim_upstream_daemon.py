@@ -1,0 +1,53 @@
+"""A mixed fleet: multusd's shim against upstream's Go daemon (no /readyz, 404) works at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import call_shim, shim_conf
+from upstreamd import UpstreamDaemon
+
+RESULT = {"cniVersion": "1.0.0",
+          "interfaces": [{"name": "eth0", "mac": "0a:58:0a:80:00:05", "sandbox": "/run/netns/x"}],
+          "ips": [{"address": "10.128.0.5/23", "gateway": "10.128.0.1", "interface": 0}]}
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    daemon = UpstreamDaemon(str(tmp_path / "run"), RESULT)
+    yield daemon
+    daemon.stop()
+
+
+def test_add_check_del_against_a_daemon_without_readyz(upstream):
+    conf = shim_conf(upstream.socket_dir, "1.0.0")
+    args = {"container_id": "c0ffee", "netns": "/run/netns/x", "pod": ("default", "web")}
+
+    add = call_shim("ADD", conf, **args)
+    assert add.code == 0, add.output
+    assert add.output["ips"] == RESULT["ips"]
+    # one 404 on /readyz, then /healthz once, then the request: no polling, no 60 s wait
+    assert upstream.requests == ["GET /readyz", "GET /healthz", "POST /cni ADD"]
+
+    upstream.requests.clear()
+    check = call_shim("CHECK", conf, **args)
+    assert check.code == 0, check.output
+    assert upstream.requests == ["GET /readyz", "GET /healthz", "POST /cni CHECK"]
+
+    upstream.requests.clear()
+    delete = call_shim("DEL", conf, **args)
+    assert delete.code == 0, delete.output
+    assert upstream.requests == ["GET /healthz", "POST /cni DEL"]
+
+    # the request itself is upstream's wire shape: CNI env and the config bytes
+    assert [b["env"]["CNI_COMMAND"] for b in upstream.bodies] == ["ADD", "CHECK", "DEL"]
+    assert all(b["config"] == conf and b["env"]["CNI_CONTAINERID"] == "c0ffee"
+               for b in upstream.bodies)
+
+
+def test_add_converts_the_result_to_the_runtime_config_version(upstream):
+    add = call_shim("ADD", shim_conf(upstream.socket_dir, "0.4.0"), container_id="beef",
+                    netns="/run/netns/x")
+    assert add.code == 0, add.output
+    assert add.output["cniVersion"] == "0.4.0"
+    assert add.output["ips"][0]["address"] == "10.128.0.5/23"
