@@ -21,7 +21,8 @@ from typing import Any, Mapping
 
 from multusd import __version__
 from multusd.core import request as cmdargs
-from multusd.daemon import metrics, nodename, systemd
+from multusd.config import nodename
+from multusd.daemon import metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import MultusError
 from multusd.daemon.log import RequestLogger, request_fields
@@ -205,7 +206,9 @@ class Daemon:
         info = {"version": __version__, "pid": os.getpid(), "startedAt": self._started,
                 "uptimeSeconds": round(time.time() - self._started, 3),
                 "socketActivated": not self._owns_socket, "config": self.config.path,
-                "nodeName": self.config.node_name, "stopping": self._stopping.is_set()}
+                "nodeName": self.node.name if self.node else self.config.node_name,
+                "nodeNameSource": self.node.source if self.node else "",
+                "stopping": self._stopping.is_set()}
         kube = self.kube
         if kube is not None:
             pods, nads = kube.cache_sizes()

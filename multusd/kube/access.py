@@ -28,8 +28,8 @@ class ApiProbe(KubeClient):
         started = time.monotonic()
         try:
             data = self._json(client.VersionApi(self._api_client).get_code)
-        except self._request_errors() as exc:
-            raise self._failure(exc, "get the API server's version") from exc
+        except self.config.request_errors() as exc:
+            raise self.config.failure(exc, "get the API server's version") from exc
         return str(data.get("gitVersion", "?")), time.monotonic() - started
 
     def node_exists(self) -> Optional[bool]:
@@ -39,13 +39,13 @@ class ApiProbe(KubeClient):
         """
         try:
             self._json(self._core.read_node, self.node_name)
-        except self._request_errors() as exc:
+        except self.config.request_errors() as exc:
             status = getattr(exc, "status", None)
             if status == 404:
                 return False
             if status == 403:
                 return None
-            raise self._failure(exc, f"get node {self.node_name}") from exc
+            raise self.config.failure(exc, f"get node {self.node_name}") from exc
         return True
 
     def pods_on_node(self) -> List[Pod]:
@@ -56,8 +56,8 @@ class ApiProbe(KubeClient):
         try:
             data = self._json(self._core.list_pod_for_all_namespaces,
                               field_selector=f"spec.nodeName={self.node_name}")
-        except self._request_errors() as exc:
-            raise self._failure(exc, f"list the pods on node {self.node_name}") from exc
+        except self.config.request_errors() as exc:
+            raise self.config.failure(exc, f"list the pods on node {self.node_name}") from exc
         return [pod_from_object(item) for item in data.get("items") or []]
 
     def pod_node(self, namespace: str, name: str) -> Optional[str]:
@@ -67,10 +67,10 @@ class ApiProbe(KubeClient):
         """
         try:
             data = self._json(self._core.read_namespaced_pod, name, namespace)
-        except self._request_errors() as exc:
+        except self.config.request_errors() as exc:
             if getattr(exc, "status", None) == 404:
                 return None
-            raise self._failure(exc, f"get pod {namespace}/{name}") from exc
+            raise self.config.failure(exc, f"get pod {namespace}/{name}") from exc
         return str((data.get("spec") or {}).get("nodeName") or "")
 
     def pod(self, namespace: str, name: str) -> Optional[Pod]:
@@ -95,8 +95,8 @@ class ApiProbe(KubeClient):
         try:
             data = self._json(client.AuthorizationV1Api(self._api_client)
                               .create_self_subject_access_review, body)
-        except self._request_errors() as exc:
-            raise self._failure(exc, f"review access to {verb} {resource}") from exc
+        except self.config.request_errors() as exc:
+            raise self.config.failure(exc, f"review access to {verb} {resource}") from exc
         status = data.get("status") or {}
         return bool(status.get("allowed")), str(status.get("reason") or
                                                 status.get("evaluationError") or "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import stat
@@ -17,7 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd.config import daemonconf
+from multusd.config import daemonconf, nodename
 from multusd.errors import ConfigError
 from multusd.wire import api
 
@@ -44,10 +45,38 @@ def load_config(path: str) -> daemonconf.DaemonConfig:
             from None
 
 
-def node_name_source(config: daemonconf.DaemonConfig) -> str:
-    if config.raw.get("nodeName"):
-        return f"nodeName in {config.path}"
-    return "the host name (nodeName is not set in daemon-config.json)"
+def node_identity(config: daemonconf.DaemonConfig) -> nodename.NodeName:
+    """The node name the daemon uses and where it comes from, resolved as the daemon does.
+
+    The operator's shell lacks the service's environment, so ``MULTUS_NODE_NAME`` is also
+    read from multusd.service's ``Environment=`` (a drop-in) when systemd has the unit.
+    """
+    environ = dict(service_environment())
+    environ.update(os.environ)
+
+    def certificate_identity() -> Optional[str]:
+        from multusd.kube.clientconfig import ClientConfig
+
+        try:
+            return ClientConfig(config.kubeconfig).node_identity()
+        except Exception:  # an unreadable kubeconfig is doctor's finding, not a crash here
+            return None
+
+    return nodename.resolve(config.node_name, environ,
+                            certificate_identity if config.kubeconfig else None)
+
+
+def service_environment() -> Dict[str, str]:
+    """``Environment=`` of multusd.service as systemd holds it; {} off systemd."""
+    if not os.path.isdir("/run/systemd/system") or shutil.which("systemctl") is None:
+        return {}
+    try:
+        out = subprocess.run(["systemctl", "show", "--property=Environment", "--value",
+                              SERVICE_UNIT], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    pairs = (word.partition("=") for word in shlex.split(out.stdout) if "=" in word)
+    return {key: value for key, _, value in pairs}
 
 
 def systemd_units() -> Optional[Dict[str, Dict[str, str]]]:

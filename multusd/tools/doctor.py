@@ -42,6 +42,7 @@ class Doctor:
         self.rbac_path = rbac_path
         self.config: Any = None
         self.probe: Any = None
+        self.node: Any = None  # config.nodename.NodeName, once the config is read
         self.api_ok = False
         self.pods: Optional[List[Any]] = None
         self.checks: List[Check] = []
@@ -72,6 +73,7 @@ class Doctor:
         except common.ToolError as exc:
             return Check("config", FAIL, str(exc), f"fix {self.config_path} (every problem is "
                          "listed above); the other checks need it")
+        self.node = common.node_identity(self.config)
         warnings = list(self.config.warnings)
         return Check("config", WARN if warnings else OK, f"{self.config_path} is valid"
                      + (f" ({len(warnings)} warning(s))" if warnings else ""), details=warnings)
@@ -127,7 +129,8 @@ class Doctor:
         from multusd.kube.access import ApiProbe
 
         try:
-            self.probe = ApiProbe(path, self.config.node_name, request_timeout=5.0)
+            self.probe = ApiProbe(path, self.node.name, node_source=self.node.source,
+                                  request_timeout=5.0)
         except MultusError as exc:
             return Check("kubeconfig", FAIL, exc.msg, "fix the kubeconfig")
         return Check("kubeconfig", OK, f"{path} is readable; server {self.probe.server_url}")
@@ -178,7 +181,7 @@ class Doctor:
             return Check("node", SKIP, "the API server is not reachable")
         from multusd.errors import MultusError
 
-        node, source = self.config.node_name, common.node_name_source(self.config)
+        node, source = self.node.name, self.node.source
         fix = (f"set \"nodeName\" in {self.config.path} to this node's name as `kubectl get "
                "nodes` shows it")
         try:
@@ -189,7 +192,7 @@ class Doctor:
             return Check("node", FAIL, exc.msg, "")
         if exists is False:
             return Check("node", FAIL, f"the API has no Node named {node!r} (from {source}): "
-                         "no pod is ever cached, every ADD waits 2 s then asks the API", fix)
+                         "no pod is ever cached, every ADD pays a live GET of its pod", fix)
         if elsewhere:
             return Check("node", FAIL, f"pods attached on this node are scheduled on another "
                          f"node per the API: {node!r} (from {source}) is not this node's name",

@@ -75,7 +75,8 @@ def compare_with_api(config, record) -> Dict[str, Any]:
     from multusd.kube.access import ApiProbe
 
     try:
-        probe = ApiProbe(config.kubeconfig, config.node_name, request_timeout=5.0)
+        probe = ApiProbe(config.kubeconfig, common.node_identity(config).name,
+                         request_timeout=5.0)
         pod = probe.pod(record.pod_namespace, record.pod_name)
     except MultusError as exc:
         return {"state": "unavailable", "reason": exc.msg}

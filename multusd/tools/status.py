@@ -20,7 +20,7 @@ def run(config_path: str, *, as_json: bool = False) -> int:
     problems = _problems(config, daemon, multus_conf, sandboxes)
     doc: Dict[str, Any] = {
         "daemon": _daemon_json(daemon),
-        "node": {"name": config.node_name, "source": common.node_name_source(config)},
+        "node": _node_json(config, daemon),
         "api": _api_json(config, daemon),
         "config": {"path": config.path, "valid": True, "warnings": list(config.warnings)},
         "multusConf": multus_conf,
@@ -99,6 +99,15 @@ def _duration(seconds: float) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
     return f"{seconds // 86400}d"
+
+
+def _node_json(config, daemon: Dict[str, Any]) -> Dict[str, str]:
+    """The running daemon's node name when it answers, else resolved as it would be."""
+    info = daemon.get("info") or {}
+    if info.get("nodeName") and info.get("nodeNameSource"):
+        return {"name": info["nodeName"], "source": info["nodeNameSource"]}
+    node = common.node_identity(config)
+    return {"name": node.name, "source": node.source}
 
 
 def _daemon_json(daemon: Dict[str, Any]) -> Dict[str, Any]:

@@ -119,7 +119,7 @@ def test_status_and_show_match_the_pods_namespaces_running_and_stopped(node):
     assert running["daemon"]["version"]
     assert running["daemon"]["requests"]["ok"] == 3
     assert running["node"] == {"name": node.kube.node,
-                               "source": f"nodeName in {node.daemon.config_path}"}
+                               "source": "nodeName in daemon-config.json"}
     assert running["multusConf"]["state"] == "current"
     assert running["api"]["synced"] is True
     by_pod = {s["pod"]["name"]: s for s in running["sandboxes"]}

@@ -1,8 +1,8 @@
-"""multusd.daemon.nodename: the order of the four sources of the node name."""
+"""multusd.config.nodename: the order of the four sources of the node name."""
 
 from __future__ import annotations
 
-from multusd.daemon.nodename import resolve
+from multusd.config.nodename import resolve
 
 
 def never() -> str:
