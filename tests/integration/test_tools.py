@@ -338,3 +338,16 @@ def test_count_stale_sandboxes_for_the_metric(node):
     run("ip", "netns", "del", ns_name)
     assert count_stale_sandboxes(node.daemon.cni_dir) == 1
     assert count_stale_sandboxes(os.path.join(node.daemon.cni_dir, "absent")) == 0
+
+
+def test_status_names_the_node_as_the_daemon_resolves_it_running_and_stopped(node):
+    node.start(nodeName=None, env={"MULTUS_NODE_NAME": node.kube.node})
+    code, running = node.tool_json("status")
+    assert running["node"] == {"name": node.kube.node, "source": "MULTUS_NODE_NAME"}
+    node.daemon.terminate()
+    env = dict(os.environ, MULTUS_NODE_NAME=node.kube.node)  # as a drop-in would give it
+    proc = subprocess.run([sys.executable, "-m", "multusd", "status", "--config",
+                           node.daemon.config_path, "--json"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert json.loads(proc.stdout)["node"] == {"name": node.kube.node,
+                                               "source": "MULTUS_NODE_NAME"}
