@@ -5,7 +5,8 @@ delegate, ``eth0``) alone, then every secondary whose config does not depend on 
 attachment, then the dependent ones, each in a later wave than what it depends on. A
 delegate depends on
 
-* the master, always (upstream runs the cluster network first);
+* the master, on ADD (upstream runs the cluster network first; on DEL the master is
+  released together with the secondaries that do not name its interface);
 * every earlier delegate, when its config says ``"linkInContainer": true`` (its master link
   is one of the pod's interfaces, and which one is the plugin's business), or when it is
   the ``auxiliaryCNIChainName`` chain (it works on what the others made; a ``passthru``
@@ -18,8 +19,8 @@ delegate changes what the next plugin finds in the namespace.
 :func:`run_calls` runs one wave: the calling thread takes a share of the work and at most
 ``limit - 1`` short-lived threads take the rest; it returns once every call has ended (each
 is bounded by the request's deadline), so nothing runs on after the request. ADD walks the
-waves forward, DEL (and the rollback of a failed ADD) walks them backwards
-(:func:`reverse_waves`). No netlink here: only delegate plugins run in these threads.
+waves forward; DEL (and the rollback of a failed ADD) walks the waves of a plan without the
+master rule backwards (:func:`reverse_waves`). No netlink here: only delegate plugins run in these threads.
 """
 
 from __future__ import annotations
@@ -36,17 +37,19 @@ DEFAULT_LIMIT = 4
 _LINK_KEYS = ("master", "link")
 
 
-def plan(delegates: Sequence[Any], *, parallel: bool = True,
-         auxiliary_chain: str = "") -> List[List[int]]:
+def plan(delegates: Sequence[Any], *, parallel: bool = True, auxiliary_chain: str = "",
+         master_first: bool = True) -> List[List[int]]:
     """The delegate indices grouped into waves, in execution order (each wave ascending).
 
     :param delegates: objects with ``conf`` (bytes), ``ifname``, ``name`` and
         ``gateway_request``, the first being the master.
     :param parallel: False gives one delegate per wave: the sequential order.
     :param auxiliary_chain: the config's ``auxiliaryCNIChainName`` ("" when unset).
+    :param master_first: every secondary waits for the master (ADD). DEL passes False:
+        releasing the master does not wait for secondaries that do not name it.
     """
     count = len(delegates)
-    if not parallel or count <= 2 or any(
+    if not parallel or count <= 1 or any(
             getattr(d, "gateway_request", None) is not None for d in delegates):
         return [[index] for index in range(count)]
     owner = {d.ifname: index for index, d in enumerate(delegates) if d.ifname}
@@ -56,9 +59,10 @@ def plan(delegates: Sequence[Any], *, parallel: bool = True,
         if _after_all(delegates[index], plugins, auxiliary_chain):
             after = range(index)
         else:
-            after = [0] + [owner[name] for name in _link_names(plugins)
-                           if owner.get(name, index) < index]
-        level[index] = 1 + max(level[j] for j in after)
+            after = [0] if master_first else []
+            after += [owner[name] for name in _link_names(plugins)
+                      if owner.get(name, index) < index]
+        level[index] = 1 + max(level[j] for j in after) if after else 0
     waves: List[List[int]] = [[] for _ in range(max(level) + 1)]
     for index, depth in enumerate(level):
         waves[depth].append(index)

@@ -183,17 +183,18 @@ class Multus:
             log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
                       _as_cni_error(exc, log).msg)
 
-    def _plan(self, req: CmdArgs, delegates: Sequence) -> list[list[int]]:
+    def _plan(self, req: CmdArgs, delegates: Sequence, *, adding: bool = True) -> list[list[int]]:
         """The waves the delegates run in (see :mod:`multusd.core.parallel`)."""
         return parallel.plan(delegates, parallel=self.config.parallel_delegates,
-                             auxiliary_chain=str(req.config.get("auxiliaryCNIChainName") or ""))
+                             auxiliary_chain=str(req.config.get("auxiliaryCNIChainName") or ""),
+                             master_first=adding)
 
     def _delete_all(self, engine: Engine, req: CmdArgs, delegates: Sequence,
                     deadline: float) -> list[tuple[Any, Exception]]:
-        """DEL every delegate, dependents before what they depend on, the master last; every
-        delegate gets its DEL. Returns the failures, in reverse ADD order."""
+        """DEL every delegate, dependents before what they depend on; every delegate gets its
+        DEL. Returns the failures, in reverse ADD order."""
         failures = []
-        for wave in parallel.reverse_waves(self._plan(req, delegates)):
+        for wave in parallel.reverse_waves(self._plan(req, delegates, adding=False)):
             outcomes = parallel.run_calls(
                 [functools.partial(self._delete_one, engine, req, delegates[i], deadline)
                  for i in wave], parallel.DEFAULT_LIMIT)

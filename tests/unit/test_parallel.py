@@ -23,6 +23,15 @@ def test_master_first_then_independent_secondaries_together():
     assert parallel.reverse_waves(parallel.plan(ds)) == [[3, 2, 1], [0]]
 
 
+def test_del_releases_the_master_with_the_secondaries_that_do_not_name_it():
+    ds = [delegate("eth0"), delegate("net1"), delegate("net2", master="eth0")]
+    waves = parallel.plan(ds, master_first=False)
+    assert waves == [[0, 1], [2]]
+    assert parallel.reverse_waves(waves) == [[2], [1, 0]]
+    assert parallel.plan(ds[:2], master_first=False) == [[0, 1]]
+    assert parallel.plan(ds[:2]) == [[0], [1]]
+
+
 def test_parallel_false_and_default_route_keep_strict_order():
     ds = [delegate("eth0"), delegate("net1"), delegate("net2")]
     assert parallel.plan(ds, parallel=False) == [[0], [1], [2]]
