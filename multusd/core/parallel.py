@@ -102,8 +102,8 @@ def run_calls(calls: Sequence[Callable[[], T]], limit: int = DEFAULT_LIMIT) -> L
                 return
             try:
                 outcomes[index] = (calls[index](), None)
-            except Exception as exc:  # reported to the caller, who decides
-                outcomes[index] = (None, exc)
+            except BaseException as exc:  # reported to the caller, who decides (no call is
+                outcomes[index] = (None, exc)  # ever left looking like a success)
 
     helpers = [threading.Thread(target=work, name="multusd-delegate", daemon=True)
                for _ in range(min(limit, len(calls)) - 1)]

@@ -190,7 +190,7 @@ class Multus:
                              master_first=adding)
 
     def _delete_all(self, engine: Engine, req: CmdArgs, delegates: Sequence,
-                    deadline: float) -> list[tuple[Any, Exception]]:
+                    deadline: float) -> list[tuple[Any, BaseException]]:
         """DEL every delegate, dependents before what they depend on; every delegate gets its
         DEL. Returns the failures, in reverse ADD order."""
         failures = []
