@@ -42,9 +42,18 @@ from multusd.wire import api  # noqa: E402
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 LAUNCHER = os.path.join(REPO, ".venv", "bin", "multusd")
+
+
+def _is_launcher(path: str) -> bool:
+    try:
+        with open(path) as handle:
+            return "sys.path.insert" in handle.read()
+    except OSError:
+        return False
+
+
 # The packaged launcher when make setup made it, else the same thing spelled out.
-DAEMON_ARGV = ([SYSTEM_PYTHON, "-I", LAUNCHER] if os.path.exists(LAUNCHER)
-               and "sys.path.insert" in open(LAUNCHER).read() else
+DAEMON_ARGV = ([SYSTEM_PYTHON, "-I", LAUNCHER] if _is_launcher(LAUNCHER) else
                [SYSTEM_PYTHON, "-I", "-c", f"import sys; sys.path.insert(0, {REPO!r}); "
                 "from multusd.__main__ import main; sys.exit(main())"])
 
