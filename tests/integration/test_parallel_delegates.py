@@ -135,6 +135,28 @@ def test_dependent_delegates_wait_for_what_they_name(cluster, timed):
     assert all(dels[i]["start"] >= dels["net4"]["end"] for i in ("net1", "net2", "net3"))
 
 
+def test_the_auxiliary_chain_runs_after_every_other_network(cluster, timed):
+    timed.nad("sec-a", 2, barrier=["net1", "net2"])
+    timed.nad("sec-b", 3, barrier=["net1", "net2"])
+    cluster_network = timed.cluster_network()
+    aux_dir = os.path.join(os.path.dirname(cluster_network), "aux")
+    os.makedirs(aux_dir)
+    with open(os.path.join(aux_dir, "10-timed.conf"), "w") as handle:
+        json.dump({"type": "stub-timed", "recordFile": timed.record}, handle)
+    cluster.start(clusterNetwork=cluster_network, auxiliaryCNIChainName="aux")
+    pod = cluster.pod("par-6", annotations={NETWORKS_KEY: "sec-a,sec-b"})
+
+    add, ns_path, cid = attach(cluster, pod)
+
+    assert add.code == 0, add.output
+    calls = timed.calls("ADD")
+    assert sorted(calls) == ["eth0", "net1", "net2", "net3"]  # net3: the chain
+    assert all(calls["net3"]["start"] >= calls[i]["end"] for i in ("eth0", "net1", "net2"))
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    dels = timed.calls("DEL")
+    assert all(dels[i]["start"] >= dels["net3"]["end"] for i in ("eth0", "net1", "net2"))
+
+
 def test_parallel_delegates_false_restores_strict_order(cluster, timed):
     for number, name in enumerate(["sec-a", "sec-b", "sec-c"], start=2):
         timed.nad(name, number)
