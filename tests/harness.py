@@ -17,7 +17,7 @@ import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from testlib import PLUGIN_DIR, wait_for
 
@@ -77,7 +77,11 @@ class DaemonProcess:
     """``multusd serve`` under systemd-socket-activate, in a private directory."""
 
     def __init__(self, config: Mapping[str, Any], workdir: str | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 command: Sequence[str] | None = None) -> None:
+        """:param command: how to run multusd (default: this interpreter's ``-m multusd``;
+        the benchmark passes the packaged launcher form, ``/usr/bin/python3 -I ...``)."""
+        self.command = list(command or (PYTHON, "-m", "multusd"))
         self.extra_env = dict(env or {})
         self.workdir = workdir or tempfile.mkdtemp(prefix="multusd-test-")
         self.socket_dir = os.path.join(self.workdir, "run")
@@ -102,7 +106,7 @@ class DaemonProcess:
         # systemd-socket-activate hands the child only the variables named with -E.
         passed = [arg for key, value in self.extra_env.items() for arg in ("-E", f"{key}={value}")]
         self.proc = subprocess.Popen(
-            ["systemd-socket-activate", "-l", self.socket_path, *passed, PYTHON, "-m", "multusd",
+            ["systemd-socket-activate", "-l", self.socket_path, *passed, *self.command,
              "serve", "--config", self.config_path],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()

@@ -5,6 +5,9 @@ runtime config by runtimeconf.py, executed by the CNI engine, and the pod's netw
 written through k8s.py. The rules it keeps (architecture.md):
 
 * the scratch cache ``<cniDir>/<containerID>`` is written before the first delegate runs;
+* the master runs first, then the secondaries concurrently where none depends on another
+  (:mod:`multusd.core.parallel`; ``"parallelDelegates": false`` keeps strict order); results,
+  events and network-status keep the delegates' order whatever order they finish in;
 * an ADD that fails part-way deletes, in reverse, everything it added (the failed delegate
   included) and its scratch cache before answering: it never half-succeeds;
 * DEL is idempotent and best-effort complete: gone pod, NAD, netns or cache do not stop
@@ -16,6 +19,7 @@ written through k8s.py. The rules it keeps (architecture.md):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -25,7 +29,7 @@ from multusd.core import delegates as delegates_mod
 from multusd.core.defaultroute import DefaultRoutes
 from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
-from multusd.core import netstatus, runtimeconf, scratch
+from multusd.core import netstatus, parallel, runtimeconf, scratch
 from multusd import store
 from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
@@ -89,17 +93,28 @@ class Multus:
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
         routes = DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
+        waves = self._plan(req, delegates)
         try:
-            for index, delegate in enumerate(delegates):
-                try:
-                    result = self._add_one(engine, req, delegate, deadline)
-                    routes.apply(delegate, result)
-                except Exception as exc:  # whatever failed, nothing half-made stays behind
-                    self._roll_back(engine, req, delegates[: index + 1], deadline, log)
-                    store.remove(cache_path)
-                    raise self._delegate_error(req, delegate, _as_cni_error(exc, log)) from exc
-                results.append((delegate, result))
-                self.event_added(pod, delegate, result)
+            for number, wave in enumerate(waves):
+                outcomes = parallel.run_calls(
+                    [functools.partial(self._add_one, engine, req, delegates[i], deadline)
+                     for i in wave], parallel.DEFAULT_LIMIT)
+                for index, (result, exc) in zip(wave, outcomes):
+                    delegate = delegates[index]
+                    if exc is None:
+                        try:
+                            routes.apply(delegate, result)
+                        except Exception as route_exc:
+                            exc = route_exc
+                    if exc is not None:  # whatever failed, nothing half-made stays behind
+                        started = [i for w in waves[: number + 1] for i in w]
+                        self._roll_back(engine, req, [delegates[i] for i in sorted(started)],
+                                        deadline, log)
+                        store.remove(cache_path)
+                        raise self._delegate_error(req, delegate,
+                                                   _as_cni_error(exc, log)) from exc
+                    results.append((delegate, result))
+                    self.event_added(pod, delegate, result)
         finally:
             routes.close()
         # F49: no network-status for pods whose *namespace* is a system one (upstream
@@ -180,13 +195,32 @@ class Multus:
 
     def _roll_back(self, engine: Engine, req: CmdArgs, added: Sequence, deadline: float,
                    log) -> None:
-        """DEL, in reverse, what an ADD set up (the failed delegate included); errors logged."""
-        for delegate in reversed(added):
-            try:
-                self._delete_one(engine, req, delegate, cleanup_deadline(deadline))
-            except MultusError as exc:
-                log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
-                          exc.msg)
+        """DEL, in reverse, what an ADD set up (the failed delegate included); errors logged.
+
+        ``added`` is in ADD order; independent delegates are released concurrently.
+        """
+        for delegate, exc in self._delete_all(engine, req, added, cleanup_deadline(deadline)):
+            log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
+                      _as_cni_error(exc, log).msg)
+
+    def _plan(self, req: CmdArgs, delegates: Sequence, *, adding: bool = True) -> list[list[int]]:
+        """The waves the delegates run in (see :mod:`multusd.core.parallel`)."""
+        return parallel.plan(delegates, parallel=self.config.parallel_delegates,
+                             auxiliary_chain=str(req.config.get("auxiliaryCNIChainName") or ""),
+                             master_first=adding)
+
+    def _delete_all(self, engine: Engine, req: CmdArgs, delegates: Sequence,
+                    deadline: float) -> list[tuple[Any, BaseException]]:
+        """DEL every delegate, dependents before what they depend on; every delegate gets its
+        DEL. Returns the failures, in reverse ADD order."""
+        failures = []
+        for wave in parallel.reverse_waves(self._plan(req, delegates, adding=False)):
+            outcomes = parallel.run_calls(
+                [functools.partial(self._delete_one, engine, req, delegates[i], deadline)
+                 for i in wave], parallel.DEFAULT_LIMIT)
+            failures += [(delegates[i], exc) for i, (_, exc) in zip(wave, outcomes)
+                         if exc is not None]
+        return failures
 
     def _delete_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> None:
         net = NetworkConfigList.load(delegate.conf, source=delegate.name)
@@ -233,13 +267,9 @@ class Multus:
         path = scratch_path(conf, req.container_id)
         delegates = self._delegates_for_del(req, path, log)
         engine = self.engine(conf)
-        errors = []
-        for delegate in reversed(delegates):
-            try:
-                self._delete_one(engine, req, delegate, deadline)
-            except Exception as exc:  # best-effort complete: the other delegates still go
-                errors.append(f"{delegate.name} ({delegate.ifname}): "
-                              f"{_as_cni_error(exc, log).msg}")
+        # best-effort complete: a failed delegate does not stop the others
+        errors = [f"{delegate.name} ({delegate.ifname}): {_as_cni_error(exc, log).msg}"
+                  for delegate, exc in self._delete_all(engine, req, delegates, deadline)]
         if errors:
             raise MultusError(f"{pod_prefix(req)}: DEL failed "
                               f"for {len(errors)} network(s), the runtime will retry: "
@@ -337,7 +367,7 @@ def pod_prefix(req: CmdArgs, network: str = "") -> str:
 
 def _as_cni_error(exc: BaseException, log) -> MultusError:
     if not isinstance(exc, MultusError):
-        log.exception("unexpected failure during ADD (rolled back)")
+        log.error("unexpected failure during ADD (rolled back)", exc_info=exc)
     return from_exception(exc)
 
 

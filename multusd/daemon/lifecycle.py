@@ -5,8 +5,15 @@ or chmod'ed: systemd owns it and keeps it open across restarts, so shims queue i
 failing. Started by hand, multusd makes ``<socketDir>`` (0700) and ``multus.sock`` (0600)
 itself, replaces a stale socket file and refuses to start beside a live daemon.
 
+Start-up is cheap (socket activation makes the first shim wait for it): ``/healthz`` is
+answered as soon as the request path is imported; the Kubernetes client (``import
+kubernetes`` alone is ~200 ms) is built and its watches started on a background thread, and
+``/readyz`` turns 200 once its caches have synced.
+
 On SIGTERM: ``/readyz`` turns 500 and STOPPING=1 is sent, requests in flight finish (DEL
-keeps being served meanwhile), then the process exits 0 within the stop timeout.
+keeps being served meanwhile), then the process exits 0 within the stop timeout, without
+the interpreter's tear-down of every imported module (tens of ms with ``kubernetes``
+loaded): everything multusd writes is already on disk, and the log handlers are flushed.
 """
 
 from __future__ import annotations
@@ -15,16 +22,18 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Mapping
 
 from multusd import __version__
 from multusd.core import request as cmdargs
-from multusd.config import nodename
 from multusd.daemon import metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import MultusError
+from multusd.config import nodename
+from multusd.daemon.kubestart import BackgroundKube
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.daemon.server import Server
 
@@ -76,8 +85,7 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
-        self.kube = None
-        self.node: nodename.NodeName | None = None
+        self.kube: BackgroundKube | None = None
         self.multus = None
         self.server: Server | None = None
         self.metrics: metrics.DaemonMetrics | metrics.NullMetrics = metrics.NullMetrics()
@@ -105,30 +113,40 @@ class Daemon:
         self._start_watchdog()
         LOG.info("multusd %s serving on %s (%s)", __version__, self.config.socket_path,
                  "socket from systemd" if not self._owns_socket else "socket bound by multusd")
-        systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}{self._node_status()}")
+        systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}")
+        if self.kube is not None:
+            self.kube.start_building()
         try:
             self.server.serve_forever()
             self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
         finally:
             self._close(listener)
+        if self.kube is not None and self.kube.failure is not None:
+            raise StartupError(self.kube.failure)
         LOG.info("multusd stopped")
-        return 0
+        exit_without_teardown(0)
+        return 0  # not reached
 
     def _make_multus(self):
         from multusd.core.sandbox import Multus
 
         if self.config.kubeconfig:
-            from multusd.kube.client import KubeClient
-            from multusd.kube.clientconfig import ClientConfig
-
-            client_config = ClientConfig(self.config.kubeconfig)
-            self.node = nodename.resolve(self.config.node_name, os.environ,
-                                         client_config.node_identity)
-            LOG.info("%s", self.node.describe())
-            self.kube = KubeClient(client_config, self.node.name, node_source=self.node.source)
-            self.kube.start()
+            self.kube = BackgroundKube(self.config.kubeconfig, self.config.node_name,
+                                       on_failure=self._on_kube_failure,
+                                       on_built=self._report_status)
         observer = self.metrics.observe_plugin if self.metrics.enabled else None
         return Multus(self.config, self.kube, plugin_observer=observer)
+
+    @property
+    def node(self) -> nodename.NodeName | None:
+        """The node name in use and its source, once the Kubernetes client resolved it."""
+        return self.kube.node if self.kube is not None else None
+
+    def _on_kube_failure(self) -> None:
+        systemd.notify(f"STATUS=cannot start: {self.kube.failure}")
+        self._stopping.set()
+        self.server.ready = False
+        self.server.stop()
 
     def _start_metrics(self) -> None:
         if self.config.metrics_port is None:
@@ -140,14 +158,18 @@ class Daemon:
         except metrics.MetricsServerError as exc:
             raise StartupError(str(exc)) from exc
         kube = self.kube
+
+        def from_client(read):  # no sample until the client is built: a scrape never waits
+            return None if kube is None else (
+                lambda: None if kube.client is None else read(kube.client))
+
         self.metrics.set_sources(
-            cached_pods=(lambda: kube.cache_sizes()[0]) if kube is not None else None,
-            cached_nads=(lambda: kube.cache_sizes()[1]) if kube is not None else None,
+            cached_pods=from_client(lambda c: c.cache_sizes()[0]),
+            cached_nads=from_client(lambda c: c.cache_sizes()[1]),
             cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"),
-            pod_cache_misses=(lambda: kube.cache_misses) if kube is not None else None,
-            node_name_mismatch=(lambda: int(kube.node_mismatch is not None))
-            if kube is not None else None,
-            watch_relists=(lambda: kube.relists) if kube is not None else None)
+            pod_cache_misses=from_client(lambda c: c.cache_misses),
+            node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
+            watch_relists=from_client(lambda c: c.relists))
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:
@@ -209,11 +231,12 @@ class Daemon:
                 "nodeName": self.node.name if self.node else self.config.node_name,
                 "nodeNameSource": self.node.source if self.node else "",
                 "stopping": self._stopping.is_set()}
-        kube = self.kube
-        if kube is not None:
-            pods, nads = kube.cache_sizes()
-            info["kube"] = {"server": kube.server_url, "synced": kube.synced(),
-                            "lastError": kube.last_error, "cachedPods": pods, "cachedNads": nads}
+        if self.kube is not None:
+            client = self.kube.client
+            pods, nads = client.cache_sizes() if client is not None else (0, 0)
+            info["kube"] = {"server": client.server_url if client is not None else "",
+                            "synced": self.kube.synced(), "lastError": self.kube.last_error,
+                            "cachedPods": pods, "cachedNads": nads}
         return info
 
     def _report_status(self) -> None:
@@ -226,7 +249,8 @@ class Daemon:
         """The node part of the status line: its name and source, or the mismatch found."""
         if self.node is None:
             return ""
-        mismatch = self.kube.node_mismatch if self.kube is not None else None
+        client = self.kube.client if self.kube is not None else None
+        mismatch = client.node_mismatch if client is not None else None
         if mismatch is not None:
             return (f"; NODE NAME MISMATCH: watching {mismatch[0]!r} ({self.node.source}) but "
                     f"this node's pods are on {mismatch[1]!r}: set nodeName")
@@ -258,6 +282,22 @@ class Daemon:
                 systemd.notify("WATCHDOG=1")
 
         threading.Thread(target=ping, name="multusd-watchdog", daemon=True).start()
+
+
+def exit_without_teardown(code: int) -> None:
+    """End the process now: flush the logs and stdio, skip the interpreter's tear-down.
+
+    Tearing down ``kubernetes``' thousands of modules and objects takes longer than the
+    whole rest of a stop; nothing else is left to flush (files are written atomically, the
+    socket belongs to systemd or was unlinked).
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _ms(started: float) -> str:

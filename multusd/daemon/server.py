@@ -28,6 +28,10 @@ LOG = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 1024 * 1024
 READ_TIMEOUT = 30.0
+# A /readyz asked while the daemon starts is answered when it becomes ready, or after this
+# long: the shim then does not sleep between polls through a cold start.
+READY_HOLD = 0.5
+READY_CHECK = 0.005
 
 # handler(endpoint, body, deadline, request_id) -> response object (dict) or None
 Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
@@ -128,6 +132,18 @@ class Server:
                     return False
                 self._idle.wait(remaining)
         return True
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Ready to serve ADD; while starting, wait up to ``timeout`` s for it (never while
+        stopping), so that a shim polling /readyz learns it the moment it happens."""
+        deadline = time.monotonic() + timeout
+        while self.ready:
+            if self.readiness():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(READY_CHECK)  # readiness is a cache flag set on another thread
+        return False
 
     @property
     def in_flight(self) -> int:
@@ -255,7 +271,7 @@ class _Connection:
             if method not in ("GET", "POST"):
                 return self._send(405, b"Method not allowed\n", "text/plain")
             self._drain_body()
-            ok = path == api.HEALTH_ENDPOINT or (self.server.ready and self.server.readiness())
+            ok = path == api.HEALTH_ENDPOINT or self.server.wait_ready(READY_HOLD)
             return self._send(200 if ok else 500, b"")
         if path == api.STATUS_ENDPOINT:
             if method != "GET":

@@ -1,0 +1,142 @@
+"""Which of a pod's delegates may run at the same time, and running each group concurrently.
+
+The delegates of one request are split into *waves* (:func:`plan`): the master (the first
+delegate, ``eth0``) alone, then every secondary whose config does not depend on another
+attachment, then the dependent ones, each in a later wave than what it depends on. A
+delegate depends on
+
+* the master, on ADD (upstream runs the cluster network first; on DEL the master is
+  released together with the secondaries that do not name its interface);
+* every earlier delegate, when its config says ``"linkInContainer": true`` (its master link
+  is one of the pod's interfaces, and which one is the plugin's business), or when it is
+  the ``auxiliaryCNIChainName`` chain (it works on what the others made; a ``passthru``
+  head marks it);
+* the delegate whose interface name it gives as ``master`` or ``link``.
+
+A pod that requests a ``default-route`` runs strictly in order: the route fixup after each
+delegate changes what the next plugin finds in the namespace.
+
+:func:`run_calls` runs one wave: the calling thread takes a share of the work and at most
+``limit - 1`` short-lived threads take the rest; it returns once every call has ended (each
+is bounded by the request's deadline), so nothing runs on after the request. ADD walks the
+waves forward; DEL (and the rollback of a failed ADD) walks the waves of a plan without the
+master rule backwards (:func:`reverse_waves`). No netlink here: only delegate plugins run in these threads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_LIMIT = 4
+"""Delegates of one request running at once (the request's thread included)."""
+
+_LINK_KEYS = ("master", "link")
+
+
+def plan(delegates: Sequence[Any], *, parallel: bool = True, auxiliary_chain: str = "",
+         master_first: bool = True) -> List[List[int]]:
+    """The delegate indices grouped into waves, in execution order (each wave ascending).
+
+    :param delegates: objects with ``conf`` (bytes), ``ifname``, ``name`` and
+        ``gateway_request``, the first being the master.
+    :param parallel: False gives one delegate per wave: the sequential order.
+    :param auxiliary_chain: the config's ``auxiliaryCNIChainName`` ("" when unset).
+    :param master_first: every secondary waits for the master (ADD). DEL passes False:
+        releasing the master does not wait for secondaries that do not name it.
+    """
+    count = len(delegates)
+    if not parallel or count <= 1 or any(
+            getattr(d, "gateway_request", None) is not None for d in delegates):
+        return [[index] for index in range(count)]
+    owner = {d.ifname: index for index, d in enumerate(delegates) if d.ifname}
+    level = [0] * count
+    for index in range(1, count):
+        plugins = _plugins(delegates[index].conf)
+        if _after_all(delegates[index], plugins, auxiliary_chain):
+            after = range(index)
+        else:
+            after = [0] if master_first else []
+            after += [owner[name] for name in _link_names(plugins)
+                      if owner.get(name, index) < index]
+        level[index] = 1 + max(level[j] for j in after) if after else 0
+    waves: List[List[int]] = [[] for _ in range(max(level) + 1)]
+    for index, depth in enumerate(level):
+        waves[depth].append(index)
+    return waves
+
+
+def reverse_waves(waves: Sequence[Sequence[int]],
+                  only: Optional[Iterable[int]] = None) -> List[List[int]]:
+    """The waves for undoing (DEL): last wave first, each wave in descending order.
+
+    :param only: keep just these indices (the delegates an ADD started), dropping empty waves.
+    """
+    keep = None if only is None else set(only)
+    undo = []
+    for wave in reversed(waves):
+        picked = [i for i in reversed(wave) if keep is None or i in keep]
+        if picked:
+            undo.append(picked)
+    return undo
+
+
+Outcome = Tuple[Optional[T], Optional[BaseException]]
+
+
+def run_calls(calls: Sequence[Callable[[], T]], limit: int = DEFAULT_LIMIT) -> List[Outcome]:
+    """Run ``calls``, at most ``limit`` at once; returns ``(value, None)`` or ``(None, exc)``
+    for each, in the order given. Returns only once every call has ended."""
+    outcomes: List[Outcome] = [(None, None)] * len(calls)
+    pending = iter(range(len(calls)))
+    take = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with take:
+                index = next(pending, None)
+            if index is None:
+                return
+            try:
+                outcomes[index] = (calls[index](), None)
+            except BaseException as exc:  # reported to the caller, who decides (no call is
+                outcomes[index] = (None, exc)  # ever left looking like a success)
+
+    helpers = [threading.Thread(target=work, name="multusd-delegate", daemon=True)
+               for _ in range(min(limit, len(calls)) - 1)]
+    for thread in helpers:
+        thread.start()
+    try:
+        work()
+    finally:
+        for thread in helpers:
+            thread.join()
+    return outcomes
+
+
+def _plugins(conf: bytes) -> List[Mapping[str, Any]]:
+    try:
+        data = json.loads(conf)
+    except ValueError:
+        return []
+    if not isinstance(data, dict):
+        return []
+    plugins = data.get("plugins")
+    if isinstance(plugins, list):
+        return [p for p in plugins if isinstance(p, dict)]
+    return [data]
+
+
+def _after_all(delegate: Any, plugins: Sequence[Mapping[str, Any]], auxiliary_chain: str) -> bool:
+    if auxiliary_chain and delegate.name == auxiliary_chain:
+        return True
+    if plugins and plugins[0].get("type") == "passthru":
+        return True
+    return any(p.get("linkInContainer") is True for p in plugins)
+
+
+def _link_names(plugins: Sequence[Mapping[str, Any]]) -> List[str]:
+    return [p[key] for p in plugins for key in _LINK_KEYS if isinstance(p.get(key), str)]

@@ -1,0 +1,107 @@
+"""core/parallel.py: which delegates share a wave, and running a wave."""
+
+from __future__ import annotations
+
+import json
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from multusd.core import parallel
+
+
+def delegate(ifname: str, name: str = "", gateway_request=None, **conf) -> SimpleNamespace:
+    body = {"cniVersion": "0.4.0", "name": name or ifname, "type": "bridge", **conf}
+    return SimpleNamespace(ifname=ifname, name=name or ifname, gateway_request=gateway_request,
+                           conf=json.dumps(body).encode())
+
+
+def test_master_first_then_independent_secondaries_together():
+    ds = [delegate("eth0"), delegate("net1"), delegate("net2"), delegate("net3")]
+    assert parallel.plan(ds) == [[0], [1, 2, 3]]
+    assert parallel.reverse_waves(parallel.plan(ds)) == [[3, 2, 1], [0]]
+
+
+def test_del_releases_the_master_with_the_secondaries_that_do_not_name_it():
+    ds = [delegate("eth0"), delegate("net1"), delegate("net2", master="eth0")]
+    waves = parallel.plan(ds, master_first=False)
+    assert waves == [[0, 1], [2]]
+    assert parallel.reverse_waves(waves) == [[2], [1, 0]]
+    assert parallel.plan(ds[:2], master_first=False) == [[0, 1]]
+    assert parallel.plan(ds[:2]) == [[0], [1]]
+
+
+def test_parallel_false_and_default_route_keep_strict_order():
+    ds = [delegate("eth0"), delegate("net1"), delegate("net2")]
+    assert parallel.plan(ds, parallel=False) == [[0], [1], [2]]
+    ds[2].gateway_request = ("10.0.0.1",)
+    assert parallel.plan(ds) == [[0], [1], [2]]
+
+
+def test_dependents_come_after_what_they_name():
+    ds = [delegate("eth0"), delegate("net1"), delegate("net2", master="net1"),
+          delegate("net3", link="net2"), delegate("net4"), delegate("net5", master="eth0")]
+    assert parallel.plan(ds) == [[0], [1, 4, 5], [2], [3]]
+
+
+def test_link_in_container_in_a_conflist_and_the_auxiliary_chain_come_after_all():
+    chained = {"cniVersion": "0.4.0", "name": "vl",
+               "plugins": [{"type": "vlan", "master": "net9", "linkInContainer": True}]}
+    ds = [delegate("eth0"), delegate("net1"),
+          SimpleNamespace(ifname="net2", name="vl", gateway_request=None,
+                          conf=json.dumps(chained).encode()),
+          delegate("net3"), delegate("net4", name="aux")]
+    assert parallel.plan(ds, auxiliary_chain="aux") == [[0], [1, 3], [2], [4]]
+    passthru = {"cniVersion": "0.4.0", "name": "chain", "plugins": [{"type": "passthru"}]}
+    ds[4] = SimpleNamespace(ifname="net4", name="chain", gateway_request=None,
+                            conf=json.dumps(passthru).encode())
+    assert parallel.plan(ds)[-1] == [4]
+
+
+def test_reverse_waves_keeps_only_what_started():
+    assert parallel.reverse_waves([[0], [1, 2, 3], [4]], only=[0, 1, 2, 3]) == [[3, 2, 1], [0]]
+
+
+def test_run_calls_runs_together_and_reports_each_outcome_in_order():
+    barrier = threading.Barrier(3, timeout=10)  # fails unless three calls run at once
+
+    def meet(value):
+        barrier.wait()
+        return value
+
+    def boom():
+        barrier.wait()
+        raise ValueError("boom")
+
+    outcomes = parallel.run_calls([lambda: meet(1), boom, lambda: meet(3)], limit=3)
+    assert outcomes[0] == (1, None) and outcomes[2] == (3, None)
+    assert outcomes[1][0] is None and isinstance(outcomes[1][1], ValueError)
+
+
+def test_run_calls_bounds_the_threads():
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def call():
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        with lock:
+            running[0] -= 1
+        return threading.current_thread().name
+
+    names = {value for value, _ in parallel.run_calls([call] * 20, limit=2)}
+    assert peak[0] <= 2
+    assert len(names) <= 2
+
+
+@pytest.mark.parametrize("raw", [{"parallelDelegates": "yes"}, {"parallelDelegates": 1}])
+def test_parallel_delegates_must_be_a_boolean(raw):
+    from multusd.config.daemonconf import from_dict
+    from multusd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="parallelDelegates"):
+        from_dict(raw)
+    assert from_dict({}).parallel_delegates is True
+    assert from_dict({"parallelDelegates": None}).parallel_delegates is True  # null = unset, as Go
+    assert from_dict({"parallelDelegates": False}).parallel_delegates is False
