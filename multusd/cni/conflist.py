@@ -314,11 +314,11 @@ def _validate_attachment(net: NetworkConfigList, rt: RuntimeConf) -> None:
     """libcni's checks before ADD: they keep cache file names and plugin input sane."""
     if not rt.container_id:
         raise UnknownContainer("missing container ID (CNI_CONTAINERID is empty)")
-    if not _NAME_RE.match(rt.container_id):
+    if not _NAME_RE.fullmatch(rt.container_id):
         raise InvalidEnvironment(
             f"invalid characters in container ID {rt.container_id!r}: use letters, digits, "
             "'_', '.' and '-', starting with a letter or digit")
-    if not _NAME_RE.match(net.name):
+    if not _NAME_RE.fullmatch(net.name):
         raise InvalidNetworkConfig(
             f"invalid characters in network name {net.name!r}: use letters, digits, '_', "
             "'.' and '-', starting with a letter or digit")
