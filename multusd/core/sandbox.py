@@ -279,6 +279,7 @@ class Multus:
                               f"({path} is missing): was ADD run?")
         delegates = scratch.delegates_from_cache(data, top_cni_version=req.cni_version,
                                                  cni_ifname=req.ifname)
+        require_netns(req.netns)
         engine = self.engine(req.config)
         for delegate in delegates:
             net = NetworkConfigList.load(delegate.conf, source=delegate.name)
@@ -375,6 +376,14 @@ def require_ifnames_free(netns, req: CmdArgs, delegates: Sequence, wrap) -> None
         if exists:
             raise wrap(req, delegate, InvalidEnvironment(
                 f"{prefix}validateIfName: interface name {delegate.ifname} already exists"))
+
+
+def require_netns(path: str) -> None:
+    """CNI_NETNS opens as a network namespace, within a bound (not a FIFO, file or hung mount)."""
+    from multusd.node.netns import PodNetns
+
+    with PodNetns(path) as netns:
+        netns.interface_exists("lo")
 
 
 def delegate_type(conf: bytes) -> str:
