@@ -47,3 +47,27 @@ def netns_links(netns_path: str) -> dict:
 def netns_routes(netns_path: str, family: str = "-4") -> list:
     name = os.path.basename(netns_path)
     return json.loads(run("ip", family, "-n", name, "-j", "route", "show").stdout)
+
+
+def raw_exchange(path: str, data: bytes, half_close: bool = False) -> bytes:
+    """Send raw bytes to a unix socket, read the answer to EOF (``half_close``: SHUT_WR first)."""
+    import socket as pysocket
+
+    with pysocket.socket(pysocket.AF_UNIX) as conn:
+        conn.settimeout(30)
+        conn.connect(path)
+        try:
+            conn.sendall(data)
+            if half_close:
+                conn.shutdown(pysocket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered and closed before it read everything: read what it said
+        received = b""
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except ConnectionResetError:
+                return received
+            if not chunk:
+                return received
+            received += chunk

@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from harness import DaemonProcess, call_shim, netns_addresses
-from testlib import wait_for
+from testlib import raw_exchange, wait_for
 from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -396,21 +396,6 @@ def test_metrics_count_requests_and_time_delegate_plugins(sandbox):
     assert 'multusd_delegate_duration_seconds_count{plugin="bridge",command="ADD"} 1' in text
     assert "multusd_scratch_cache_entries 1" in text
     assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
-
-
-def raw_exchange(path: str, data: bytes) -> bytes:
-    import socket as pysocket
-
-    with pysocket.socket(pysocket.AF_UNIX) as conn:
-        conn.settimeout(30)
-        conn.connect(path)
-        conn.sendall(data)
-        received = b""
-        while True:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return received
-            received += chunk
 
 
 def test_malformed_http_and_expect_continue(sandbox):
