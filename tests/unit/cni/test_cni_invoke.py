@@ -209,3 +209,15 @@ def test_concurrent_execs_get_their_own_environment(stub_bin, tmp_path):
     for thread in threads:
         thread.join()
     assert results == {i: f"cid{i}" for i in range(10)}
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_plugin_printing_without_end_is_killed_at_the_output_limit(tmp_path, stream):
+    plugin = tmp_path / "flood"
+    redirect = " 1>&2" if stream == "stderr" else ""
+    plugin.write_text(f"#!/bin/sh\ncat >/dev/null\nexec yes flood{redirect}\n")
+    os.chmod(plugin, 0o755)
+    with pytest.raises(DelegateError) as err:
+        _exec(str(plugin), {"cniVersion": "1.0.0"}, timeout=60)
+    assert f"printed more than 16 MiB on {stream} and was killed" in err.value.msg
+    assert len(err.value.details) < 3 * invoke.DETAILS_LIMIT
