@@ -281,11 +281,12 @@ class _Connection:
                 self._route()
         except _BadRequest as exc:
             LOG.debug("malformed HTTP request: %s", exc)
-            self._send(400, f"{exc}\n".encode(), "text/plain")
+            self._send(*_error_response(DecodeFailure(f"malformed HTTP request: {exc}")))
         except _ReadTimeout:
             LOG.debug("a client did not send its request within %.0fs",
                       self.server.read_timeout)
-            self._send(408, b"request not received in time\n", "text/plain")
+            self._send(408, _error_response(TryAgainLater(
+                f"the request was not received within {self.server.read_timeout:.0f}s"))[1])
 
     def _read_head(self) -> bool:
         line = self.rfile.readline(MAX_HEADER_LINE + 1)

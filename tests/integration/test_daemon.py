@@ -216,7 +216,7 @@ def test_self_bound_socket_modes_stale_file_and_live_daemon(tmp_path):
     first = subprocess.Popen(cmd, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: _answers(str(stale)), 20, what="the self-bound daemon")
-        assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o755  # not ours: left alone
         assert stat.S_IMODE(os.stat(stale).st_mode) == 0o600
         second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert second.returncode == 3
@@ -225,6 +225,28 @@ def test_self_bound_socket_modes_stale_file_and_live_daemon(tmp_path):
         first.send_signal(signal.SIGTERM)
         assert first.wait(30) == 0
     assert not stale.exists()
+
+
+def test_self_bind_makes_its_directory_and_never_removes_a_file(tmp_path):
+    socket_dir = tmp_path / "run" / "multus"
+    config = tmp_path / "daemon-config.json"
+    config.write_text(json.dumps({"socketDir": str(socket_dir), "cniDir": str(tmp_path / "cni"),
+                                  "delegates": [{"cniVersion": "0.4.0", "name": "n",
+                                                 "type": "loopback"}]}))
+    cmd = [sys.executable, "-m", "multusd", "serve", "--config", str(config)]
+    first = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: _answers(str(socket_dir / "multus.sock")), 20, what="the daemon")
+        assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700  # made by it
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+    precious = socket_dir / "multus.sock"
+    precious.write_text("not a socket")
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 3
+    assert "is not a socket" in second.stderr
+    assert precious.read_text() == "not a socket"
 
 
 def _answers(path: str) -> bool:
