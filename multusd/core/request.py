@@ -155,11 +155,15 @@ _JSON_TYPE_NAMES = {str: "a string", bool: "a boolean", list: "a list", dict: "a
 
 
 def check_runtime_config(conf: Mapping[str, Any]) -> None:
-    """``cniVersion`` (supported), ``name`` and ``type`` present; known keys of the right type.
+    """``cniVersion`` (supported), ``name`` and ``type`` (or ``plugins``) present; known keys
+    of the right type.
 
     :raises InvalidNetworkConfig: naming the field and what is wrong with it.
     """
-    for key in ("cniVersion", "name", "type"):
+    # /delegate (hot-plug) sends a network's own config, which may be a conflist.
+    required = ("cniVersion", "name") if isinstance(conf.get("plugins"), list) else \
+        ("cniVersion", "name", "type")
+    for key in required:
         if key not in conf:
             raise InvalidNetworkConfig(f"the CNI config from the runtime has no \"{key}\": "
                                        "check the generated 00-multus.conf")
@@ -168,7 +172,7 @@ def check_runtime_config(conf: Mapping[str, Any]) -> None:
         if key in conf and not isinstance(value, kind):
             raise InvalidNetworkConfig(f"\"{key}\" in the CNI config from the runtime must be "
                                        f"{_JSON_TYPE_NAMES[kind]}, not {_kind(value)}")
-    for key in ("name", "type"):
+    for key in required[1:]:
         if not conf[key].strip():
             raise InvalidNetworkConfig(f"\"{key}\" in the CNI config from the runtime is empty")
     require_supported(conf["cniVersion"], "the CNI config from the runtime (\"cniVersion\")")
