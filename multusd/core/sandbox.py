@@ -17,6 +17,7 @@ written through k8s.py. The rules it keeps (architecture.md):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -35,7 +36,8 @@ from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, IOFailure, MultusError,
-                            PodNotFound, TryAgainLater, from_exception)
+                            PodNotFound, TryAgainLater, UnknownContainer,
+                            from_exception)
 
 LOG = logging.getLogger(__name__)
 
@@ -225,6 +227,7 @@ class Multus:
         if not req.container_id:
             log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
             return
+        req = netns_for_del(req, log)
         conf = req.config
         path = scratch_path(conf, req.container_id)
         delegates = self._delegates_for_del(req, path, log)
@@ -384,6 +387,25 @@ def require_netns(path: str) -> None:
 
     with PodNetns(path) as netns:
         netns.interface_exists("lo")
+
+
+def netns_for_del(req: CmdArgs, log) -> CmdArgs:
+    """The request, with CNI_NETNS dropped when it is there but is not a namespace.
+
+    A FIFO, a plain file or a hung mount would hold every delegate's DEL until the deadline;
+    the spec allows DEL without a netns, so IPAM and host-side state are still released. A
+    netns that is gone is passed on: plugins handle that themselves.
+    """
+    if not req.netns:
+        return req
+    try:
+        require_netns(req.netns)
+    except UnknownContainer:
+        return req
+    except MultusError as exc:
+        log.warning("DEL: %s; running the delegates without a network namespace", exc.msg)
+        return dataclasses.replace(req, netns="")
+    return req
 
 
 def delegate_type(conf: bytes) -> str:

@@ -129,3 +129,21 @@ def test_a_netns_that_is_not_a_namespace_fails_within_a_second(sandbox, tmp_path
     assert "is not a network namespace" in add.output["msg"]
     assert sandbox.leases_held() == []
     assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
+
+
+def test_del_with_a_fifo_netns_still_releases_the_addresses(sandbox, tmp_path):
+    daemon = sandbox.daemon({"cniVersion": "0.4.0",
+                             "delegates": [sandbox.net("primary", "10.89.0.0/24")]})
+    ns_name, ns_path = sandbox.netns()
+    cid = uuid.uuid4().hex
+    conf = daemon.shim_conf("0.4.0")
+    assert call_shim("ADD", conf, netns=ns_path, **pod_args(cid)).code == 0
+    fifo = str(tmp_path / "fifo-netns")
+    os.mkfifo(fifo)
+
+    # Unfixed, bridge refuses the path ("unknown FS magic") and every retried DEL fails.
+    delete = call_shim("DEL", conf, netns=fifo, timeout=15, **pod_args(cid))
+
+    assert delete.code == 0, delete.output
+    assert sandbox.leases_held() == []
+    assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
