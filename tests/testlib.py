@@ -66,3 +66,27 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def raw_exchange(path: str, data: bytes, half_close: bool = False) -> bytes:
+    """Send raw bytes to a unix socket, read the answer to EOF (``half_close``: SHUT_WR first)."""
+    import socket as pysocket
+
+    with pysocket.socket(pysocket.AF_UNIX) as conn:
+        conn.settimeout(30)
+        conn.connect(path)
+        try:
+            conn.sendall(data)
+            if half_close:
+                conn.shutdown(pysocket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered and closed before it read everything: read what it said
+        received = b""
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except ConnectionResetError:
+                return received
+            if not chunk:
+                return received
+            received += chunk

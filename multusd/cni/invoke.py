@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import selectors
 import signal
 import subprocess
 import time
@@ -39,6 +40,9 @@ ETXTBSY_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 #: Output kept in error details, per stream; a plugin printing megabytes must not fill logs.
 DETAILS_LIMIT = 4096
+
+#: Output a plugin may print per stream before it is killed.
+OUTPUT_LIMIT = 16 * 1024 * 1024
 
 #: After killing a plugin, how long to wait for its pipes to close.
 _REAP_TIMEOUT = 2.0
@@ -162,14 +166,36 @@ class _PluginRun:
 
     def communicate(self, proc: subprocess.Popen, stdin: bytes,
                     deadline: float) -> Tuple[bytes, bytes]:
+        output = _Output()
         try:
-            return proc.communicate(stdin, timeout=max(0.0, deadline - time.monotonic()))
+            return output.exchange(proc, stdin, deadline)
         except subprocess.TimeoutExpired:
-            stdout, stderr = self._kill(proc)
-            raise self._deadline_error(stdout, stderr) from None
+            self._kill_and_close(proc)
+            raise self._deadline_error(*output.so_far()) from None
+        except _OutputTooLarge as exc:
+            self._kill_and_close(proc)
+            raise self.failure(DelegateError, f"printed more than {OUTPUT_LIMIT >> 20} MiB on "
+                               f"{exc.stream} and was killed; a CNI result is a few KiB",
+                               None, *output.so_far()) from None
         except BaseException:
-            self._kill(proc)
+            self._kill_and_close(proc)
             raise
+
+    def _kill_and_close(self, proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        try:
+            proc.wait(_REAP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            LOG.warning("plugin %s (pid %d) did not exit after SIGKILL", self.name, proc.pid)
 
     def decode(self, returncode: int, stdout: bytes, stderr: bytes) -> Optional[dict]:
         if stderr:
@@ -191,22 +217,6 @@ class _PluginRun:
             raise self.failure(DelegateError, "succeeded but printed something that is not "
                                "a JSON object on stdout", returncode, stdout, stderr)
         return result
-
-    def _kill(self, proc: subprocess.Popen) -> Tuple[bytes, bytes]:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            return proc.communicate(timeout=_REAP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            # A descendant left the process group and holds the pipes open; give up on
-            # its output rather than wait for it.
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-            proc.wait()
-            return b"", b""
 
     def _deadline_error(self, stdout: bytes, stderr: bytes) -> MultusError:
         return self.failure(DeadlineExceeded, "did not finish before the request deadline "
@@ -235,6 +245,60 @@ class _PluginRun:
         error.exit_code = returncode
         error.stderr = _text(stderr)
         return error
+
+
+class _OutputTooLarge(Exception):
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.stream = stream
+
+
+class _Output:
+    """stdin written and stdout/stderr read together, each output bounded by OUTPUT_LIMIT."""
+
+    def __init__(self) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    def so_far(self) -> Tuple[bytes, bytes]:
+        return bytes(self.stdout), bytes(self.stderr)
+
+    def exchange(self, proc: subprocess.Popen, stdin: bytes,
+                 deadline: float) -> Tuple[bytes, bytes]:
+        buffers = {proc.stdout.fileno(): (self.stdout, "stdout"),
+                   proc.stderr.fileno(): (self.stderr, "stderr")}
+        with selectors.DefaultSelector() as selector:
+            for fd in buffers:
+                selector.register(fd, selectors.EVENT_READ)
+            pending = memoryview(stdin)
+            if pending:
+                os.set_blocking(proc.stdin.fileno(), False)
+                selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+            while selector.get_map():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise subprocess.TimeoutExpired(proc.args, 0)
+                for key, _ in selector.select(remaining):
+                    if key.fd in buffers:
+                        buffer, name = buffers[key.fd]
+                        data = os.read(key.fd, 65536)
+                        if not data:
+                            selector.unregister(key.fd)
+                        buffer += data
+                        if len(buffer) > OUTPUT_LIMIT:
+                            raise _OutputTooLarge(name)
+                        continue
+                    try:
+                        pending = pending[os.write(key.fd, pending[:65536]):]
+                    except BrokenPipeError:
+                        pending = pending[:0]  # it stopped reading: its output says why
+                    if not pending:
+                        selector.unregister(key.fd)
+                        proc.stdin.close()
+        proc.wait(max(0.0, deadline - time.monotonic()))
+        return self.so_far()
 
 
 def format_details(path: str, command: str, returncode: Optional[int], reason: str,

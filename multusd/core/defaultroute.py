@@ -40,8 +40,8 @@ _LEGACY_RESULT_VERSIONS = ("0.1.0", "0.2.0")  # ip4/ip6 objects instead of a rou
 class DefaultRoutes:
     """default-route handling after each delegate's ADD, in one netns opening per request.
 
-    The namespace (and pyroute2) is opened only when a delegate needs it: pods without a
-    ``default-route`` request never pay for it.
+    The namespace is opened on first use (:meth:`namespace`): the ADD's interface-name check
+    and every default-route fixup share that one opening.
     """
 
     def __init__(self, netns_path: str, cache_dir: str, container_id: str) -> None:
@@ -76,7 +76,7 @@ class DefaultRoutes:
         where = cache.result_path(self.cache_dir, net_name, self.container_id, ifname)
         updated = with_default_routes(without_default_routes(cached, drop_v4, drop_v6, where),
                                       gateways, where)
-        change = self._open().replace_default_routes(ifname, drop_v4, drop_v6, gateways)
+        change = self.namespace().replace_default_routes(ifname, drop_v4, drop_v6, gateways)
         if updated != cached:
             cache.update_result(self.cache_dir, net_name, self.container_id, ifname, updated)
         LOG.info("default routes of %s (%s) in %s: removed %d (%s), added via %s", ifname,
@@ -95,7 +95,8 @@ class DefaultRoutes:
             self._netns.close()
             self._netns = None
 
-    def _open(self):
+    def namespace(self):
+        """The pod's namespace (a :class:`~multusd.node.netns.PodNetns`), opened on first use."""
         if self._netns is None:
             from multusd.node.netns import PodNetns  # pyroute2 only when a pod asks for it
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from multusd.cni.args import parse_cni_args
-from multusd.cni.names import NAME_RULE, is_valid_name
+from multusd.cni.names import IFNAME_RULE, NAME_RULE, is_valid_ifname, is_valid_name
+from multusd.cni.version import require_supported
 from multusd.config.daemonconf import DaemonConfig, overlay
 from multusd.errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
 
@@ -82,9 +83,13 @@ def decode_body(body: bytes) -> tuple[dict[str, str], bytes, dict[str, Any] | No
     env = request.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise DecodeFailure("\"env\" must be an object of strings (the CNI_* variables)")
-    encoded = request.get("config") or ""
+    encoded = request.get("config")
+    if not isinstance(encoded, str) or not encoded:
+        raise DecodeFailure(f"\"config\" must be a non-empty base64 string (got "
+                            f"{_kind(encoded)}): the shim sends the runtime's CNI config (its "
+                            "stdin) base64-encoded")
     try:
-        config = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b""
+        config = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         raise DecodeFailure("\"config\" is not valid base64: the shim sends the CNI config "
                             "(its stdin) base64-encoded") from None
@@ -106,9 +111,11 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
     for key in ("CNI_CONTAINERID", "CNI_NETNS", "CNI_ARGS"):
         if key not in env:
             raise InvalidEnvironment(f"missing {key}: the container runtime must set it")
+    check_env(command, env)
     args = tuple(parse_cni_args(env["CNI_ARGS"]))
+    check_cni_args(args)
     request = CmdArgs(command, env["CNI_CONTAINERID"], env["CNI_NETNS"],
-                      env.get("CNI_IFNAME") or "eth0", args, merged, config, env)
+                      env["CNI_IFNAME"], args, merged, config, env)
     if not request.container_id and command != "DEL":
         raise InvalidEnvironment("CNI_CONTAINERID is empty: the container runtime must set it")
     if request.container_id and not is_valid_name(request.container_id):
@@ -125,11 +132,98 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
 
 
 def merge_config(config: bytes, daemon: DaemonConfig) -> dict[str, Any]:
-    """The request's CNI config with the daemon config laid over it (F09)."""
+    """The request's CNI config, checked, with the daemon config laid over it (F09)."""
     try:
-        conf = json.loads(config) if config.strip() else {}
-    except ValueError as exc:
+        conf = json.loads(config, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as exc:
         raise DecodeFailure(f"the CNI config from the runtime is not valid JSON: {exc}") from None
     if not isinstance(conf, dict):
         raise InvalidNetworkConfig("the CNI config from the runtime must be a JSON object")
+    check_runtime_config(conf)
     return overlay(conf, daemon)
+
+
+MAX_CNI_ARGS = 64 * 1024
+# Go's strconv.ParseBool, which the CNI libraries use for IgnoreUnknown.
+GO_BOOLEANS = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")
+# Keys of the runtime's config that multusd or the shim read, with the JSON type each must have.
+_CONFIG_TYPES: dict = {
+    "cniVersion": str, "name": str, "type": str, "daemonSocketDir": str, "logFile": str,
+    "logLevel": str, "logToStderr": bool, "clusterNetwork": str, "defaultNetworks": list,
+    "delegates": list, "runtimeConfig": dict, "capabilities": dict, "kubeconfig": str,
+    "confDir": str, "cniDir": str, "binDir": str, "multusNamespace": str,
+    "systemNamespaces": list, "readinessindicatorfile": str, "retryDeleteOnError": bool,
+    "namespaceIsolation": bool, "globalNamespaces": str, "auxiliaryCNIChainName": str,
+    "logOptions": dict, "deviceInfoDir": str, "kubeletRootDir": str}
+_JSON_TYPE_NAMES = {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}
+
+
+def check_runtime_config(conf: Mapping[str, Any]) -> None:
+    """``cniVersion`` (supported), ``name`` and ``type`` (or ``plugins``) present; known keys
+    of the right type.
+
+    :raises InvalidNetworkConfig: naming the field and what is wrong with it.
+    """
+    # /delegate (hot-plug) sends a network's own config, which may be a conflist.
+    required = ("cniVersion", "name") if isinstance(conf.get("plugins"), list) else \
+        ("cniVersion", "name", "type")
+    for key in required:
+        if key not in conf:
+            raise InvalidNetworkConfig(f"the CNI config from the runtime has no \"{key}\": "
+                                       "check the generated 00-multus.conf")
+    for key, kind in _CONFIG_TYPES.items():
+        value = conf.get(key)
+        if key in conf and not isinstance(value, kind):
+            raise InvalidNetworkConfig(f"\"{key}\" in the CNI config from the runtime must be "
+                                       f"{_JSON_TYPE_NAMES[kind]}, not {_kind(value)}")
+    for key in required[1:]:
+        if not conf[key].strip():
+            raise InvalidNetworkConfig(f"\"{key}\" in the CNI config from the runtime is empty")
+    require_supported(conf["cniVersion"], "the CNI config from the runtime (\"cniVersion\")")
+
+
+def check_env(command: str, env: Mapping[str, str]) -> None:
+    """The spec's per-command variables: CNI_IFNAME for ADD/DEL/CHECK, CNI_NETNS for ADD/CHECK."""
+    ifname = env.get("CNI_IFNAME")
+    if not ifname:
+        raise InvalidEnvironment(f"missing CNI_IFNAME: the container runtime must name the "
+                                 f"pod's interface for {command}")
+    if not is_valid_ifname(ifname):
+        raise InvalidEnvironment(f"invalid CNI_IFNAME {ifname!r}: an interface name has "
+                                 f"{IFNAME_RULE}")
+    if command in ("ADD", "CHECK") and not env.get("CNI_NETNS"):
+        raise InvalidEnvironment(f"CNI_NETNS is empty: {command} needs the path of the pod's "
+                                 "network namespace")
+    if "\0" in env.get("CNI_NETNS", ""):
+        raise InvalidEnvironment("invalid CNI_NETNS: it holds a NUL byte")
+    if len(env.get("CNI_ARGS", "").encode("utf-8", "surrogatepass")) > MAX_CNI_ARGS:
+        raise InvalidEnvironment(f"CNI_ARGS is over {MAX_CNI_ARGS} bytes: kubelet's runtime "
+                                 "sends a few hundred")
+
+
+def check_cni_args(args: tuple) -> None:
+    """No key twice, and IgnoreUnknown a boolean as Go's ParseBool reads it."""
+    seen = set()
+    for key, value in args:
+        if key in seen:
+            raise InvalidEnvironment(f"invalid CNI_ARGS: {key} is given more than once")
+        seen.add(key)
+        if key == "IgnoreUnknown" and value not in GO_BOOLEANS:
+            raise InvalidEnvironment(f"invalid CNI_ARGS: IgnoreUnknown={value!r} is not a "
+                                     "boolean (use true or false, or 1 or 0)")
+
+
+def _unique_keys(pairs: list) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {bool: "a boolean", str: "a string", int: "a number", float: "a number",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)

@@ -4,12 +4,15 @@ No I/O of its own beyond the scratch cache: delegates are resolved by delegates.
 runtime config by runtimeconf.py, executed by the CNI engine, and the pod's network-status
 written through k8s.py. The rules it keeps (architecture.md):
 
+* an ADD for a container that has attachments recorded is refused (DEL must come first), and
+  one whose interface names are taken in the netns runs nothing (F37);
 * the scratch cache ``<cniDir>/<containerID>`` is written before the first delegate runs;
 * the master runs first, then the secondaries concurrently where none depends on another
   (:mod:`multusd.core.parallel`; ``"parallelDelegates": false`` keeps strict order); results,
   events and network-status keep the delegates' order whatever order they finish in;
 * an ADD that fails part-way deletes, in reverse, everything it added (the failed delegate
-  included) and its scratch cache before answering: it never half-succeeds;
+  included) and its scratch cache before answering: it never half-succeeds; what its
+  rollback could not release keeps the scratch cache, so that the runtime's DEL finishes;
 * DEL is idempotent and best-effort complete: gone pod, NAD, netns or cache do not stop
   it; a missing or corrupt scratch cache falls back to libcni's result cache;
 * a delegate's DEL error is returned, so that the runtime retries instead of leaking;
@@ -19,7 +22,9 @@ written through k8s.py. The rules it keeps (architecture.md):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import os
 import time
@@ -39,8 +44,9 @@ from multusd.cni.invoke import PluginObserver
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.errors import (InvalidNetworkConfig, IOFailure, MultusError, PodNotFound,
-                     TryAgainLater, from_exception)
+from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, IOFailure, MultusError,
+                            PodNotFound, TryAgainLater, UnknownContainer,
+                            from_exception)
 
 LOG = logging.getLogger(__name__)
 
@@ -81,6 +87,7 @@ class Multus:
     def add(self, req: CmdArgs, deadline: float, log) -> dict:
         conf = req.config
         require_delegates(conf)
+        refuse_repeated_add(req)
         wait_for_readiness_file(conf, deadline)
         pod = self._pod_for_add(req, log)
         if self.kube is not None and pod is None and req.has_pod:
@@ -89,12 +96,15 @@ class Multus:
             return empty_result(req)
         delegates = self._resolve(req, pod)
         cache_path = scratch_path(conf, req.container_id)
-        store.atomic_write(cache_path, scratch.delegates_to_cache(delegates))
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
         routes = DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
         waves = self._plan(req, delegates)
         try:
+            # Every name free before anything runs: a rollback then only undoes what this
+            # request made, never an interface the pod already had (F37).
+            require_ifnames_free(routes.namespace(), req, delegates, self._delegate_error)
+            store.atomic_write(cache_path, scratch.delegates_to_cache(delegates))
             for number, wave in enumerate(waves):
                 outcomes = parallel.run_calls(
                     [functools.partial(self._add_one, engine, req, delegates[i], deadline)
@@ -108,9 +118,9 @@ class Multus:
                             exc = route_exc
                     if exc is not None:  # whatever failed, nothing half-made stays behind
                         started = [i for w in waves[: number + 1] for i in w]
-                        self._roll_back(engine, req, [delegates[i] for i in sorted(started)],
-                                        deadline, log)
-                        store.remove(cache_path)
+                        if self._roll_back(engine, req, [delegates[i] for i in sorted(started)],
+                                           deadline, log):
+                            store.remove(cache_path)  # else kept: the runtime's DEL finishes
                         raise self._delegate_error(req, delegate,
                                                    _as_cni_error(exc, log)) from exc
                     results.append((delegate, result))
@@ -124,8 +134,8 @@ class Multus:
             try:
                 self._write_network_status(req, pod, results)
             except Exception as exc:
-                self._roll_back(engine, req, delegates, deadline, log)
-                store.remove(cache_path)
+                if self._roll_back(engine, req, delegates, deadline, log):
+                    store.remove(cache_path)
                 raise _as_cni_error(exc, log).with_prefix(
                     f"{pod_prefix(req)}: error setting the network-status annotation: ") from exc
         master = next((r for d, r in results if d.master), results[0][1])
@@ -194,14 +204,18 @@ class Multus:
                            cache_dir=cni_dir(req.config))
 
     def _roll_back(self, engine: Engine, req: CmdArgs, added: Sequence, deadline: float,
-                   log) -> None:
+                   log) -> bool:
         """DEL, in reverse, what an ADD set up (the failed delegate included); errors logged.
 
-        ``added`` is in ADD order; independent delegates are released concurrently.
+        ``added`` is in ADD order; independent delegates are released concurrently. True when
+        every delegate was released; False when one was not, so that the caller keeps the
+        scratch cache for the runtime's DEL (upstream keeps it until CmdDel).
         """
-        for delegate, exc in self._delete_all(engine, req, added, cleanup_deadline(deadline)):
-            log.error("rolling back %s (%s) failed: %s", delegate.name, delegate.ifname,
-                      _as_cni_error(exc, log).msg)
+        failures = self._delete_all(engine, req, added, cleanup_deadline(deadline))
+        for delegate, exc in failures:
+            log.error("rolling back %s (%s) failed: %s; the scratch cache is kept for the "
+                      "runtime's DEL", delegate.name, delegate.ifname, _as_cni_error(exc, log).msg)
+        return not failures
 
     def _plan(self, req: CmdArgs, delegates: Sequence, *, adding: bool = True) -> list[list[int]]:
         """The waves the delegates run in (see :mod:`multusd.core.parallel`)."""
@@ -263,6 +277,7 @@ class Multus:
         if not req.container_id:
             log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
             return
+        req = netns_for_del(req, log)
         conf = req.config
         path = scratch_path(conf, req.container_id)
         delegates = self._delegates_for_del(req, path, log)
@@ -281,7 +296,8 @@ class Multus:
         try:
             data = read_scratch(path)
             if data is not None:
-                return scratch.delegates_from_cache(data, top_cni_version=req.cni_version)
+                return scratch.delegates_from_cache(data, top_cni_version=req.cni_version,
+                                                    cni_ifname=req.ifname)
         except MultusError as exc:
             log.error("scratch cache %s is unreadable (%s): deleting what libcni's result "
                       "cache still knows about", path, exc.msg)
@@ -310,7 +326,9 @@ class Multus:
         if data is None:
             raise MultusError(f"CHECK: no attachments recorded for container {req.container_id} "
                               f"({path} is missing): was ADD run?")
-        delegates = scratch.delegates_from_cache(data, top_cni_version=req.cni_version)
+        delegates = scratch.delegates_from_cache(data, top_cni_version=req.cni_version,
+                                                 cni_ifname=req.ifname)
+        require_netns(req.netns)
         engine = self.engine(req.config)
         for delegate in delegates:
             net = NetworkConfigList.load(delegate.conf, source=delegate.name)
@@ -349,7 +367,7 @@ class Multus:
         require_delegates(req.config)
         delegates = delegates_mod.build_delegates(
             req.config, pod_namespace="", pod_name="", annotations=None,
-            cni_ifname="eth0", get_nad=self.kube.get_nad if self.kube is not None else None)
+            cni_ifname=req.ifname or "eth0", get_nad=self.kube.get_nad if self.kube is not None else None)
         return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
 
 
@@ -369,6 +387,81 @@ def _as_cni_error(exc: BaseException, log) -> MultusError:
     if not isinstance(exc, MultusError):
         log.error("unexpected failure during ADD (rolled back)", exc_info=exc)
     return from_exception(exc)
+
+
+def refuse_repeated_add(req: CmdArgs) -> None:
+    """Refuse an ADD for a container that still has attachments recorded, before any work.
+
+    The spec forbids a second ADD without a DEL in between; running it anyway would fail on
+    the first interface and its rollback would delete the first ADD's attachment.
+    """
+    directory = cni_dir(req.config)
+    recorded = os.path.exists(scratch_path(req.config, req.container_id))
+    if not recorded:
+        marker = f"-{req.container_id}-"
+        try:
+            recorded = any(marker in name for name in os.listdir(os.path.join(directory,
+                                                                               "results")))
+        except OSError:
+            recorded = False
+    if recorded:
+        raise MultusError(f"{pod_prefix(req)}: container {req.container_id} already has "
+                          f"network attachments recorded in {directory}: the runtime must "
+                          "call DEL for it before another ADD (a repeated ADD is refused so "
+                          "that the first one's attachments stay intact)")
+
+
+def require_ifnames_free(netns, req: CmdArgs, delegates: Sequence, wrap) -> None:
+    """Upstream's validateIfName for every delegate, before any runs (F37)."""
+    for delegate in delegates:
+        kind = delegate_type(delegate.conf)
+        prefix = f"DelegateAdd: cannot set \"{kind}\" interface name to \"{delegate.ifname}\": "
+        try:
+            exists = netns.interface_exists(delegate.ifname)
+        except MultusError as exc:
+            raise wrap(req, delegate, exc.with_prefix(
+                f"{prefix}validateIfName: no net namespace {req.netns} found: ")) from exc
+        if exists:
+            raise wrap(req, delegate, InvalidEnvironment(
+                f"{prefix}validateIfName: interface name {delegate.ifname} already exists"))
+
+
+def require_netns(path: str) -> None:
+    """CNI_NETNS opens as a network namespace, within a bound (not a FIFO, file or hung mount)."""
+    from multusd.node.netns import PodNetns
+
+    with PodNetns(path) as netns:
+        netns.interface_exists("lo")
+
+
+def netns_for_del(req: CmdArgs, log) -> CmdArgs:
+    """The request, with CNI_NETNS dropped when it is there but is not a namespace.
+
+    A FIFO, a plain file or a hung mount would hold every delegate's DEL until the deadline;
+    the spec allows DEL without a netns, so IPAM and host-side state are still released. A
+    netns that is gone is passed on: plugins handle that themselves.
+    """
+    if not req.netns:
+        return req
+    try:
+        require_netns(req.netns)
+    except UnknownContainer:
+        return req
+    except MultusError as exc:
+        log.warning("DEL: %s; running the delegates without a network namespace", exc.msg)
+        return dataclasses.replace(req, netns="")
+    return req
+
+
+def delegate_type(conf: bytes) -> str:
+    """The plugin type of a delegate conf (a conflist's first plugin), for messages."""
+    try:
+        data = json.loads(conf)
+        if isinstance(data, dict) and isinstance(data.get("plugins"), list) and data["plugins"]:
+            data = data["plugins"][0]
+        return str(data.get("type", "")) if isinstance(data, dict) else ""
+    except ValueError:
+        return ""
 
 
 def require_delegates(conf: Mapping[str, Any]) -> None:

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -50,9 +51,14 @@ class StartupError(Exception):
 def bind_socket(path: str) -> socket.socket:
     """Listen on ``path`` ourselves (development / no systemd), upstream's modes 0700/0600."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
-    if os.path.exists(path):
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700)
+        os.chmod(directory, 0o700)  # makedirs' mode passes through the umask
+    # An existing directory keeps its mode: it may be shared (the operator's /run/...).
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise StartupError(f"{path} exists and is not a socket: multusd will not remove "
+                               "it; move it away or set another \"socketDir\"")
         if _socket_is_live(path):
             raise StartupError(f"another multusd is already serving on {path}; stop it first "
                                "(systemctl stop multusd.socket multusd)")

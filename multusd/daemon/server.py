@@ -77,8 +77,12 @@ class Server:
                  readiness: Callable[[], bool] = lambda: True,
                  after_request: Callable[[], None] = lambda: None,
                  observe_http: Callable[[str, str, int], None] = lambda *answer: None,
-                 describe: Callable[[], Mapping[str, Any]] = dict) -> None:
+                 describe: Callable[[], Mapping[str, Any]] = dict,
+                 max_connections: int = 0, read_timeout: float = 0.0) -> None:
         self.listener = listener
+        self.read_timeout = read_timeout or READ_TIMEOUT
+        self.max_connections = max_connections or max(64, 4 * workers)
+        self._connection_slots = threading.BoundedSemaphore(self.max_connections)
         self.readiness = readiness
         self.describe = describe
         self.after_request = after_request
@@ -97,17 +101,28 @@ class Server:
 
     # -- life cycle -------------------------------------------------------------------------
     def serve_forever(self) -> None:
-        """Accept connections until :meth:`stop`; each one is served on its own thread."""
+        """Accept connections until :meth:`stop`; each one is served on its own thread.
+
+        At most ``max_connections`` at once: the rest wait in the socket's backlog (where
+        systemd's socket keeps them across restarts), not in threads of ours.
+        """
         self.listener.setblocking(False)
         while True:
+            if not self._connection_slots.acquire(timeout=0.5):
+                if self._stopped:
+                    return
+                continue
             readable, _, _ = select.select([self.listener, self._stop_r], [], [])
             if self._stop_r in readable:
+                self._connection_slots.release()
                 return
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
+                self._connection_slots.release()
                 continue
             except OSError as exc:
+                self._connection_slots.release()
                 LOG.error("accept failed on the multusd socket: %s", exc)
                 continue
             conn.setblocking(True)
@@ -152,7 +167,7 @@ class Server:
     # -- one connection ---------------------------------------------------------------------
     def _serve_connection(self, conn: socket.socket) -> None:
         try:
-            conn.settimeout(READ_TIMEOUT)
+            conn.settimeout(READ_TIMEOUT)  # the answer's writes; reads have their own deadline
             _Connection(conn, self).handle()
         except Exception:  # a broken client must never take a thread's error further
             LOG.debug("connection ended with an error", exc_info=True)
@@ -164,6 +179,7 @@ class Server:
             with self._idle:
                 self._in_flight -= 1
                 self._idle.notify_all()
+            self._connection_slots.release()
 
     def status(self) -> dict:
         """What ``GET /status`` answers: request counts and in flight, plus :attr:`describe`."""
@@ -208,13 +224,66 @@ def _error_response(error: MultusError) -> tuple[int, bytes]:
 
 
 STATUS_PHRASES = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found",
-                  405: "Method Not Allowed", 500: "Internal Server Error"}
+                  405: "Method Not Allowed", 408: "Request Timeout",
+                  500: "Internal Server Error"}
 MAX_HEADER_LINE = 65536
 MAX_HEADERS = 100
+MAX_HEAD = 65536  # request line and headers together
 
 
 class _BadRequest(Exception):
     """The bytes on the connection are not an HTTP/1.x request."""
+
+
+class _ReadTimeout(Exception):
+    """The client did not send its whole request within the server's read_timeout."""
+
+
+class _Reader:
+    """Buffered reads from the connection against one deadline for the head and body.
+
+    A per-read timeout would let a client that sends a byte at a time hold a thread for
+    ever; here every ``recv`` gets only what is left of the request's read timeout.
+    """
+
+    def __init__(self, conn: socket.socket, timeout: float) -> None:
+        self.conn = conn
+        self.deadline = time.monotonic() + timeout
+        self.buffer = bytearray()
+
+    def _fill(self) -> bool:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise _ReadTimeout()
+        self.conn.settimeout(remaining)
+        try:
+            data = self.conn.recv(65536)
+        except socket.timeout:
+            raise _ReadTimeout() from None
+        finally:
+            self.conn.settimeout(READ_TIMEOUT)
+        self.buffer += data
+        return bool(data)
+
+    def readline(self, limit: int) -> bytes:
+        """One line with its newline, at most ``limit`` bytes; b"" at EOF."""
+        while True:
+            end = self.buffer.find(b"\n", 0, limit)
+            if end >= 0:
+                return self._take(end + 1)
+            if len(self.buffer) >= limit or not self._fill():
+                return self._take(min(limit, len(self.buffer)))
+
+    def read(self, size: int) -> bytes:
+        """``size`` bytes, or fewer if the client closed its side first."""
+        while len(self.buffer) < size and self._fill():
+            pass
+        return self._take(min(size, len(self.buffer)))
+
+    def _take(self, size: int) -> bytes:
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
 
 
 class _Connection:
@@ -229,22 +298,23 @@ class _Connection:
     def __init__(self, conn: socket.socket, server: Server) -> None:
         self.conn = conn
         self.server = server
-        self.rfile = conn.makefile("rb")
+        self.rfile = _Reader(conn, server.read_timeout)
         self.method = ""
         self.path = ""
         self.headers: dict = {}
 
     def handle(self) -> None:
-        # The file object holds its own reference to the socket: close it too, or the
-        # connection stays open and a client reading to EOF (Go's) waits.
         try:
             if self._read_head():
                 self._route()
         except _BadRequest as exc:
             LOG.debug("malformed HTTP request: %s", exc)
-            self._send(400, f"{exc}\n".encode(), "text/plain")
-        finally:
-            self.rfile.close()
+            self._send(*_error_response(DecodeFailure(f"malformed HTTP request: {exc}")))
+        except _ReadTimeout:
+            LOG.debug("a client did not send its request within %.0fs",
+                      self.server.read_timeout)
+            self._send(408, _error_response(TryAgainLater(
+                f"the request was not received within {self.server.read_timeout:.0f}s"))[1])
 
     def _read_head(self) -> bool:
         line = self.rfile.readline(MAX_HEADER_LINE + 1)
@@ -254,16 +324,25 @@ class _Connection:
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
             raise _BadRequest(f"malformed request line {line[:100]!r}")
         self.method, self.path = parts[0], parts[1].split("?", 1)[0]
+        head_size, count = len(line), 0
         while True:
             line = self.rfile.readline(MAX_HEADER_LINE + 1)
-            if line in (b"\r\n", b"\n", b""):
+            if line in (b"\r\n", b"\n"):
                 return True
-            if len(line) > MAX_HEADER_LINE or len(self.headers) >= MAX_HEADERS:
-                raise _BadRequest("request headers too large")
+            if not line.endswith(b"\n"):
+                raise _BadRequest("the request head ended before its blank line"
+                                  if len(line) <= MAX_HEADER_LINE else "header line too long")
+            head_size, count = head_size + len(line), count + 1
+            if head_size > MAX_HEAD or count > MAX_HEADERS:
+                raise _BadRequest(f"request head too large: at most {MAX_HEADERS} header "
+                                  f"lines and {MAX_HEAD} bytes")
             name, sep, value = line.decode("latin-1").partition(":")
             if not sep:
                 raise _BadRequest(f"malformed header line {line[:100]!r}")
-            self.headers[name.strip().lower()] = value.strip()
+            key, value = name.strip().lower(), value.strip()
+            if key in _SINGLE_HEADERS and self.headers.get(key, value) != value:
+                raise _BadRequest(f"conflicting {name.strip()} headers")
+            self.headers[key] = value
 
     def _route(self) -> None:
         path, method = self.path, self.method
@@ -296,15 +375,22 @@ class _Connection:
         length_header = self.headers.get("content-length")
         if length_header is None:
             raise InvalidEnvironment("the request has no Content-Length")
-        try:
-            length = int(length_header)
-        except ValueError:
-            raise DecodeFailure(f"bad Content-Length {length_header!r}") from None
+        length = _decimal(length_header)
+        if length is None:
+            raise DecodeFailure(f"bad Content-Length {length_header[:40]!r}: it must be a "
+                                "non-negative decimal number")
         if length > MAX_BODY:
             self._discard(length)
             raise DecodeFailure(f"request body of {length} bytes is over the limit of "
                                 f"{MAX_BODY} bytes; a CNI config should be far smaller")
-        return self.rfile.read(length)
+        return self._read_exactly(length)
+
+    def _read_exactly(self, length: int) -> bytes:
+        body = self.rfile.read(length)
+        if len(body) != length:
+            raise DecodeFailure(f"the request body ended after {len(body)} of its {length} "
+                                "bytes: the request was not run")
+        return body
 
     def _discard(self, length: int) -> None:
         """Read an oversized body away (bounded) so the client gets our answer, not EPIPE."""
@@ -318,25 +404,25 @@ class _Connection:
     def _read_chunked(self) -> bytes:
         body = b""
         while True:
-            try:
-                size = int(self.rfile.readline(MAX_HEADER_LINE).split(b";")[0].strip() or b"0",
-                           16)
-            except ValueError:
-                raise DecodeFailure("malformed chunked request body") from None
+            line = self.rfile.readline(MAX_HEADER_LINE)
+            digits = line.split(b";")[0].strip()
+            if not line.endswith(b"\n") or not digits or digits.strip(_HEX_DIGITS):
+                raise DecodeFailure("malformed chunked request body: a chunk size must be "
+                                    "hexadecimal digits on a line of its own")
+            size = int(digits, 16)
             if size == 0:
-                self.rfile.readline()
+                self.rfile.readline(MAX_HEADER_LINE)
                 return body
             if len(body) + size > MAX_BODY:
                 raise DecodeFailure(f"request body is over the limit of {MAX_BODY} bytes")
-            body += self.rfile.read(size)
-            self.rfile.readline()
+            body += self._read_exactly(size)
+            if self.rfile.readline(MAX_HEADER_LINE) not in (b"\r\n", b"\n"):
+                raise DecodeFailure("malformed chunked request body: a chunk is longer than "
+                                    "its size")
 
     def _drain_body(self) -> None:
-        try:
-            length = int(self.headers.get("content-length") or 0)
-        except ValueError:
-            return
-        if 0 < length <= MAX_BODY:
+        length = _decimal(self.headers.get("content-length") or "0")
+        if length is not None and 0 < length <= MAX_BODY:
             self.rfile.read(length)
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
@@ -345,3 +431,15 @@ class _Connection:
                 "Connection: close\r\n\r\n").encode()
         self.conn.sendall(head + body)  # one write: no Nagle delay between head and body
         self.server.observe_http(self.path, self.method, status)
+
+
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+_SINGLE_HEADERS = ("content-length", "transfer-encoding")
+
+
+def _decimal(text: str) -> Optional[int]:
+    """A Content-Length as RFC 9110 has it (digits only: no sign, no spaces); None if not."""
+    text = text.strip()
+    if not text or len(text) > 18 or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)

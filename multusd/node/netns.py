@@ -30,6 +30,7 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 from typing import (Any, NamedTuple, Iterator, List, Optional,
                     Sequence, Tuple)
 
@@ -54,6 +55,7 @@ _RT_TABLE_MAIN = 254
 _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 
 _libc: Optional[ctypes.CDLL] = None
+OPEN_TIMEOUT = 5.0  # a namespace file opens in microseconds; this is a hung mount
 
 
 class PodNetns:
@@ -230,14 +232,23 @@ def _netlink_socket_in(netns_path: str) -> int:
     if pid == 0:  # pragma: no cover - runs in the child, which never returns
         _child_create_socket(child_end, netns_path, setns)
     child_end.close()
+    # The child opens the path: a hung mount blocks it, never this worker (bounded wait).
+    parent_end.settimeout(OPEN_TIMEOUT)
     try:
         message, fds, _, _ = socket.recv_fds(parent_end, 64, 1)
+    except socket.timeout:
+        _kill_and_reap_later(pid)
+        pid = 0
+        raise IOFailure(f"network namespace {netns_path!r} did not open within "
+                        f"{OPEN_TIMEOUT:.0f}s: CNI_NETNS is on a hung mount or is not a "
+                        "namespace file") from None
     except OSError as exc:
         raise IOFailure(f"cannot enter network namespace {netns_path!r}: {exc.strerror}") \
             from exc
     finally:
         parent_end.close()
-        _reap(pid)
+        if pid:
+            _reap(pid)
     if fds:
         return fds[0]
     code = int(message[1:] or 0) if message.startswith(b"E") else 0
@@ -249,7 +260,8 @@ def _child_create_socket(channel: socket.socket, netns_path: str, setns: Any) ->
     """In the forked child: enter the netns, send a netlink socket back, exit at once."""
     status = 0
     try:
-        netns_fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO at CNI_NETNS opens at once (and setns refuses it: EINVAL).
+        netns_fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         setns(netns_fd)
         netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
         socket.send_fds(channel, [b"ok"], [netlink.fileno()])
@@ -279,6 +291,15 @@ def _setns_function() -> Any:
             raise OSError(code, os.strerror(code))
 
     return setns
+
+
+def _kill_and_reap_later(pid: int) -> None:
+    """SIGKILL a helper stuck in open(); reap it on a thread (D state delays its exit)."""
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        return
+    threading.Thread(target=_reap, args=(pid,), name="multusd-netns-reap", daemon=True).start()
 
 
 def _reap(pid: int) -> None:

@@ -48,12 +48,25 @@ def loads(data: str | bytes) -> object:
     offset = len(text) - len(stripped)
     try:
         value, end = _scan(text, offset)
-    except StopIteration as exc:
-        raise ValueError(f"Expecting value: line 1 column {exc.value + 1} "
-                         f"(char {exc.value})") from None
+    except BaseException:  # noqa: B902 - any scanner failure: let json say what is wrong
+        return _loads_with_json(text)
     if text[end:].strip(_WHITESPACE):
         raise ValueError(f"Extra data: char {end}")
     return value
+
+
+def _loads_with_json(text: str) -> object:
+    """The error path: the standard parser, whose errors are ValueErrors with a position.
+
+    The bare scanner is not a safe parser on its own: it needs ``json.decoder`` for its
+    error messages (``SystemError`` without it) and recurses without a guard.
+    """
+    import json
+
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
 
 
 def dumps(obj: object) -> str:

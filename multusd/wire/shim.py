@@ -32,11 +32,15 @@ class ShimConfig:
     """The few keys of the runtime's config that the shim itself reads."""
 
     def __init__(self, conf: dict) -> None:
-        self.cni_version = str(conf.get("cniVersion") or "")
-        self.socket_dir = str(conf.get("daemonSocketDir") or api.DEFAULT_SOCKET_DIR)
-        self.log_file = str(conf.get("logFile") or "")
-        self.log_level = LEVELS.get(str(conf.get("logLevel") or "").lower(), 0)
-        self.log_to_stderr = bool(conf.get("logToStderr", False))
+        self.cni_version = _setting(conf, "cniVersion", str)
+        self.socket_dir = _path_setting(conf, "daemonSocketDir") or api.DEFAULT_SOCKET_DIR
+        self.log_file = _path_setting(conf, "logFile")
+        level = _setting(conf, "logLevel", str).lower()
+        if level and level not in LEVELS:
+            raise DecodeFailure(f"invalid \"logLevel\" {level!r} in the multus-shim config: "
+                                f"use one of {', '.join(LEVELS)}")
+        self.log_level = LEVELS.get(level, 0)
+        self.log_to_stderr = _setting(conf, "logToStderr", bool) is True
 
     def log(self, level: str, message: str) -> None:
         """Upstream's line format, to logFile and/or stderr as configured."""
@@ -55,7 +59,36 @@ class ShimConfig:
                 pass
 
 
+_TYPE_NAMES = {str: "a string", bool: "a boolean"}
+
+
+def _setting(conf: dict, key: str, kind: type):
+    """``conf[key]`` if it has the JSON type ``kind``; "" when absent or null."""
+    value = conf.get(key)
+    if value is None:
+        return ""
+    if type(value) is not kind:
+        raise DecodeFailure(f"invalid \"{key}\" in the multus-shim config: it must be "
+                            f"{_TYPE_NAMES[kind]}, not {value!r:.40}")
+    return value
+
+
+def _path_setting(conf: dict, key: str) -> str:
+    """An absolute path setting: the shim never writes or connects relative to its cwd."""
+    value = _setting(conf, key, str)
+    if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
+        raise DecodeFailure(f"invalid \"{key}\" {value!r:.80} in the multus-shim config: it "
+                            "must be an absolute path")
+    return value
+
+
+MAX_STDIN = 3 * 1024 * 1024  # the daemon takes 4 MiB of request, the config base64-encoded
+
+
 def parse_config(stdin: bytes) -> ShimConfig:
+    if len(stdin) > MAX_STDIN:
+        raise DecodeFailure(f"invalid CNI configuration passed to multus-shim: {len(stdin)} "
+                            f"bytes, over the limit of {MAX_STDIN}")
     try:
         conf = quickjson.loads(stdin)
         if not isinstance(conf, dict):
@@ -202,6 +235,11 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
         if conf is not None:
             conf.log("error", f"{command} (shim): {exc.msg}")
         return 1, exc.to_cni_error(config_version or "1.1.0")
+    except BaseException as exc:  # noqa: B902 - the runtime gets a CNI error, never a traceback
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise
+        return 1, MultusError(f"multus-shim failed unexpectedly: {type(exc).__name__}: "
+                              f"{exc!s:.500}").to_cni_error(config_version or "1.1.0")
 
 
 def version_info(stdin: bytes) -> dict:
@@ -209,7 +247,9 @@ def version_info(stdin: bytes) -> dict:
         requested = quickjson.loads(stdin).get("cniVersion") if stdin.strip() else None
     except (ValueError, AttributeError):
         requested = None
-    return {"cniVersion": requested or "1.1.0", "supportedVersions": list(SUPPORTED_VERSIONS)}
+    if not isinstance(requested, str) or not requested:
+        requested = "1.1.0"
+    return {"cniVersion": requested, "supportedVersions": list(SUPPORTED_VERSIONS)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,10 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-version", "--version", "-v"):
         print(f"multus-shim: version:{__version__}(multusd)")
         return 0
-    stdin = sys.stdin.buffer.read()
-    code, output = run(dict(os.environ), stdin)
-    if output is not None:
-        sys.stdout.write(quickjson.dumps(output) + "\n")
+    try:
+        stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
+        code, output = run(dict(os.environ), stdin)
+        text = quickjson.dumps(output) + "\n" if output is not None else ""
+    except Exception as exc:  # noqa: B902 - last line of defence: still a CNI error
+        code, text = 1, quickjson.dumps(MultusError(
+            f"multus-shim failed unexpectedly: {type(exc).__name__}: {exc!s:.500}")
+            .to_cni_error()) + "\n"
+    if text:
+        sys.stdout.write(text)
         sys.stdout.flush()
     return code
 

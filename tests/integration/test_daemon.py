@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from harness import DaemonProcess, call_shim, netns_addresses
-from testlib import free_port, metric_value, wait_for
+from testlib import free_port, metric_value, raw_exchange, wait_for
 from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -79,7 +79,9 @@ def test_failing_second_delegate_rolls_back_everything(sandbox):
     assert "[default/web-0/" in add.output["msg"]
     assert set(netns_addresses(ns_name)) == {"lo"}
     assert sandbox.leases_held() == []
-    assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
+    # macvlan's DEL fails too while its master is missing: the attachment stays recorded for
+    # the runtime's DEL (issue 12) instead of being forgotten.
+    assert os.path.exists(os.path.join(daemon.cni_dir, cid))
     assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args("x" + cid)).code == 1
     daemon.wait_healthy()
 
@@ -116,6 +118,7 @@ def cni_body(env_vars: dict, config: dict | bytes) -> bytes:
     return api.encode_request(env_vars, raw)
 
 
+RUNTIME_CONF = {"cniVersion": "0.4.0", "name": "multus-cni-network", "type": "multus-shim"}
 BASE_ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/none",
             "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p"}
 
@@ -124,16 +127,16 @@ BASE_ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/ru
     ("malformed JSON", b"{not json", "not valid JSON"),
     ("bad base64", json.dumps({"env": BASE_ENV, "config": "@@@"}).encode(), "not valid base64"),
     ("missing CNI_COMMAND", cni_body({k: v for k, v in BASE_ENV.items() if k != "CNI_COMMAND"},
-                                     {"cniVersion": "0.4.0"}), "missing CNI_COMMAND"),
+                                     RUNTIME_CONF), "missing CNI_COMMAND"),
     ("missing CNI_ARGS", cni_body({k: v for k, v in BASE_ENV.items() if k != "CNI_ARGS"},
-                                  {"cniVersion": "0.4.0"}), "missing CNI_ARGS"),
+                                  RUNTIME_CONF), "missing CNI_ARGS"),
     ("missing K8S_POD_NAME", cni_body(dict(BASE_ENV, CNI_ARGS="K8S_POD_NAMESPACE=default"),
-                                      {"cniVersion": "0.4.0"}), "missing K8S_POD_NAME"),
+                                      RUNTIME_CONF), "missing K8S_POD_NAME"),
     ("invalid CNI_ARGS item", cni_body(dict(BASE_ENV, CNI_ARGS="K8S_POD_NAME=p;garbage"),
-                                       {"cniVersion": "0.4.0"}), "invalid CNI_ARGS item 'garbage'"),
+                                       RUNTIME_CONF), "invalid CNI_ARGS item 'garbage'"),
     ("config not JSON", cni_body(BASE_ENV, b"{{"), "CNI config from the runtime is not valid"),
     ("container ID as a path", cni_body(dict(BASE_ENV, CNI_CONTAINERID="../../etc/x"),
-                                        {"cniVersion": "0.4.0"}), "invalid CNI_CONTAINERID"),
+                                        RUNTIME_CONF), "invalid CNI_CONTAINERID"),
 ])
 def test_bad_input_gets_a_clear_cni_error_and_the_daemon_keeps_serving(sandbox, case, body, message):
     daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.63.0.0/24")]})
@@ -213,7 +216,7 @@ def test_self_bound_socket_modes_stale_file_and_live_daemon(tmp_path):
     first = subprocess.Popen(cmd, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: _answers(str(stale)), 20, what="the self-bound daemon")
-        assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o755  # not ours: left alone
         assert stat.S_IMODE(os.stat(stale).st_mode) == 0o600
         second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert second.returncode == 3
@@ -222,6 +225,28 @@ def test_self_bound_socket_modes_stale_file_and_live_daemon(tmp_path):
         first.send_signal(signal.SIGTERM)
         assert first.wait(30) == 0
     assert not stale.exists()
+
+
+def test_self_bind_makes_its_directory_and_never_removes_a_file(tmp_path):
+    socket_dir = tmp_path / "run" / "multus"
+    config = tmp_path / "daemon-config.json"
+    config.write_text(json.dumps({"socketDir": str(socket_dir), "cniDir": str(tmp_path / "cni"),
+                                  "delegates": [{"cniVersion": "0.4.0", "name": "n",
+                                                 "type": "loopback"}]}))
+    cmd = [sys.executable, "-m", "multusd", "serve", "--config", str(config)]
+    first = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: _answers(str(socket_dir / "multus.sock")), 20, what="the daemon")
+        assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700  # made by it
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+    precious = socket_dir / "multus.sock"
+    precious.write_text("not a socket")
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 3
+    assert "is not a socket" in second.stderr
+    assert precious.read_text() == "not a socket"
 
 
 def _answers(path: str) -> bool:
@@ -393,30 +418,15 @@ def test_metrics_count_requests_and_time_delegate_plugins(sandbox):
     assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
 
 
-def raw_exchange(path: str, data: bytes) -> bytes:
-    import socket as pysocket
-
-    with pysocket.socket(pysocket.AF_UNIX) as conn:
-        conn.settimeout(30)
-        conn.connect(path)
-        conn.sendall(data)
-        received = b""
-        while True:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return received
-            received += chunk
-
-
 def test_malformed_http_and_expect_continue(sandbox):
     daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.75.0.0/24")]})
     assert raw_exchange(daemon.socket_path, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
     assert raw_exchange(daemon.socket_path, b"GET /healthz HTTP/1.1\r\nNoColon\r\n\r\n"
                         ).startswith(b"HTTP/1.1 400 ")
-    body = b"{}"
+    body = cni_body({}, RUNTIME_CONF)
     answer = raw_exchange(daemon.socket_path,
                           b"POST /cni HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                          b"Content-Length: 2\r\n\r\n" + body)
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
     assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 400 Bad Request\r\n")
     assert b"unexpected or missing CNI_COMMAND" in answer
     assert post(daemon, "/healthz", b"", "GET")[0] == 200

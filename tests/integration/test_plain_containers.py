@@ -118,7 +118,7 @@ def test_delegates_mode_and_a_repeated_del(sandbox):
 def test_del_after_a_failed_add_succeeds_and_nothing_is_left(sandbox):
     daemon = sandbox.daemon({"cniVersion": "0.4.0", "delegates": [
         sandbox.net("good", "10.154.0.0/24", cni_version="0.4.0"),
-        {"cniVersion": "0.4.0", "name": "broken", "type": "stub-error"}]})
+        {"cniVersion": "0.4.0", "name": "broken", "type": "stub-add-error"}]})  # its DEL works
     conf = daemon.shim_conf("0.4.0", name="multusnet")
     ns_name, ns_path = sandbox.netns()
     cid = uuid.uuid4().hex

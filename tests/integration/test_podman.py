@@ -153,7 +153,7 @@ def test_podman_run_gets_eth0_net1_and_a_published_port_and_rm_leaves_nothing(
 
 def test_a_podman_run_whose_add_fails_leaves_nothing(sandbox, podman, image, tmp_path):
     good = sandbox.net("pm-good", f"10.157.{OCTET}.0/24", cni_version="0.4.0")
-    broken = {"cniVersion": "0.4.0", "name": "pm-broken", "type": "stub-error"}
+    broken = {"cniVersion": "0.4.0", "name": "pm-broken", "type": "stub-add-error"}  # its DEL works
     daemon, network = multus_network(sandbox, podman, tmp_path, delegates_mode=[good, broken])
     chains_before = dnat_chains()
     name = f"fails-{uuid.uuid4().hex[:6]}"

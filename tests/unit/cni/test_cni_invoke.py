@@ -251,3 +251,15 @@ def test_a_failing_observer_does_not_change_the_plugin_answer(stub_bin, caplog):
                                     deadline=time.monotonic() + 30, observer=broken)
     assert result == {"cniVersion": "1.0.0", "ips": []}
     assert "the plugin observer failed on stub-record ADD" in caplog.text
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_plugin_printing_without_end_is_killed_at_the_output_limit(tmp_path, stream):
+    plugin = tmp_path / "flood"
+    redirect = " 1>&2" if stream == "stderr" else ""
+    plugin.write_text(f"#!/bin/sh\ncat >/dev/null\nexec yes flood{redirect}\n")
+    os.chmod(plugin, 0o755)
+    with pytest.raises(DelegateError) as err:
+        _exec(str(plugin), {"cniVersion": "1.0.0"}, timeout=60)
+    assert f"printed more than 16 MiB on {stream} and was killed" in err.value.msg
+    assert len(err.value.details) < 3 * invoke.DETAILS_LIMIT
