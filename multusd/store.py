@@ -56,6 +56,23 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
         _fsync_dir(directory)
 
 
+def read_or_none(path: str, what: str = "") -> Optional[bytes]:
+    """The bytes of ``path``; None when it does not exist.
+
+    :raises IOFailure: it exists but cannot be read (``what`` names it in the message).
+    """
+    name = f"{what} {path}" if what else repr(path)
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError as exc:
+        raise IOFailure(f"cannot read {name}: it is a directory") from exc
+    except OSError as exc:
+        raise IOFailure(f"cannot read {name}: {exc.strerror}") from exc
+
+
 def read_json_object(path: str, what: str) -> dict | None:
     """The JSON object in ``path``; None when it is missing, or unreadable or not a JSON
     object (then a warning names ``what`` it was supposed to be: callers carry on without)."""

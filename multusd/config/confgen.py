@@ -31,6 +31,7 @@ import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from multusd import store
+from multusd.store import read_or_none
 from multusd.config.reader import ConfigReader, is_wrong_type, lenient_str
 from multusd.errors import ConfigError, ConfigProblem, IOFailure
 
@@ -456,18 +457,6 @@ def looks_generated(raw: bytes, shim_type: str = DEFAULT_SHIM_TYPE) -> bool:
 
 
 # --------------------------------------------------------------------------- file helpers
-
-def read_or_none(path: str) -> Optional[bytes]:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError as exc:
-        raise IOFailure(f"cannot read {path!r}: it is a directory") from exc
-    except OSError as exc:
-        raise IOFailure(f"cannot read {path!r}: {exc.strerror}") from exc
-
 
 def _read_stable(path: str) -> Optional[bytes]:
     """Read a file another tool may be writing in place; retry while it changes under us."""

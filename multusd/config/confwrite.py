@@ -16,10 +16,11 @@ import sys
 from typing import Any, Callable, List, Mapping, Tuple
 
 from multusd import store
+from multusd.store import read_or_none
 from multusd.config.confgen import (AUTO, CONF_DIR_MODE, CONF_MODE, DEFAULT_CNI_CONFIG_DIR,
                                     DEFAULT_SHIM_TYPE, EXIT_CONFIG, EXIT_IO, EXIT_OK,
                                     MULTUS_CONF_NAME, Plan, is_candidate,
-                                    load_daemon_config, looks_generated, plan, read_or_none,
+                                    load_daemon_config, looks_generated, plan,
                                     stat_key)
 from multusd.config.reader import lenient_str
 from multusd.errors import ConfigError, IOFailure

@@ -22,6 +22,7 @@ from multusd.cni import cache as result_cache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
 from multusd.core import scratch
+from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
 
@@ -83,7 +84,7 @@ class Attachment:
 
 
 @dataclass(frozen=True)
-class SandboxRecord:
+class SandboxRecord(PodIdentity):
     """Everything the node has recorded about one sandbox (container ID)."""
 
     container_id: str
@@ -94,21 +95,6 @@ class SandboxRecord:
     attachments: Tuple[Attachment, ...]
     result_files: Tuple[str, ...]
     mtime: float                       # when the sandbox's oldest record was written
-
-    def arg(self, key: str) -> str:
-        return next((value for name, value in self.cni_args if name == key), "")
-
-    @property
-    def pod_namespace(self) -> str:
-        return self.arg("K8S_POD_NAMESPACE")
-
-    @property
-    def pod_name(self) -> str:
-        return self.arg("K8S_POD_NAME")
-
-    @property
-    def pod_uid(self) -> str:
-        return self.arg("K8S_POD_UID")
 
     @property
     def pod(self) -> str:

@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Tuple
 
 from multusd.cni.args import parse_cni_args
 from multusd.cni.names import IFNAME_RULE, NAME_RULE, is_valid_ifname, is_valid_name
@@ -22,24 +22,14 @@ COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 SANDBOX_FREE_COMMANDS = ("STATUS", "GC")
 
 
-@dataclass(frozen=True)
-class CmdArgs:
-    """A parsed request: the CNI call plus the pod identity from CNI_ARGS (if it is a pod's)."""
+class PodIdentity:
+    """The pod identity that CNI_ARGS carry (``K8S_POD_*``), for anything holding the pairs."""
 
-    command: str
-    container_id: str
-    netns: str
-    ifname: str
-    args: tuple[tuple[str, str], ...]
-    config: Mapping[str, Any]            # the merged config (request conf + daemon overlay)
-    config_bytes: bytes                  # the request's config as the runtime sent it
-    env: Mapping[str, str] = field(default_factory=dict)
+    cni_args: Tuple[Tuple[str, str], ...]
 
     def arg(self, key: str) -> str:
-        for name, value in self.args:
-            if name == key:
-                return value
-        return ""
+        """The value of ``key`` in CNI_ARGS ("" when absent)."""
+        return next((value for name, value in self.cni_args if name == key), "")
 
     @property
     def pod_namespace(self) -> str:
@@ -61,6 +51,24 @@ class CmdArgs:
     @property
     def infra_container_id(self) -> str:
         return self.arg("K8S_POD_INFRA_CONTAINER_ID")
+
+
+@dataclass(frozen=True)
+class CmdArgs(PodIdentity):
+    """A parsed request: the CNI call plus the pod identity from CNI_ARGS (if it is a pod's)."""
+
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: tuple[tuple[str, str], ...]
+    config: Mapping[str, Any]            # the merged config (request conf + daemon overlay)
+    config_bytes: bytes                  # the request's config as the runtime sent it
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def cni_args(self) -> Tuple[Tuple[str, str], ...]:
+        return self.args
 
     @property
     def cni_version(self) -> str:

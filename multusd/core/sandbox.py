@@ -44,7 +44,7 @@ from multusd.cni.invoke import PluginObserver
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, IOFailure, MultusError,
+from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,
                             PodNotFound, TryAgainLater, UnknownContainer,
                             from_exception)
 
@@ -489,13 +489,7 @@ def read_scratch(path: str) -> bytes | None:
 
     :raises IOFailure: it exists but cannot be read.
     """
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise IOFailure(f"cannot read the scratch cache {path}: {exc.strerror}") from exc
+    return store.read_or_none(path, "the scratch cache")
 
 
 def scratch_path(conf: Mapping[str, Any], container_id: str) -> str:
