@@ -74,6 +74,9 @@ TOOLS = ("status", "show", "doctor", "gc")
 
 def run_tool(args: argparse.Namespace) -> int:
     """The operator tools (multusd/tools/): they read the on-disk state, the daemon may be down."""
+    from multusd.kube import lean
+
+    lean.enable()  # show and doctor talk to the API: only the parts of kubernetes they use
     if args.command == "status":
         from multusd.tools import status
 

@@ -1,0 +1,112 @@
+"""Importing only the parts of the ``kubernetes`` package multusd uses (the daemon's start-up).
+
+``import kubernetes`` runs the package's ``__init__``, which imports every API class, ~700
+generated models, the dynamic client, watch, stream and utils: ~200 ms and ~20 MB that a
+socket-activated daemon pays before its first ADD, for classes it never touches (multusd reads
+the API's JSON itself). :func:`enable` instead registers the ``kubernetes`` and
+``kubernetes.client`` packages (and its ``api``/``models`` subpackages) without running their
+``__init__``; each API class or model is then imported on first use by name
+(``client.CoreV1Api`` -> ``kubernetes.client.api.core_v1_api``), as the package's own
+``__init__`` would have bound it. Everything else (``Configuration``, ``ApiClient``,
+``kubernetes.config``) is the package's own code, unchanged.
+
+Only the daemon enables it, before anything imported ``kubernetes``; any failure (another
+layout in a future release) falls back to the ordinary import, so the cost is the only thing
+at stake. Code in the same process that imported ``kubernetes`` before is left alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import re
+import sys
+import threading
+import types
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+_PACKAGES = ("kubernetes", "kubernetes.client", "kubernetes.client.api",
+             "kubernetes.client.models")
+# What kubernetes/client/__init__.py binds besides the API classes and models.
+_CLIENT_NAMES = {"Configuration": "configuration", "ApiClient": "api_client",
+                 "ApiException": "exceptions", "ApiTypeError": "exceptions",
+                 "ApiValueError": "exceptions", "ApiKeyError": "exceptions",
+                 "OpenApiException": "exceptions"}
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+_lock = threading.Lock()
+
+
+def enable() -> bool:
+    """Register the lean packages; True when they are in use (False: the ordinary import)."""
+    with _lock:
+        if "kubernetes" in sys.modules:
+            return getattr(sys.modules["kubernetes"], "_multusd_lean", False)
+        try:
+            _register()
+            importlib.import_module("kubernetes.client.configuration")  # proves the layout
+            importlib.import_module("kubernetes.client.api_client")
+        except Exception as exc:  # noqa: BLE001 - any surprise: the ordinary import
+            for name in [m for m in sys.modules if m == "kubernetes" or
+                         m.startswith("kubernetes.")]:
+                del sys.modules[name]
+            LOG.debug("lean import of kubernetes not possible (%s); importing it whole", exc)
+            return False
+        return True
+
+
+def _register() -> None:
+    modules = {}
+    for name in _PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError(f"{name} is not a package")
+        module = types.ModuleType(name)
+        module.__path__ = list(spec.submodule_search_locations)
+        module.__spec__ = spec
+        module.__file__ = spec.origin
+        module.__package__ = name
+        module._multusd_lean = True
+        modules[name] = sys.modules[name] = module
+    top, client = modules["kubernetes"], modules["kubernetes.client"]
+    api, models = modules["kubernetes.client.api"], modules["kubernetes.client.models"]
+    top.client, client.api, client.models = client, api, models
+    top.__getattr__ = _kubernetes_attribute
+    client.__getattr__ = _client_attribute
+    api.__getattr__ = _submodule_class("kubernetes.client.api")
+    models.__getattr__ = _submodule_class("kubernetes.client.models")
+
+
+def _kubernetes_attribute(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return importlib.import_module(f"kubernetes.{name}")  # config, watch, ... on first use
+
+
+def _client_attribute(name: str) -> Any:
+    if name in _CLIENT_NAMES:
+        module = importlib.import_module(f"kubernetes.client.{_CLIENT_NAMES[name]}")
+        return getattr(module, name)
+    if name.endswith("Api"):
+        return getattr(sys.modules["kubernetes.client.api"], name)
+    if name[:1].isupper():
+        return getattr(sys.modules["kubernetes.client.models"], name)
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return importlib.import_module(f"kubernetes.client.{name}")  # rest, exceptions, ...
+
+
+def _submodule_class(package: str):
+    def attribute(name: str) -> Any:
+        if not name[:1].isupper():
+            raise AttributeError(name)
+        try:
+            module = importlib.import_module(f"{package}.{_CAMEL.sub('_', name).lower()}")
+        except ImportError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = getattr(module, name)
+        setattr(sys.modules[package], name, value)
+        return value
+    return attribute
