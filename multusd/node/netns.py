@@ -1,5 +1,8 @@
 """Netlink inside a pod's network namespace (the only user of pyroute2): links and default routes.
 
+Interface lookups are one ioctl on the namespace's socket; pyroute2 is imported only for
+routes (pods with a ``default-route`` request).
+
 Upstream: ``netutils.go`` (``DeleteDefaultGW``,
 ``SetDefaultGW``, ``DeleteDefaultGWCache``, ``AddDefaultGWCache``), the default-route part of
 ``multus.go:CmdAdd`` and ``validateIfName`` (F37, F50).
@@ -25,17 +28,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import errno
 import ipaddress
 import logging
 import os
 import socket
+import struct
+import sys
 import threading
 from typing import (Any, NamedTuple, Iterator, List, Optional,
                     Sequence, Tuple)
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, IOFailure,
                      MultusError, UnknownContainer)
@@ -51,6 +55,8 @@ class RouteChange(NamedTuple):
     added: Tuple[str, ...]
 
 _CLONE_NEWNET = 0x40000000
+_SIOCGIFINDEX = 0x8933
+_IFNAMSIZ = 16
 _RT_TABLE_MAIN = 254
 _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 
@@ -72,7 +78,8 @@ class PodNetns:
 
     def __init__(self, netns_path: str) -> None:
         self.path = netns_path
-        self._ipr: Optional[IPRoute] = None
+        self._fd: Optional[int] = None  # the netlink socket the child made in the namespace
+        self._ipr: Any = None  # pyroute2's IPRoute on that socket, for routes only
 
     def __enter__(self) -> "PodNetns":
         return self
@@ -83,8 +90,11 @@ class PodNetns:
     def close(self) -> None:
         """Close the netlink socket, if one was opened."""
         if self._ipr is not None:
-            ipr, self._ipr = self._ipr, None
-            ipr.close()
+            ipr, self._ipr, self._fd = self._ipr, None, None
+            ipr.close()  # it owns the socket
+        elif self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     # --- interfaces -------------------------------------------------------------------------
 
@@ -125,7 +135,7 @@ class PodNetns:
                                           gateway=gateway,
                                           priority=route.get_attr("RTA_PRIORITY"))
             except IOFailure as exc:
-                if isinstance(exc.__cause__, NetlinkError) and exc.__cause__.code == errno.ESRCH:
+                if _netlink_code(exc.__cause__) == errno.ESRCH:
                     continue  # removed meanwhile (e.g. with its address): what we wanted
                 raise
             deleted += 1
@@ -151,8 +161,7 @@ class PodNetns:
                 self._iproute().route("add", family=family, dst_len=0, gateway=str(address),
                                       oif=index, table=_RT_TABLE_MAIN)
         except IOFailure as exc:
-            if not (isinstance(exc.__cause__, NetlinkError)
-                    and exc.__cause__.code == errno.EEXIST):
+            if _netlink_code(exc.__cause__) != errno.EEXIST:
                 raise
             if not self._has_default_route(index, family, str(address)):
                 raise IOFailure(f"{action}: another default route with the same metric "
@@ -181,26 +190,32 @@ class PodNetns:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _iproute(self) -> IPRoute:
+    def _socket(self) -> int:
+        if self._fd is None:
+            self._fd = _netlink_socket_in(self.path)
+        return self._fd
+
+    def _iproute(self) -> Any:
         if self._ipr is None:
-            fd = _netlink_socket_in(self.path)
-            try:
-                self._ipr = IPRoute(fileno=fd)
-            except Exception:
-                os.close(fd)
-                raise
+            from pyroute2 import IPRoute  # only pods with a default-route request pay for it
+
+            self._ipr = IPRoute(fileno=self._socket())
         return self._ipr
 
     def _link_index(self, ifname: str) -> Optional[int]:
+        # SIOCGIFINDEX on the namespace's own socket: no pyroute2 (12 MB, tens of ms to
+        # import) for the interface-name check every ADD makes.
+        name = ifname.encode("utf-8", "surrogatepass")
+        if not name or len(name) >= _IFNAMSIZ or b"\0" in name:
+            return None  # no interface can have that name
         try:
-            with _netlink_errors(f"cannot look up interface {ifname!r} in network namespace "
-                                 f"{self.path!r}"):
-                links = self._iproute().link("get", ifname=ifname)
-        except IOFailure as exc:
-            if isinstance(exc.__cause__, NetlinkError) and exc.__cause__.code == errno.ENODEV:
+            answer = fcntl.ioctl(self._socket(), _SIOCGIFINDEX, struct.pack("16si", name, 0))
+        except OSError as exc:
+            if exc.errno == errno.ENODEV:
                 return None
-            raise
-        return int(links[0]["index"])
+            raise IOFailure(f"cannot look up interface {ifname!r} in network namespace "
+                            f"{self.path!r}: {exc.strerror}") from exc
+        return int(struct.unpack("16si", answer)[1])
 
     def _default_routes(self, index: int, family: int) -> List[Any]:
         with _netlink_errors(f"cannot list routes in network namespace {self.path!r}"):
@@ -327,14 +342,25 @@ def _netlink_errors(action: str) -> Iterator[None]:
     """Translate pyroute2/OS errors into IOFailure, keeping the original as ``__cause__``."""
     try:
         yield
-    except NetlinkError as exc:
-        reason = os.strerror(exc.code) if exc.code else str(exc)
-        hint = ""
-        if exc.code == errno.ENETUNREACH:
-            hint = "; the gateway must be inside a subnet configured on that interface"
-        raise IOFailure(f"{action}: {reason}{hint}") from exc
     except OSError as exc:
         raise IOFailure(f"{action}: {exc.strerror or exc}") from exc
+    except Exception as exc:
+        code = _netlink_code(exc)
+        if code is None:
+            raise
+        reason = os.strerror(code) if code else str(exc)
+        hint = ""
+        if code == errno.ENETUNREACH:
+            hint = "; the gateway must be inside a subnet configured on that interface"
+        raise IOFailure(f"{action}: {reason}{hint}") from exc
+
+
+def _netlink_code(exc: Optional[BaseException]) -> Optional[int]:
+    """The errno of a pyroute2 NetlinkError (None for anything else, or without pyroute2)."""
+    errors = sys.modules.get("pyroute2.netlink.exceptions")
+    if errors is None or not isinstance(exc, errors.NetlinkError):
+        return None
+    return int(exc.code or 0)
 
 
 def _family_name(family: int) -> str:
