@@ -7,14 +7,15 @@ Upstream: ``netutils.go`` (``DeleteDefaultGW``,
 ``SetDefaultGW``, ``DeleteDefaultGWCache``, ``AddDefaultGWCache``), the default-route part of
 ``multus.go:CmdAdd`` and ``validateIfName`` (F37, F50).
 
-How a namespace is entered: a short-lived forked child opens the netns file, ``setns()``
-into it, creates a NETLINK_ROUTE socket, passes the descriptor back over a socketpair and
-exits. The daemon then drives that socket with ``IPRoute(fileno=...)``: a netlink socket
-stays bound to the namespace it was created in, so no daemon thread ever changes namespace
-and a missing namespace is never created (pyroute2 0.7.2 has no ``IPRoute(netns=...)``, and
+How a namespace is entered: a short-lived thread of its own opens the netns file,
+``setns()`` into it (which changes that thread's namespace only), creates a NETLINK_ROUTE
+socket and ends. The daemon then drives that socket (an ioctl for interface lookups,
+``IPRoute(fileno=...)`` for routes): a netlink socket stays bound to the namespace it was
+created in, so no serving thread ever changes namespace and a missing namespace is never
+created (pyroute2 0.7.2 has no ``IPRoute(netns=...)``, and
 its ``NetNS`` proxy creates missing namespaces by default and costs four times more).
 
-Usage, one namespace opening per ADD (the opening forks; see :class:`PodNetns`)::
+Usage, one namespace opening per ADD (see :class:`PodNetns`)::
 
     with PodNetns(netns_path) as pod_netns:
         change = pod_netns.replace_default_routes("net1", True, False, ["10.1.1.254"])
@@ -67,10 +68,9 @@ OPEN_TIMEOUT = 5.0  # a namespace file opens in microseconds; this is a hung mou
 class PodNetns:
     """A pod's network namespace, opened on first use and closed by ``close()``/``with``.
 
-    Opening forks a child once (measured: about 4 ms in a small process; more in a large
-    daemon, since fork copies page tables), so one request should keep one instance and
-    pass it around rather than call the module-level helpers repeatedly. Not thread-safe:
-    one request, one instance.
+    Opening takes a short-lived thread that enters the namespace (well under a millisecond),
+    so one request keeps one instance and passes it around. Not thread-safe: one request,
+    one instance.
 
     Every method raises :class:`~multusd.errors.UnknownContainer` when the namespace does
     not exist, and :class:`~multusd.errors.IOFailure` for netlink failures.
@@ -234,61 +234,48 @@ class PodNetns:
 
 
 def _netlink_socket_in(netns_path: str) -> int:
-    """A NETLINK_ROUTE socket created inside ``netns_path`` by a forked child; its fd."""
-    setns = _setns_function()  # resolved before fork: the child must not load libraries
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        parent_end.close()
-        child_end.close()
-        raise IOFailure(f"cannot enter network namespace {netns_path!r}: fork failed: "
-                        f"{exc.strerror}") from exc
-    if pid == 0:  # pragma: no cover - runs in the child, which never returns
-        _child_create_socket(child_end, netns_path, setns)
-    child_end.close()
-    # The child opens the path: a hung mount blocks it, never this worker (bounded wait).
-    parent_end.settimeout(OPEN_TIMEOUT)
-    try:
-        message, fds, _, _ = socket.recv_fds(parent_end, 64, 1)
-    except socket.timeout:
-        _kill_and_reap_later(pid)
-        pid = 0
-        raise IOFailure(f"network namespace {netns_path!r} did not open within "
-                        f"{OPEN_TIMEOUT:.0f}s: CNI_NETNS is on a hung mount or is not a "
-                        "namespace file") from None
-    except OSError as exc:
-        raise IOFailure(f"cannot enter network namespace {netns_path!r}: {exc.strerror}") \
-            from exc
-    finally:
-        parent_end.close()
-        if pid:
-            _reap(pid)
-    if fds:
-        return fds[0]
-    code = int(message[1:] or 0) if message.startswith(b"E") else 0
-    raise _netns_error(netns_path, OSError(code, os.strerror(code) if code else
-                                           "the helper process exited without an answer"))
+    """A NETLINK_ROUTE socket created inside ``netns_path`` by a short-lived thread; its fd.
 
+    ``setns()`` changes the namespace of the calling thread only, so a thread of its own
+    enters the pod's namespace, makes the socket and ends: no other thread ever changes
+    namespace, and nothing is forked (forking the daemon cost ~5 ms per ADD). The thread
+    opens the path: a hung mount blocks it, never this worker (bounded wait; a socket made
+    after the wait is closed, not leaked).
+    """
+    setns = _setns_function()
+    outcome: dict = {}
+    lock = threading.Lock()
 
-def _child_create_socket(channel: socket.socket, netns_path: str, setns: Any) -> None:
-    """In the forked child: enter the netns, send a netlink socket back, exit at once."""
-    status = 0
-    try:
-        # O_NONBLOCK: a FIFO at CNI_NETNS opens at once (and setns refuses it: EINVAL).
-        netns_fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        setns(netns_fd)
-        netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
-        socket.send_fds(channel, [b"ok"], [netlink.fileno()])
-    except OSError as exc:
+    def enter() -> None:
         try:
-            channel.send(b"E%d" % (exc.errno or 0))
-        except OSError:
-            status = 1
-    except BaseException:  # noqa: B902 - nothing may escape into the daemon's code
-        status = 1
-    finally:
-        os._exit(status)  # no atexit handlers, no buffer flushes: the parent owns those
+            # O_NONBLOCK: a FIFO at CNI_NETNS opens at once (and setns refuses it: EINVAL).
+            netns_fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                setns(netns_fd)
+            finally:
+                os.close(netns_fd)
+            made = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
+        except OSError as exc:
+            outcome["error"] = exc
+            return
+        with lock:
+            if outcome.get("abandoned"):
+                made.close()
+            else:
+                outcome["fd"] = made.detach()
+
+    worker = threading.Thread(target=enter, name="multusd-netns-enter", daemon=True)
+    worker.start()
+    worker.join(OPEN_TIMEOUT)
+    with lock:
+        if "fd" in outcome:
+            return outcome["fd"]
+        if "error" not in outcome:
+            outcome["abandoned"] = True
+            raise IOFailure(f"network namespace {netns_path!r} did not open within "
+                            f"{OPEN_TIMEOUT:.0f}s: CNI_NETNS is on a hung mount or is not a "
+                            "namespace file")
+    raise _netns_error(netns_path, outcome["error"])
 
 
 def _setns_function() -> Any:
@@ -306,22 +293,6 @@ def _setns_function() -> Any:
             raise OSError(code, os.strerror(code))
 
     return setns
-
-
-def _kill_and_reap_later(pid: int) -> None:
-    """SIGKILL a helper stuck in open(); reap it on a thread (D state delays its exit)."""
-    try:
-        os.kill(pid, 9)
-    except OSError:
-        return
-    threading.Thread(target=_reap, args=(pid,), name="multusd-netns-reap", daemon=True).start()
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass  # already reaped (SIGCHLD ignored): nothing left to collect
 
 
 def _netns_error(netns_path: str, exc: OSError) -> MultusError:
