@@ -115,18 +115,6 @@ def timed(call: Callable[[], Any]) -> tuple:
     return (time.perf_counter() - started) * 1000, value
 
 
-def rss_mb(pid: int) -> Optional[float]:
-    """VmRSS of a process in MB (None if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
-
-
 class CpuMeter:
     """CPU time (ms) spent between construction and :meth:`per_pod`, by whom.
 
@@ -803,13 +791,13 @@ def run(options: Options, scratch: Scratch) -> Dict[str, Any]:
     daemon = scratch.daemon(config, "daemon").start(activate=True)
     wait_ready(daemon)
     pid = daemon.proc.pid
-    report["rss_mb"] = {"idle_after_start": rss_mb(pid)}
+    report["rss_mb"] = {"idle_after_start": lifecycle.rss_mb(pid)}
     warm = cluster.make_pods(2)
     for pod in warm:  # first-request costs (lazy imports, connection pools) stay out
         shim("ADD", daemon.shim_conf(), pod)
         shim("DEL", daemon.shim_conf(), pod)
     cluster.remove_pods(warm)
-    report["rss_mb"]["after_warmup"] = rss_mb(pid)
+    report["rss_mb"]["after_warmup"] = lifecycle.rss_mb(pid)
 
     log(f"latency: {options.pods} pods ADD, then DEL, one at a time")
     profiler = Profiler(pid, options.profile, scratch.workdir) if options.profile else None
@@ -831,7 +819,7 @@ def run(options: Options, scratch: Scratch) -> Dict[str, Any]:
         log(f"throughput: {count} pods at concurrency {concurrency}")
         report["throughput"][str(concurrency)] = throughput(daemon, cluster, concurrency, count,
                                                             failures)
-    report["rss_mb"]["after_load"] = rss_mb(pid)
+    report["rss_mb"]["after_load"] = lifecycle.rss_mb(pid)
     report["machine"]["loadavg_at_end"] = load_average()
     report["summary"] = summary(report)
     report["versus_upstream"] = [dict(zip(("figure", "multusd", "upstream", "ratio", "target"),

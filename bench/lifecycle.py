@@ -61,7 +61,8 @@ IMPORT_STEPS = [
     ("python3 -I", ""),
     ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.sandbox"),
     ("+ multusd.kube.client", "import multusd.kube.client"),
-    ("+ kubernetes.client (+config)", "from kubernetes import client, config"),
+    ("+ kubernetes, the daemon's lean way", "from multusd.kube import lean; lean.enable(); "
+     "from kubernetes import client, config; client.CoreV1Api, client.CustomObjectsApi"),
     ("+ systemd.journal", "import systemd.journal, systemd.daemon"),
     ("+ pyroute2 (default-route only)", "import pyroute2"),
     ("+ prometheus_client (metricsPort only)", "import prometheus_client"),
@@ -73,6 +74,7 @@ def _ms(since: float) -> float:
 
 
 def rss_mb(pid: int) -> Optional[float]:
+    """VmRSS of a process in MB (None if it is gone)."""
     try:
         with open(f"/proc/{pid}/status") as handle:
             for line in handle:
