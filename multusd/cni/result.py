@@ -23,8 +23,8 @@ from __future__ import annotations
 from multusd.errors import DecodeFailure
 from multusd.cni.version import is_legacy, require_supported
 
-# No logging, ipaddress or typing import here: the shim converts every ADD result with
-# this module and pays for each import on every pod.
+# The shim's side of this conversion is multusd.wire.result (wire/ may not import cni/);
+# tests/unit/wire/test_wire_result.py keeps the two identical.
 
 _ROUTE_KEYS = ("dst", "gw", "mtu", "advmss", "priority", "table", "scope")
 _DNS_KEYS = ("nameservers", "domain", "search", "options")

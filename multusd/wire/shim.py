@@ -199,9 +199,9 @@ def add_result(body: bytes, cni_version: str) -> dict:
     if result is None:
         raise DecodeFailure("multusd answered ADD without a result")
     if cni_version and cni_version != result.get("cniVersion"):
-        from multusd.cni.result import convert_result
+        from multusd.wire.result import for_runtime
 
-        result = convert_result(result, cni_version)
+        result = for_runtime(result, cni_version)
     return result
 
 
