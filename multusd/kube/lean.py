@@ -35,6 +35,9 @@ _CLIENT_NAMES = {"Configuration": "configuration", "ApiClient": "api_client",
                  "ApiException": "exceptions", "ApiTypeError": "exceptions",
                  "ApiValueError": "exceptions", "ApiKeyError": "exceptions",
                  "OpenApiException": "exceptions"}
+_CORE_MODULES = ("kubernetes.client.configuration", "kubernetes.client.api_client",
+                 "kubernetes.client.rest", "kubernetes.client.exceptions",
+                 "kubernetes.client.api.core_v1_api")
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 _lock = threading.Lock()
 
@@ -46,8 +49,9 @@ def enable() -> bool:
             return getattr(sys.modules["kubernetes"], "_multusd_lean", False)
         try:
             _register()
-            importlib.import_module("kubernetes.client.configuration")  # proves the layout
-            importlib.import_module("kubernetes.client.api_client")
+            for name in _CORE_MODULES:  # the layout this relies on; imported on first use
+                if importlib.util.find_spec(name) is None:
+                    raise ImportError(f"no {name}")
         except Exception as exc:  # noqa: BLE001 - any surprise: the ordinary import
             for name in [m for m in sys.modules if m == "kubernetes" or
                          m.startswith("kubernetes.")]:
