@@ -210,18 +210,15 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
         source=source, conf=conf)
 
 
-def _check_capabilities(conf: Mapping[str, Any], problems: List[ConfigProblem]) -> None:
+def _check_capabilities(conf: Mapping[str, Any], problems: ConfigReader) -> None:
     caps = conf.get("capabilities")
     if caps is None:
         return
     if not isinstance(caps, dict):
-        problems.append(ConfigProblem("capabilities", "must be an object of name: true/false, "
-                                                      f"got {caps!r}"))
+        problems.bad("capabilities", "an object of name: true/false", caps)
         return
-    for name, value in caps.items():
-        if not isinstance(value, bool):
-            problems.append(ConfigProblem(f"capabilities.{name}",
-                                          f"must be true or false, got {value!r}"))
+    for name in caps:
+        problems.expect(caps, name, bool, "true or false", prefix="capabilities.")
 
 
 def _check_log_options(conf: Mapping[str, Any], problems: ConfigReader) -> None:
@@ -229,8 +226,7 @@ def _check_log_options(conf: Mapping[str, Any], problems: ConfigReader) -> None:
     if options is None:
         return
     if not isinstance(options, dict):
-        problems.append(ConfigProblem("logOptions", "must be an object such as "
-                                                    f"{{\"maxAge\": 5}}, got {options!r}"))
+        problems.bad("logOptions", 'an object such as {"maxAge": 5}', options)
         return
     for key, kind in _LOG_OPTION_KEYS:
         what = "an integer" if kind is int else "true or false"
