@@ -62,7 +62,8 @@ IMPORT_STEPS = [
     ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.sandbox"),
     ("+ multusd.kube.client", "import multusd.kube.client"),
     ("+ kubernetes, the daemon's lean way", "from multusd.kube import lean; lean.enable(); "
-     "from kubernetes import client, config; client.CoreV1Api, client.CustomObjectsApi"),
+     "from kubernetes import client; client.ApiClient, client.CoreV1Api, "
+     "client.CustomObjectsApi; import yaml"),
     ("+ systemd.journal", "import systemd.journal, systemd.daemon"),
     ("+ pyroute2 (default-route only)", "import pyroute2"),
     ("+ prometheus_client (metricsPort only)", "import prometheus_client"),

@@ -16,6 +16,7 @@ import logging
 from typing import Any, Optional, Set, Tuple
 
 from multusd.errors import InvalidNetworkConfig, MultusError, TryAgainLater
+from multusd.kube import kubeconfig as kubeconfig_reader
 from multusd.kube.identity import CertificateError, node_name_from_certificate
 
 LOG = logging.getLogger(__name__)
@@ -48,17 +49,21 @@ class ClientConfig:
         self.server_url: str = self.configuration.host
 
     def _load(self, kubeconfig: str) -> Any:
-        """A private client Configuration from the kubeconfig (never the global default)."""
+        """A private client Configuration from the kubeconfig (never the global default).
+
+        :mod:`multusd.kube.kubeconfig` reads it; only a credential plugin (``exec``,
+        ``auth-provider``) needs the package's own loader.
+        """
         import urllib3
-        from kubernetes import client, config
+        from kubernetes import client
 
         configuration = client.Configuration()
         configuration.host = ""  # stays empty when the kubeconfig names no server
         try:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration,
-                                    persist_config=False)
-        except config.ConfigException as exc:
-            # The loader's own messages name keys and files, not values, so they are kept.
+            if not kubeconfig_reader.load(kubeconfig, configuration):
+                _load_with_credential_plugin(kubeconfig, configuration)
+        except kubeconfig_reader.KubeconfigError as exc:
+            # Both loaders' messages name keys and files, not values, so they are kept.
             # Nothing is chained (from None): a traceback in the journal must not carry more.
             reason = str(exc)
             raise InvalidNetworkConfig(
@@ -158,6 +163,17 @@ class ClientConfig:
         return TryAgainLater(
             f"cannot {action}: {where} is unreachable ({reason}); check that it is running and "
             f"that the 'server' of kubeconfig {self.kubeconfig!r} is right")
+
+
+def _load_with_credential_plugin(kubeconfig: str, configuration: Any) -> None:
+    """The package's own loader, for ``exec`` and ``auth-provider`` users."""
+    from kubernetes import config
+
+    try:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration,
+                                persist_config=False)
+    except config.ConfigException as exc:
+        raise kubeconfig_reader.KubeconfigError(str(exc)) from None
 
 
 def status_detail(exc: Any) -> str:

@@ -10,6 +10,16 @@ the API's JSON itself). :func:`enable` instead registers the ``kubernetes`` and
 ``__init__`` would have bound it. Everything else (``Configuration``, ``ApiClient``,
 ``kubernetes.config``) is the package's own code, unchanged.
 
+The client's core modules also import, at their top, three things multusd never or rarely
+calls: ``requests.utils`` (rest: one function, called only when a proxy is configured; ~30 ms
+of chardet, cookiejar, ...), ``dateutil.parser`` (api_client: dates of generated models) and
+``multiprocessing`` with its ``pool`` (configuration: ``cpu_count``; api_client: the pool of
+``async_req`` calls): ~15 ms more. While those three modules are imported, placeholders
+stand in ``sys.modules`` for them, whose functions import the real one on their first call
+(``cpu_count`` is ``os.cpu_count``, as in ``multiprocessing``), and are removed right after,
+so that a real import later (a credential plugin's loader) is untouched. A name already
+imported for real is not replaced.
+
 Only the daemon enables it, before anything imported ``kubernetes``; any failure (another
 layout in a future release) falls back to the ordinary import, so the cost is the only thing
 at stake. Code in the same process that imported ``kubernetes`` before is left alone.
@@ -20,6 +30,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import re
 import sys
 import threading
@@ -90,6 +101,7 @@ def _kubernetes_attribute(name: str) -> Any:
 
 
 def _client_attribute(name: str) -> Any:
+    _import_core()
     if name in _CLIENT_NAMES:
         module = importlib.import_module(f"kubernetes.client.{_CLIENT_NAMES[name]}")
         return getattr(module, name)
@@ -100,6 +112,71 @@ def _client_attribute(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
     return importlib.import_module(f"kubernetes.client.{name}")  # rest, exceptions, ...
+
+
+def _should_bypass_proxies(url: str, no_proxy: Any = None) -> bool:
+    """requests.utils.should_bypass_proxies, imported when first called (a proxy is set)."""
+    from requests.utils import should_bypass_proxies
+
+    return should_bypass_proxies(url, no_proxy=no_proxy)
+
+
+def _parse_date(*args: Any, **kwargs: Any) -> Any:
+    """dateutil.parser.parse, imported when first called (a generated model's date)."""
+    from dateutil.parser import parse
+
+    return parse(*args, **kwargs)
+
+
+def _thread_pool(*args: Any, **kwargs: Any) -> Any:
+    """multiprocessing.pool.ThreadPool, imported when first called (``async_req``)."""
+    from multiprocessing.pool import ThreadPool
+
+    return ThreadPool(*args, **kwargs)
+
+
+def _cpu_count() -> int:
+    """multiprocessing.cpu_count without importing multiprocessing."""
+    count = os.cpu_count()
+    if count is None:
+        raise NotImplementedError("cannot determine number of cpus")
+    return count
+
+
+_PLACEHOLDERS = {
+    "requests.utils": {"should_bypass_proxies": _should_bypass_proxies},
+    "dateutil.parser": {"parse": _parse_date},
+    "multiprocessing": {"cpu_count": _cpu_count},
+    "multiprocessing.pool": {"ThreadPool": _thread_pool},
+}
+_PLACEHELD_IMPORTS = ("kubernetes.client.configuration", "kubernetes.client.rest",
+                      "kubernetes.client.api_client")
+
+
+def _import_core() -> None:
+    """Import the client's core modules with the placeholders standing in (once)."""
+    if _PLACEHELD_IMPORTS[-1] in sys.modules:
+        return
+    with _lock:
+        if any(name in sys.modules for name in _PLACEHELD_IMPORTS):
+            return  # imported some other way already: nothing to save
+        placed = {}
+        real = {name.split(".")[0] for name in _PLACEHOLDERS} & set(sys.modules)
+        for name, attributes in _PLACEHOLDERS.items():
+            if name.split(".")[0] in real:
+                continue  # the real package is there: use it
+            module = types.ModuleType(name)
+            module.__dict__.update(attributes)
+            placed[name] = sys.modules[name] = module
+        try:
+            for name in _PLACEHELD_IMPORTS:
+                importlib.import_module(name)
+        except ImportError:
+            LOG.debug("kubernetes.client not imported the lean way", exc_info=True)
+        finally:
+            for name, module in placed.items():
+                if sys.modules.get(name) is module:
+                    del sys.modules[name]
 
 
 def _submodule_class(package: str):

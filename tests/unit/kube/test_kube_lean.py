@@ -38,3 +38,46 @@ def test_a_process_that_imported_kubernetes_whole_keeps_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+PLACEHOLDER_PROBE = f"""
+import sys
+sys.path.insert(0, {REPO!r})
+from multusd.kube import lean
+lean.enable()
+from kubernetes import client
+configuration = client.Configuration()
+api = client.ApiClient(configuration)
+deferred = ("requests", "dateutil", "multiprocessing")
+print(sorted(m for m in sys.modules if m.split(".")[0] in deferred))
+assert configuration.connection_pool_maxsize == __import__("os").cpu_count() * 5
+from kubernetes.client import rest, api_client
+# the stand-ins do what the real functions do, importing them on first use
+assert rest.should_bypass_proxies("http://10.0.0.1:6443", no_proxy="10.0.0.1") is True
+assert rest.should_bypass_proxies("http://10.0.0.1:6443", no_proxy="") is False
+assert api_client.parse("2026-12-01T10:00:00Z").year == 2026
+pool = api.pool
+assert type(pool).__name__ == "ThreadPool"
+api.close()
+# and a real import afterwards is the real package, untouched
+import requests, requests.utils, dateutil.parser, multiprocessing.pool
+assert requests.utils.should_bypass_proxies is not rest.should_bypass_proxies
+assert hasattr(requests, "Session") and hasattr(multiprocessing, "Process")
+print("ok")
+"""
+
+
+def test_the_client_core_imports_without_requests_dateutil_or_multiprocessing():
+    out = subprocess.run([sys.executable, "-c", PLACEHOLDER_PROBE], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "ok"]
+
+
+def test_a_process_that_imported_requests_first_keeps_the_real_one():
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); import requests.utils; "
+            "from multusd.kube import lean; lean.enable(); from kubernetes import client; "
+            "client.ApiClient; from kubernetes.client import rest; "
+            "print(rest.should_bypass_proxies is requests.utils.should_bypass_proxies)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "True"
