@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Tuple
 
 NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
@@ -27,6 +28,9 @@ class Pod:
     is_static: bool
     resource_version: str
     node_name: str = ""  # spec.nodeName: which node the scheduler put it on
+    # The whole object as the API server sent it (compact JSON): the body of a pods/status
+    # PUT, which its resourceVersion makes fail with 409 if the pod changed since.
+    source: str = field(default="", repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ def pod_from_object(obj: Obj) -> Pod:
                uid=meta.get("uid", ""), annotations=types.MappingProxyType(annotations),
                is_static=is_static_pod(annotations),
                resource_version=str(meta.get("resourceVersion", "")),
-               node_name=str((obj.get("spec") or {}).get("nodeName") or ""))
+               node_name=str((obj.get("spec") or {}).get("nodeName") or ""),
+               source=json.dumps(obj, separators=(",", ":")))
 
 
 def nad_from_object(obj: Obj) -> NetworkAttachmentDefinition:

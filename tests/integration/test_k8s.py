@@ -201,7 +201,7 @@ def test_nad_update_and_delete_seen_through_watch(kube_api, client):
 
 # ---- network-status ---------------------------------------------------------------------------
 
-def test_set_network_status_writes_the_annotation_with_one_get_and_one_put(kube_api, client):
+def test_set_network_status_writes_the_annotation_with_one_put(kube_api, client):
     kube_api.add_pod(NS, "web", annotations={"keep": "me"})
     pod = client.get_pod(NS, "web", wait=5)
     before = len(kube_api.requests)
@@ -212,9 +212,37 @@ def test_set_network_status_writes_the_annotation_with_one_get_and_one_put(kube_
     assert stored["status"]["phase"] == "Pending"  # the status itself is untouched
     assert stored["spec"]["containers"][0]["name"] == "main"
     assert [(m, p) for m, p, _ in kube_api.requests[before:]] == [
-        ("GET", pod_path("web")), ("PUT", pod_path("web") + "/status")]
+        ("PUT", pod_path("web") + "/status")]  # the watch's copy, guarded by resourceVersion
     wait_for(lambda: client.cached_pod(NS, "web").annotations.get(NETWORK_STATUS_ANNOTATION)
              == STATUS, what="the watch to bring the annotation back")
+
+
+def test_set_network_status_from_a_stale_copy_loses_no_change_made_since(kube_api, client):
+    kube_api.add_pod(NS, "web", annotations={"keep": "me"})
+    pod = client.get_pod(NS, "web", wait=5)
+    kube_api.update_pod(NS, "web", annotations={"added": "meanwhile"}, phase="Running")
+    before = len(kube_api.requests)
+    client.set_network_status(pod, STATUS)  # pod: the copy from before the update
+    stored = kube_api.pod(NS, "web")
+    assert stored["metadata"]["annotations"] == {
+        "keep": "me", "added": "meanwhile", NETWORK_STATUS_ANNOTATION: STATUS}
+    assert stored["status"]["phase"] == "Running"
+    assert [(m, p) for m, p, _ in kube_api.requests[before:]] == [
+        ("PUT", pod_path("web") + "/status"), ("GET", pod_path("web")),
+        ("PUT", pod_path("web") + "/status")]
+
+
+def test_set_network_status_already_in_the_copy_is_confirmed_with_the_server(kube_api, client):
+    kube_api.add_pod(NS, "web", annotations={NETWORK_STATUS_ANNOTATION: STATUS})
+    pod = client.get_pod(NS, "web", wait=5)
+    kube_api.update_pod(NS, "web", annotations={NETWORK_STATUS_ANNOTATION: "[]"})
+    client.set_network_status(pod, STATUS)  # the copy says done; the server says otherwise
+    assert kube_api.pod(NS, "web")["metadata"]["annotations"][NETWORK_STATUS_ANNOTATION] == STATUS
+    wait_for(lambda: client.cached_pod(NS, "web").annotations.get(NETWORK_STATUS_ANNOTATION)
+             == STATUS, what="the watch to bring the annotation")
+    before = len(kube_api.requests)
+    client.set_network_status(client.get_pod(NS, "web"), STATUS)  # nothing to write
+    assert [m for m, _, _ in kube_api.requests[before:]] == ["GET"]
 
 
 def test_set_network_status_retries_on_conflict(kube_api, client):
@@ -224,7 +252,7 @@ def test_set_network_status_retries_on_conflict(kube_api, client):
     client.set_network_status(pod, STATUS)
     assert kube_api.pod(NS, "web")["metadata"]["annotations"][NETWORK_STATUS_ANNOTATION] == STATUS
     assert kube_api.count("PUT", pod_path("web") + "/status") == 3
-    assert kube_api.count("GET", pod_path("web")) == 3
+    assert kube_api.count("GET", pod_path("web")) == 2  # none before the first PUT
 
 
 def test_set_network_status_gives_up_after_conflicts(kube_api, client):
@@ -241,8 +269,9 @@ def test_set_network_status_of_a_deleted_pod_is_not_an_error(kube_api, client):
     kube_api.add_pod(NS, "web")
     pod = client.get_pod(NS, "web", wait=5)
     kube_api.delete_pod(NS, "web")
-    client.set_network_status(pod, STATUS)
-    assert kube_api.count("PUT", pod_path("web") + "/status") == 0
+    client.set_network_status(pod, STATUS)  # the PUT answers 404: logged, not raised
+    assert kube_api.pod(NS, "web") is None
+    assert kube_api.count("PUT", pod_path("web") + "/status") == 1
 
 
 def test_set_network_status_refuses_a_replaced_pod(kube_api, client):
