@@ -399,6 +399,12 @@ def print_report(report: Dict[str, Any]) -> None:
           f"its fake API server on TLS, as in-cluster config requires)", file=err)
     row("figure", "multusd", "upstream (measured)")
     row("ADD ms p50/p95/p99 (shim wall time)", pct(lat["add_ms"]), pct(ulat.get("add_ms")))
+    c1 = up.get("throughput", {}).get("1", {}).get("add_ms", {}).get("p50")
+    if c1 and (ulat.get("add_ms") or {}).get("p50", 0) > 1.3 * c1:
+        print(f"    (upstream's back-to-back ADDs wait for its client-side rate limit: client-go "
+              f"at 50 requests/s, burst 50 (pkg/k8sclient), 5 requests per ADD, 3 of them "
+              f"events; its ADD p50 at concurrency 1, each DEL letting the bucket refill, is "
+              f"{c1} ms)", file=err)
     row("DEL ms p50/p95/p99 (shim wall time)", pct(lat["del_ms"]), pct(ulat.get("del_ms")))
     row("daemon only ADD ms p50/p95/p99 (direct POST)", pct(report["direct"]["add_ms"]),
         pct(up.get("direct", {}).get("add_ms")))
