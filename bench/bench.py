@@ -24,7 +24,10 @@ Measured, in this order:
 8. daemon RSS after the load.
 
 Each figure of issue 13's table is printed beside upstream's (from that table) with the
-ratio multusd / upstream.
+ratio multusd / upstream. With ``--upstream-bin DIR`` (upstream's Go ``multus-daemon`` and
+``multus-shim``, built by the user), bench/upstream.py then runs the same phases against
+upstream's daemon, and the upstream column is that measurement (the table's figures stay in
+the JSON as ``upstream_table``).
 
 Kubernetes mode (``--k8s``, the default when it works) gives the daemon a kubeconfig for
 tests/kubeapi.py's FakeKubeAPI on 127.0.0.1; pods are created there with the
@@ -266,9 +269,10 @@ class Cluster:
                 self.kube_api.delete_pod(NAMESPACE, pod.name)
 
 
-def shim(command: str, conf: dict, pod: Pod) -> ShimOutput:
+def shim(command: str, conf: dict, pod: Pod, argv: Optional[List[str]] = None) -> ShimOutput:
+    """The shim's call for ``pod``; ``argv``: another shim (upstream's, bench/upstream.py)."""
     return call_shim(command, conf, container_id=pod.container_id, netns=pod.netns_path,
-                     pod=(NAMESPACE, pod.name), uid=pod.uid, timeout=SHIM_TIMEOUT)
+                     pod=(NAMESPACE, pod.name), uid=pod.uid, timeout=SHIM_TIMEOUT, argv=argv)
 
 
 def check(output: ShimOutput, what: str, failures: List[str]) -> bool:
@@ -535,7 +539,7 @@ def shim_share(scratch: Scratch, repeats: int, failures: List[str]) -> Dict[str,
 def latency(daemon: DaemonProcess, cluster: Cluster, count: int,
             failures: List[str]) -> Dict[str, Any]:
     """ADD every pod one after the other, then DEL them; API requests counted per batch."""
-    conf = daemon.shim_conf()
+    conf, argv = daemon.shim_conf(), getattr(daemon, "shim_argv", None)
     pods = cluster.make_pods(count)
     add_ms: List[float] = []
     del_ms: List[float] = []
@@ -546,7 +550,7 @@ def latency(daemon: DaemonProcess, cluster: Cluster, count: int,
         for pod in pods:
             if cluster.scratch.stopping.is_set():
                 raise Interrupted()
-            ms, out = timed(lambda: shim("ADD", conf, pod))
+            ms, out = timed(lambda: shim("ADD", conf, pod, argv))
             if check(out, f"ADD {pod.name}", failures):
                 add_ms.append(ms)
                 added.append(pod)
@@ -557,7 +561,7 @@ def latency(daemon: DaemonProcess, cluster: Cluster, count: int,
         for pod in pods:
             if cluster.scratch.stopping.is_set():
                 raise Interrupted()
-            ms, out = timed(lambda: shim("DEL", conf, pod))
+            ms, out = timed(lambda: shim("DEL", conf, pod, argv))
             if check(out, f"DEL {pod.name}", failures):
                 del_ms.append(ms)
         del_cpu = meter.per_pod(len(del_ms))
@@ -641,7 +645,7 @@ def plugins_direct(scratch: Scratch, count: int, failures: List[str]) -> Dict[st
 def throughput(daemon: DaemonProcess, cluster: Cluster, concurrency: int, count: int,
                failures: List[str]) -> Dict[str, Any]:
     """pods/s with ``concurrency`` runtimes at once, each pod ADD then DEL."""
-    conf = daemon.shim_conf()
+    conf, argv = daemon.shim_conf(), getattr(daemon, "shim_argv", None)
     pods = cluster.make_pods(count)
     add_ms: List[float] = []
     done = [0]
@@ -650,9 +654,10 @@ def throughput(daemon: DaemonProcess, cluster: Cluster, concurrency: int, count:
     def one(pod: Pod) -> None:
         if cluster.scratch.stopping.is_set():
             return
-        ms, out = timed(lambda: shim("ADD", conf, pod))
+        ms, out = timed(lambda: shim("ADD", conf, pod, argv))
         ok = check(out, f"ADD {pod.name} (c={concurrency})", failures)
-        ok = check(shim("DEL", conf, pod), f"DEL {pod.name} (c={concurrency})", failures) and ok
+        ok = check(shim("DEL", conf, pod, argv), f"DEL {pod.name} (c={concurrency})",
+                   failures) and ok
         with lock:
             if ok:
                 done[0] += 1
@@ -685,6 +690,7 @@ class Options:
     log_level: str
     profile: str
     cold_repeats: int = 5
+    upstream_bin: str = ""  # bench/upstream.py: upstream's daemon + shim measured too
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> Options:
@@ -706,13 +712,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Options:
                              "or in the venv")
     parser.add_argument("--cold-repeats", type=int, default=5,
                         help="cold starts measured (median; default 5)")
+    parser.add_argument("--upstream-bin", default="", metavar="DIR",
+                        help="also measure upstream's Go multus-daemon + multus-shim found in "
+                             "DIR, after multusd, in Kubernetes mode (bench/upstream.py)")
     args = parser.parse_args(argv)
+    if args.upstream_bin:
+        from upstream import missing
+        args.upstream_bin = os.path.abspath(args.upstream_bin)
+        if missing(args.upstream_bin):
+            parser.error(f"--upstream-bin {args.upstream_bin}: no executable "
+                         f"{' or '.join(missing(args.upstream_bin))} there")
+        if args.k8s is False:
+            parser.error("--upstream-bin needs Kubernetes mode (upstream's thick daemon has no "
+                         "delegates-only mode)")
     pods = 4 if args.quick else max(1, args.pods)
     throughput_pods = 4 if args.quick else pods
     return Options(pods=pods, throughput_pods=throughput_pods,
                    shim_repeats=3 if args.quick else 15, k8s=args.k8s,
                    log_level=args.log_level, profile=args.profile,
-                   cold_repeats=2 if args.quick else args.cold_repeats)
+                   cold_repeats=2 if args.quick else args.cold_repeats,
+                   upstream_bin=args.upstream_bin)
 
 
 def start_kube_api(scratch: Scratch):
@@ -820,6 +839,14 @@ def run(options: Options, scratch: Scratch) -> Dict[str, Any]:
         report["throughput"][str(concurrency)] = throughput(daemon, cluster, concurrency, count,
                                                             failures)
     report["rss_mb"]["after_load"] = lifecycle.rss_mb(pid)
+    if options.upstream_bin:
+        import upstream
+
+        daemon.terminate()  # multusd's figures are all taken: upstream's daemon runs alone
+        report["upstream_measured"] = upstream.measure(options, scratch)
+        report["upstream_table"] = UPSTREAM
+        report["upstream"] = upstream.bar(report["upstream_measured"], UPSTREAM)
+        failures.extend(report["upstream_measured"]["failures"])
     report["machine"]["loadavg_at_end"] = load_average()
     report["summary"] = summary(report)
     report["versus_upstream"] = [dict(zip(("figure", "multusd", "upstream", "ratio", "target"),
@@ -880,15 +907,16 @@ def versus_upstream(report: Dict[str, Any]) -> List[tuple]:
          report.get("plugins", {}).get("add_ms", {}).get("p50"), "plugins_add_ms", "(ref.)"),
     ]
     out = []
+    bar = report.get("upstream", UPSTREAM)  # measured in this run with --upstream-bin
     for label, ours, key, target in rows:
-        theirs = UPSTREAM[key]
+        theirs = bar[key]
         ratio = round(ours / theirs, 2) if isinstance(ours, (int, float)) and theirs else None
         out.append((label, ours, theirs, ratio, target))
     return out
 
 
 def print_table(report: Dict[str, Any]) -> None:
-    s, up = report["summary"], UPSTREAM
+    s, up = report["summary"], report.get("upstream", UPSTREAM)
     lat, shim_parts = report["latency"], report["shim"]
 
     def row(label: str, ours: Any, theirs: Any = "") -> None:
@@ -943,12 +971,22 @@ def print_table(report: Dict[str, Any]) -> None:
         f"{s['rss_idle_mb']} / {report['rss_mb']['after_warmup']} / {s['rss_after_load_mb']}",
         up["rss_idle_mb"])
     row("first ADD after cold start ms", s["cold_start_add_ms"], up["cold_start_add_ms"])
-    print("\n  versus upstream (issue 13's table; ratio = multusd / upstream)", file=sys.stderr)
+    if up.get("measured"):
+        print("\n  versus upstream (upstream column MEASURED in this run, same machine, plugins "
+              "and pods; plugins-alone row: issue 13's table; ratio = multusd / upstream)",
+              file=sys.stderr)
+    else:
+        print("\n  versus upstream (issue 13's table; ratio = multusd / upstream)",
+              file=sys.stderr)
     print(f"  {'figure':44} {'multusd':>10} {'upstream':>10} {'ratio':>7}  target",
           file=sys.stderr)
     for label, ours, theirs, ratio, target in versus_upstream(report):
         print(f"  {label:44} {str(ours):>10} {str(theirs):>10} {str(ratio):>7}  {target}",
               file=sys.stderr)
+    if "upstream_measured" in report:
+        import upstream
+
+        upstream.print_report(report)
     lifecycle.print_report(report["cold_start"])
     if report["failure_count"]:
         print(f"  {report['failure_count']} failed call(s), first: {report['failures'][0]}",
@@ -984,4 +1022,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("bench", sys.modules[__name__])  # bench/upstream.py imports it
     sys.exit(main())

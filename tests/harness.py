@@ -57,8 +57,12 @@ class ShimOutput:
 def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", netns: str = "",
               ifname: str = "eth0", pod: tuple[str, str] = ("default", "pod"), uid: str = "",
               cni_args: str | None = None, timeout: float = 120.0,
-              env_extra: Mapping[str, str] | None = None) -> ShimOutput:
-    """Run the real shim as a runtime would; ``output`` is its parsed stdout (or None)."""
+              env_extra: Mapping[str, str] | None = None,
+              argv: Sequence[str] | None = None) -> ShimOutput:
+    """Run the real shim as a runtime would; ``output`` is its parsed stdout (or None).
+
+    :param argv: another shim to run instead of multusd's (e.g. upstream's ``multus-shim``).
+    """
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
            "CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
            "CNI_IFNAME": ifname, "CNI_PATH": "/opt/cni/bin"}
@@ -67,7 +71,7 @@ def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", 
                     f"K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}")
     env["CNI_ARGS"] = cni_args
     env.update(env_extra or {})
-    proc = subprocess.run(SHIM_ARGV, input=json.dumps(conf).encode(),
+    proc = subprocess.run(list(argv or SHIM_ARGV), input=json.dumps(conf).encode(),
                           env=env, capture_output=True, timeout=timeout)
     text = proc.stdout.decode().strip()
     return ShimOutput(proc.returncode, json.loads(text) if text else None, proc.stderr.decode())

@@ -17,7 +17,10 @@ the real ``kubernetes`` client to work against it:
   away, after which reviews answer ``allowed: false`` and real requests 403 Forbidden;
 * one increasing resourceVersion shared by every object (like etcd's revision); watches resume
   from a resourceVersion and answer an ERROR event with 410 Gone once it was compacted away;
-* bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``.
+* bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``;
+* request bodies in JSON, or in Kubernetes' protobuf (``Content-Type:
+  application/vnd.kubernetes.protobuf``, what client-go clients such as upstream Multus's
+  send; tests/kubeproto.py decodes the Pod and Event fields used here); answers are JSON.
 
 Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`add_nad`,
 :meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
@@ -54,6 +57,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+
+import kubeproto
 
 DEFAULT_TOKEN = "fake-kube-token-8c1d2f7e6b5a4930"
 DEFAULT_NODE = "node-a"
@@ -603,6 +608,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not length:
             return None
         raw = self.rfile.read(length)
+        if kubeproto.is_protobuf(self.headers.get("Content-Type")):  # client-go's protobuf
+            try:
+                return kubeproto.decode(raw)
+            except kubeproto.DecodeError:
+                return {"__invalid__": raw.hex()}
         try:
             return json.loads(raw)
         except ValueError:
