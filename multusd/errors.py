@@ -16,6 +16,7 @@ Hierarchy::
       + TryAgainLater             11
       + PluginError               the code a delegate plugin itself returned
       + DelegateError             100, a plugin failed without a CNI error of its own
+      + ForwardedError            the code of a CNI error the daemon answered the shim with
       + PodNotFound               3
       + DeadlineExceeded          11, a request or a plugin ran past its deadline
 
@@ -25,10 +26,7 @@ Hierarchy::
 from __future__ import annotations
 
 
-#: The CNI spec versions multusd speaks, oldest first (0.1.0/0.2.0 results are not supported);
-#: here because IncompatibleCNIVersion names them, and so that the shim (standard library and
-#: this module only) and the engine share one list.
-SUPPORTED_VERSIONS: tuple = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+from multusd import SUPPORTED_VERSIONS  # noqa: F401 - re-exported: the versions errors name
 DEFAULT_CNI_VERSION = SUPPORTED_VERSIONS[-1]
 
 
@@ -135,6 +133,22 @@ class PluginError(MultusError):
         out["msg"] = self.msg  # may carry a prefix added by with_prefix
         out.setdefault("cniVersion", cni_version or DEFAULT_CNI_VERSION)
         out.setdefault("details", self.details)
+        return out
+
+
+class ForwardedError(MultusError):
+    """A CNI error received as JSON (the daemon's answer to the shim), passed on unchanged
+    but for its cniVersion, which becomes the runtime's."""
+
+    def __init__(self, error: dict) -> None:
+        super().__init__(str(error.get("msg")), str(error.get("details", "")),
+                         code=int(error.get("code") or 100))
+        self.error = error
+
+    def to_cni_error(self, cni_version: str = "") -> dict:
+        out = dict(self.error)
+        if cni_version:
+            out["cniVersion"] = cni_version
         return out
 
 

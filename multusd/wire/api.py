@@ -14,8 +14,6 @@ The client here is deliberately tiny (a raw request on a unix socket, ``Connecti
 because the shim runs it once per pod sandbox and must start fast.
 """
 
-from __future__ import annotations
-
 import binascii
 
 # _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
@@ -42,7 +40,7 @@ def socket_path(socket_dir: str = "") -> str:
 
 
 def encode_request(env: dict, config: bytes,
-                   interface_attributes: dict | None = None) -> bytes:
+                   interface_attributes: "dict | None" = None) -> bytes:
     """The JSON body of a /cni or /delegate request (config base64, as Go encodes []byte)."""
     body: dict = {"env": dict(env),
                   "config": binascii.b2a_base64(config, newline=False).decode()}
@@ -62,7 +60,7 @@ class HTTPResponse:
 
 
 def http_request(sock_path: str, method: str, path: str, body: bytes = b"",
-                 timeout: float | None = None) -> HTTPResponse:
+                 timeout: "float | None" = None) -> HTTPResponse:
     """One HTTP/1.1 request over a unix socket; raises OSError when the daemon is unreachable."""
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:

@@ -7,8 +7,6 @@ directly. Same results as ``json.loads``/``json.dumps`` with default arguments; 
 is missing (another Python implementation) it falls back to ``json``.
 """
 
-from __future__ import annotations
-
 try:
     import _json
 except ImportError:  # pragma: no cover - CPython always has it
@@ -37,7 +35,7 @@ if _json is not None:
     _scan = _json.make_scanner(_DecoderContext())
 
 
-def loads(data: str | bytes) -> object:
+def loads(data: "str | bytes") -> object:
     """``json.loads(data)``; raises ValueError (json.JSONDecodeError) on bad input."""
     if _json is None:
         import json

@@ -8,9 +8,7 @@ must stay independent of the daemon's layers). ``tests/unit/wire/test_wire_resul
 the two to the same output for every pair of versions, so they cannot drift apart.
 """
 
-from __future__ import annotations
-
-from multusd.errors import SUPPORTED_VERSIONS, DecodeFailure, IncompatibleCNIVersion
+from multusd import SUPPORTED_VERSIONS, wire
 
 _ROUTE_KEYS = ("dst", "gw", "mtu", "advmss", "priority", "table", "scope")
 _DNS_KEYS = ("nameservers", "domain", "search", "options")
@@ -26,12 +24,12 @@ def for_runtime(result: object, to_version: str) -> dict:
     :raises DecodeFailure: ``result`` is not a CNI result object.
     """
     if not isinstance(result, dict):
-        raise DecodeFailure(f"a CNI result must be a JSON object, got {type(result).__name__}")
+        raise wire.errors().DecodeFailure(f"a CNI result must be a JSON object, got {type(result).__name__}")
     from_version = result.get("cniVersion", "")
     for version, what in ((from_version, "the result being converted"),
                           (to_version, "the requested result version")):
         if version not in SUPPORTED_VERSIONS:
-            raise IncompatibleCNIVersion(
+            raise wire.errors().IncompatibleCNIVersion(
                 f"incompatible CNI versions: {what} has cniVersion {version!r}; supported: "
                 f"{', '.join(SUPPORTED_VERSIONS)}")
     legacy, from_legacy = to_version.startswith("0."), from_version.startswith("0.")
@@ -50,7 +48,7 @@ def for_runtime(result: object, to_version: str) -> dict:
 
 def _ip(ip: object, legacy: bool, from_legacy: bool) -> dict:
     if not isinstance(ip, dict) or not ip.get("address"):
-        raise DecodeFailure(f"invalid entry {ip!r} in a CNI result's 'ips': needs an 'address'")
+        raise wire.errors().DecodeFailure(f"invalid entry {ip!r} in a CNI result's 'ips': needs an 'address'")
     out: dict = {}
     if legacy:
         out["version"] = (from_legacy and ip.get("version")) or _family(ip["address"])
@@ -68,12 +66,12 @@ def _family(address: object) -> str:
         return "6"
     if host.count(".") == 3 and all(part.isdigit() for part in host.split(".")):
         return "4"
-    raise DecodeFailure(f"invalid IP address {address!r} in a CNI result")
+    raise wire.errors().DecodeFailure(f"invalid IP address {address!r} in a CNI result")
 
 
 def _pick(source: object, keys: tuple) -> dict:
     if not isinstance(source, dict):
-        raise DecodeFailure(f"invalid entry {source!r} in a CNI result: expected an object")
+        raise wire.errors().DecodeFailure(f"invalid entry {source!r} in a CNI result: expected an object")
     return {key: _copy(source[key]) for key in keys
             if not (source.get(key) in (None, "", [], {})
                     or (key in _ZERO_OMITTED and source.get(key) == 0))}
@@ -84,7 +82,7 @@ def _list(result: dict, key: str) -> list:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise DecodeFailure(f"invalid {key!r} in a CNI result: expected a list, got {value!r}")
+        raise wire.errors().DecodeFailure(f"invalid {key!r} in a CNI result: expected a list, got {value!r}")
     return value
 
 

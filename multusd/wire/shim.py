@@ -10,19 +10,14 @@ Unlike upstream, a failed DEL is reported to the runtime so that it retries inst
 leaking addresses; a DEL of something already gone succeeds in the daemon.
 """
 
-from __future__ import annotations
-
 import sys
 import time
 
 # posix, not os: os imports stat, posixpath and the abstract collections, ~2 ms per pod.
 import posix
 
-from multusd import __version__
+from multusd import SUPPORTED_VERSIONS, __version__, wire
 from multusd.wire import api, quickjson
-from multusd.errors import (SUPPORTED_VERSIONS, DecodeFailure, IncompatibleCNIVersion,
-                            InvalidEnvironment, MultusError,
-                     TryAgainLater)
 
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
@@ -39,7 +34,7 @@ class ShimConfig:
         self.log_file = _path_setting(conf, "logFile")
         level = _setting(conf, "logLevel", str).lower()
         if level and level not in LEVELS:
-            raise DecodeFailure(f"invalid \"logLevel\" {level!r} in the multus-shim config: "
+            raise wire.errors().DecodeFailure(f"invalid \"logLevel\" {level!r} in the multus-shim config: "
                                 f"use one of {', '.join(LEVELS)}")
         self.log_level = LEVELS.get(level, 0)
         self.log_to_stderr = _setting(conf, "logToStderr", bool) is True
@@ -70,7 +65,7 @@ def _setting(conf: dict, key: str, kind: type):
     if value is None:
         return ""
     if type(value) is not kind:
-        raise DecodeFailure(f"invalid \"{key}\" in the multus-shim config: it must be "
+        raise wire.errors().DecodeFailure(f"invalid \"{key}\" in the multus-shim config: it must be "
                             f"{_TYPE_NAMES[kind]}, not {value!r:.40}")
     return value
 
@@ -79,7 +74,7 @@ def _path_setting(conf: dict, key: str) -> str:
     """An absolute path setting: the shim never writes or connects relative to its cwd."""
     value = _setting(conf, key, str)
     if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
-        raise DecodeFailure(f"invalid \"{key}\" {value!r:.80} in the multus-shim config: it "
+        raise wire.errors().DecodeFailure(f"invalid \"{key}\" {value!r:.80} in the multus-shim config: it "
                             "must be an absolute path")
     return value
 
@@ -89,14 +84,14 @@ MAX_STDIN = 3 * 1024 * 1024  # the daemon takes 4 MiB of request, the config bas
 
 def parse_config(stdin: bytes) -> ShimConfig:
     if len(stdin) > MAX_STDIN:
-        raise DecodeFailure(f"invalid CNI configuration passed to multus-shim: {len(stdin)} "
+        raise wire.errors().DecodeFailure(f"invalid CNI configuration passed to multus-shim: {len(stdin)} "
                             f"bytes, over the limit of {MAX_STDIN}")
     try:
         conf = quickjson.loads(stdin)
         if not isinstance(conf, dict):
             raise ValueError("the configuration is not a JSON object")
     except ValueError as exc:
-        raise DecodeFailure(
+        raise wire.errors().DecodeFailure(
             "invalid CNI configuration passed to multus-shim: failed to gather the multus "
             f"configuration: {exc}") from None
     return ShimConfig(conf)
@@ -114,9 +109,9 @@ def check_command_allowed(command: str, cni_version: str) -> None:
     try:
         version = tuple(int(part) for part in cni_version.split("."))
     except ValueError:
-        raise IncompatibleCNIVersion(f"invalid cniVersion {cni_version!r} in the CNI config") from None
+        raise wire.errors().IncompatibleCNIVersion(f"invalid cniVersion {cni_version!r} in the CNI config") from None
     if version < minimum:
-        raise IncompatibleCNIVersion(f"config version does not allow {command}")
+        raise wire.errors().IncompatibleCNIVersion(f"config version does not allow {command}")
 
 
 def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
@@ -141,7 +136,7 @@ def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
         except OSError as exc:
             last = f"{exc.strerror or exc}"
         if time.monotonic() >= deadline:
-            raise TryAgainLater(
+            raise wire.errors().TryAgainLater(
                 f"timed out after {timeout:.0f}s waiting for multusd on {sock}: {last}; "
                 "check `systemctl status multusd.socket multusd`")
         time.sleep(pause)
@@ -153,17 +148,17 @@ def check_alive(sock: str) -> None:
     try:
         api.http_request(sock, "GET", api.HEALTH_ENDPOINT, timeout=5.0)
     except OSError as exc:
-        raise TryAgainLater(
+        raise wire.errors().TryAgainLater(
             f"multusd is not reachable on {sock}: {exc.strerror or exc}; "
             "check `systemctl status multusd.socket multusd`") from None
 
 
-def post_cni(sock: str, env: dict[str, str], stdin: bytes) -> bytes:
+def post_cni(sock: str, env: "dict[str, str]", stdin: bytes) -> bytes:
     """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise."""
     try:
         response = api.http_request(sock, "POST", api.CNI_ENDPOINT, api.encode_request(env, stdin))
     except OSError as exc:
-        raise TryAgainLater(f"failed to send CNI request to multusd on {sock}: "
+        raise wire.errors().TryAgainLater(f"failed to send CNI request to multusd on {sock}: "
                             f"{exc.strerror or exc}") from None
     if response.status == 200:
         return response.body
@@ -172,24 +167,9 @@ def post_cni(sock: str, env: dict[str, str], stdin: bytes) -> bytes:
     except ValueError:
         error = None
     if isinstance(error, dict) and error.get("msg"):
-        raise _ForwardedError(error)
+        raise wire.errors().ForwardedError(error)
     text = response.body.decode("utf-8", "replace").strip()
-    raise MultusError(f"CNI request failed with status {response.status}: '{text}'")
-
-
-class _ForwardedError(MultusError):
-    """A CNI error the daemon returned, printed unchanged."""
-
-    def __init__(self, error: dict) -> None:
-        super().__init__(str(error.get("msg")), str(error.get("details", "")),
-                         code=int(error.get("code") or 100))
-        self.error = error
-
-    def to_cni_error(self, cni_version: str = "") -> dict:
-        out = dict(self.error)
-        if cni_version:
-            out["cniVersion"] = cni_version
-        return out
+    raise wire.errors().MultusError(f"CNI request failed with status {response.status}: '{text}'")
 
 
 def add_result(body: bytes, cni_version: str) -> dict:
@@ -197,9 +177,9 @@ def add_result(body: bytes, cni_version: str) -> dict:
     try:
         result = quickjson.loads(body).get("Result") if body else None
     except (ValueError, AttributeError):
-        raise DecodeFailure(f"failed to decode the result from multusd: {body[:200]!r}") from None
+        raise wire.errors().DecodeFailure(f"failed to decode the result from multusd: {body[:200]!r}") from None
     if result is None:
-        raise DecodeFailure("multusd answered ADD without a result")
+        raise wire.errors().DecodeFailure("multusd answered ADD without a result")
     if cni_version and cni_version != result.get("cniVersion"):
         from multusd.wire.result import for_runtime
 
@@ -207,7 +187,7 @@ def add_result(body: bytes, cni_version: str) -> dict:
     return result
 
 
-def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
+def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
     """Carry out one CNI call; return (exit code, JSON to print or None)."""
     command = env.get("CNI_COMMAND", "")
     config_version = ""
@@ -216,7 +196,7 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
         if command == "VERSION":
             return 0, version_info(stdin)
         if not command:
-            raise InvalidEnvironment("CNI_COMMAND is not set: multus-shim is a CNI plugin "
+            raise wire.errors().InvalidEnvironment("CNI_COMMAND is not set: multus-shim is a CNI plugin "
                                      "run by the container runtime")
         conf = parse_config(stdin)
         config_version = conf.cni_version
@@ -233,15 +213,16 @@ def run(env: dict[str, str], stdin: bytes) -> tuple[int, dict | None]:
         if command == "ADD":
             return 0, add_result(body, conf.cni_version)
         return 0, None
-    except MultusError as exc:
-        if conf is not None:
-            conf.log("error", f"{command} (shim): {exc.msg}")
-        return 1, exc.to_cni_error(config_version or "1.1.0")
     except BaseException as exc:  # noqa: B902 - the runtime gets a CNI error, never a traceback
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             raise
-        return 1, MultusError(f"multus-shim failed unexpectedly: {type(exc).__name__}: "
-                              f"{exc!s:.500}").to_cni_error(config_version or "1.1.0")
+        errors = wire.errors()
+        if not isinstance(exc, errors.MultusError):
+            exc = errors.MultusError(f"multus-shim failed unexpectedly: {type(exc).__name__}: "
+                                     f"{exc!s:.500}")
+        elif conf is not None:
+            conf.log("error", f"{command} (shim): {exc.msg}")
+        return 1, exc.to_cni_error(config_version or errors.DEFAULT_CNI_VERSION)
 
 
 def version_info(stdin: bytes) -> dict:
@@ -254,14 +235,14 @@ def version_info(stdin: bytes) -> dict:
     return {"cniVersion": requested, "supportedVersions": list(SUPPORTED_VERSIONS)}
 
 
-def environment() -> dict[str, str]:
+def environment() -> "dict[str, str]":
     """The process environment, decoded as ``os.environ`` decodes it."""
     encoding = sys.getfilesystemencoding()
     return {key.decode(encoding, "surrogateescape"): value.decode(encoding, "surrogateescape")
             for key, value in posix.environ.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: "list[str] | None" = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("-version", "--version", "-v"):
         print(f"multus-shim: version:{__version__}(multusd)")
@@ -271,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         code, output = run(environment(), stdin)
         text = quickjson.dumps(output) + "\n" if output is not None else ""
     except Exception as exc:  # noqa: B902 - last line of defence: still a CNI error
-        code, text = 1, quickjson.dumps(MultusError(
+        code, text = 1, quickjson.dumps(wire.errors().MultusError(
             f"multus-shim failed unexpectedly: {type(exc).__name__}: {exc!s:.500}")
             .to_cni_error()) + "\n"
     if text:
