@@ -44,26 +44,31 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 LAUNCHER = os.path.join(REPO, ".venv", "bin", "multusd")
 
 
-def _is_launcher(path: str) -> bool:
+def _launcher_argv(path: str) -> Optional[List[str]]:
+    """The launcher's interpreter, flags (its #! line, as the kernel runs it) and path."""
     try:
         with open(path) as handle:
-            return "sys.path.insert" in handle.read()
+            shebang, text = handle.readline(), handle.read()
     except OSError:
-        return False
+        return None
+    if not shebang.startswith("#!") or "sys.path.insert" not in text:
+        return None
+    return shebang[2:].split() + [path]
 
 
-# The packaged launcher when make setup made it, else the same thing spelled out.
-DAEMON_ARGV = ([SYSTEM_PYTHON, "-I", LAUNCHER] if _is_launcher(LAUNCHER) else
-               [SYSTEM_PYTHON, "-I", "-c", f"import sys; sys.path.insert(0, {REPO!r}); "
-                "from multusd.__main__ import main; sys.exit(main())"])
+# The packaged launcher when make setup made it (python3 -IS, the distribution's package
+# directories added without their .pth files), else the same thing spelled out.
+DAEMON_ARGV = _launcher_argv(LAUNCHER) or [
+    SYSTEM_PYTHON, "-IS", "-c", f"import sys, site; sys.path.insert(0, {REPO!r}); "
+    "sys.path.extend(p for p in site.getsitepackages() if p not in sys.path); "
+    "from multusd.__main__ import main; sys.exit(main())"]
 
 IMPORT_STEPS = [
-    ("python3 -I", ""),
+    ("python3 -IS, package directories", ""),
     ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.sandbox"),
     ("+ multusd.kube.client", "import multusd.kube.client"),
     ("+ kubernetes, the daemon's lean way", "from multusd.kube import lean; lean.enable(); "
-     "from kubernetes import client; client.ApiClient, client.CoreV1Api, "
-     "client.CustomObjectsApi; import yaml"),
+     "from kubernetes import client; client.ApiClient; import yaml, multusd.kube.calls"),
     ("+ systemd.journal", "import systemd.journal, systemd.daemon"),
     ("+ pyroute2 (default-route only)", "import pyroute2"),
     ("+ prometheus_client (metricsPort only)", "import prometheus_client"),
@@ -144,15 +149,18 @@ def importtime(config: dict, workdir: str, top: int = 12) -> List[Dict[str, Any]
 
 
 def rss_by_import() -> List[Dict[str, Any]]:
-    """VmRSS after each import step, in one fresh ``python3 -I`` (what each layer costs)."""
-    script = ["import sys, os", f"sys.path.insert(0, {REPO!r})", "out = []",
+    """VmRSS after each import step, in one fresh ``python3 -IS`` set up as the launcher does
+    (what each layer costs)."""
+    script = ["import sys, os, site", f"sys.path.insert(0, {REPO!r})",
+              "sys.path.extend(p for p in site.getsitepackages() if p not in sys.path)",
+              "out = []",
               "def rss():\n    for l in open('/proc/self/status'):\n"
               "        if l.startswith('VmRSS:'): return int(l.split()[1]) / 1024"]
     for label, code in IMPORT_STEPS:
         script.append(f"try:\n    {code or 'pass'}\n    out.append(({label!r}, rss()))\n"
                       f"except ImportError as e:\n    out.append(({label!r} + ' (absent)', rss()))")
     script.append("import json; print(json.dumps(out))")
-    text = subprocess.run([SYSTEM_PYTHON, "-I", "-c", "\n".join(script)], check=True,
+    text = subprocess.run([SYSTEM_PYTHON, "-IS", "-c", "\n".join(script)], check=True,
                           capture_output=True, text=True).stdout
     steps, previous = [], 0.0
     for label, value in json.loads(text):

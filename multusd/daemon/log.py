@@ -11,7 +11,6 @@ Levels are upstream's: debug, verbose, error, panic.
 from __future__ import annotations
 
 import logging
-import logging.handlers
 import sys
 from typing import Any, Mapping, MutableMapping
 
@@ -44,6 +43,8 @@ def setup(level: str = "verbose", log_file: str = "", log_options: Mapping[str, 
 
 def _file_handler(path: str, options: Mapping[str, Any]) -> logging.Handler:
     """Upstream's lumberjack defaults (100 MB, 5 backups) through the standard rotating handler."""
+    import logging.handlers  # logFile only: it imports socket, pickle and queue
+
     max_mb = int(options.get("maxSize") or 100)
     backups = int(options.get("maxBackups") or 5)
     handler = logging.handlers.RotatingFileHandler(path, maxBytes=max_mb * 1024 * 1024,

@@ -17,7 +17,6 @@ import select
 import socket
 import threading
 import time
-import uuid
 from typing import Any, Callable, Mapping, Optional
 
 from multusd.wire import api
@@ -197,7 +196,7 @@ class Server:
 
     def run_cni(self, endpoint: str, body: bytes) -> tuple[int, bytes]:
         """Run one /cni or /delegate request through the pool; (status, body) to answer."""
-        request_id = uuid.uuid4().hex[:16]
+        request_id = os.urandom(8).hex()  # not uuid: it imports platform
         deadline = time.monotonic() + self.request_timeout
         if not self.pool.acquire(timeout=self.request_timeout):
             return _error_response(TryAgainLater(

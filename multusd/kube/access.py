@@ -18,6 +18,13 @@ AUTHZ_GROUP = "authorization.k8s.io"
 class ApiProbe(KubeClient):
     """Single requests to the API server of a kubeconfig (see the module docstring)."""
 
+    @property
+    def _core(self):
+        """The generated CoreV1Api (doctor reads Nodes too; the daemon does not load it)."""
+        from kubernetes import client
+
+        return client.CoreV1Api(self._api_client)
+
     def version(self) -> Tuple[str, float]:
         """(gitVersion, seconds the answer took).
 

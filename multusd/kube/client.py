@@ -13,8 +13,8 @@ path (architecture invariant 7):
   :attr:`KubeClient.node_mismatch` for the metrics and the status line;
 * the network-status write and events: :mod:`multusd.kube.status`.
 
-Requests go through the client's REST layer with ``_preload_content=False`` and the JSON is
-read as plain dicts: the generated models are slow to build and drop fields they do not know,
+Requests go through the client's ``ApiClient`` (:mod:`multusd.kube.calls`) and REST layer
+with ``_preload_content=False`` and the JSON is read as plain dicts: the generated models are slow to build and drop fields they do not know,
 which a PUT of the whole pod would then erase on a newer API server.
 """
 
@@ -26,6 +26,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from multusd.kube import status as status_mod
+from multusd.kube.calls import ApiCalls
 from multusd.kube.clientconfig import ClientConfig
 from multusd.kube.objects import (NAD_GROUP, NAD_PLURAL, NAD_VERSION, NETWORK_STATUS_ANNOTATION,
                                   Key, NetworkAttachmentDefinition, Obj, Pod, nad_from_object,
@@ -64,8 +65,7 @@ class KubeClient:
         from kubernetes import client  # lazy: see the module docstring
 
         self._api_client = client.ApiClient(self.config.configuration)
-        self._core = client.CoreV1Api(self._api_client)
-        self._custom = client.CustomObjectsApi(self._api_client)
+        self._calls = ApiCalls(self._api_client)
         self._count_lock = threading.Lock()
         self._request_count = 0
         self._state = WatchState()
@@ -74,7 +74,7 @@ class KubeClient:
         self._pods: Dict[Key, Pod] = {}
         self._nads: Dict[Key, NetworkAttachmentDefinition] = {}
         self._threads: List[threading.Thread] = []
-        self._events = status_mod.EventSender(self._json, self._core, self.config, node_name,
+        self._events = status_mod.EventSender(self._json, self._calls, self.config, node_name,
                                               self._stopping)
         self._misses = 0
         self._empty_misses = 0
@@ -104,11 +104,11 @@ class KubeClient:
             response.release_conn()
 
     def _list_pods(self, **kwargs: Any) -> Any:
-        return self._raw(self._core.list_pod_for_all_namespaces,
+        return self._raw(self._calls.list_pod_for_all_namespaces,
                          field_selector=f"spec.nodeName={self.node_name}", **kwargs)
 
     def _list_nads(self, **kwargs: Any) -> Any:
-        return self._raw(self._custom.list_cluster_custom_object, NAD_GROUP, NAD_VERSION,
+        return self._raw(self._calls.list_cluster_custom_object, NAD_GROUP, NAD_VERSION,
                          NAD_PLURAL, **kwargs)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -219,7 +219,7 @@ class KubeClient:
     def _read_pod(self, namespace: str, name: str) -> Optional[Pod]:
         """One live GET of a pod; None on 404."""
         try:
-            return pod_from_object(self._json(self._core.read_namespaced_pod, name, namespace))
+            return pod_from_object(self._json(self._calls.read_namespaced_pod, name, namespace))
         except self.config.request_errors() as exc:
             if getattr(exc, "status", None) == 404:
                 return None
@@ -286,7 +286,7 @@ class KubeClient:
         if nad is not None:
             return nad
         try:
-            obj = self._json(self._custom.get_namespaced_custom_object, NAD_GROUP, NAD_VERSION,
+            obj = self._json(self._calls.get_namespaced_custom_object, NAD_GROUP, NAD_VERSION,
                              namespace, NAD_PLURAL, name)
         except self.config.request_errors() as exc:
             if getattr(exc, "status", None) == 404:
@@ -299,7 +299,7 @@ class KubeClient:
 
     def set_network_status(self, pod: Pod, status: str) -> None:
         """Write the pod's network-status annotation (see :func:`status.set_network_status`)."""
-        status_mod.set_network_status(self._json, self._core, self.config, pod, status,
+        status_mod.set_network_status(self._json, self._calls, self.config, pod, status,
                                       self._stopping)
 
     def emit_event(self, pod: Pod, event_type: str, reason: str, message: str) -> None:

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
-import tempfile
 from typing import Any, Dict, Optional
 
 DATA_DIR_NAME = "multusd-kubeconfig"
@@ -133,12 +131,17 @@ def _file(section: Dict[str, Any], key: str, base: str) -> Optional[str]:
 
 def data_dir() -> str:
     """The root-only directory of the ``-data`` files: /run's when writable, else the temp dir."""
+    import tempfile
+
     parent = "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir()
     return os.path.join(parent, f"{DATA_DIR_NAME}-{os.geteuid()}")
 
 
 def data_file(content: bytes) -> str:
     """A file holding ``content`` (mode 0600), named by its SHA-256 and reused if present."""
+    import hashlib
+    import tempfile
+
     directory = data_dir()
     try:
         os.mkdir(directory, 0o700)

@@ -31,7 +31,7 @@ EVENT_MESSAGE_LIMIT = 1024  # what kube-apiserver accepts in an event message
 JsonCall = Callable[..., Obj]  # sends one request, returns the decoded JSON body
 
 
-def set_network_status(send: JsonCall, core: Any, config: ClientConfig, pod: Pod, status: str,
+def set_network_status(send: JsonCall, calls: Any, config: ClientConfig, pod: Pod, status: str,
                        stopping: threading.Event) -> None:
     """Write ``status`` as the pod's network-status annotation through pods/status.
 
@@ -55,13 +55,13 @@ def set_network_status(send: JsonCall, core: Any, config: ClientConfig, pod: Pod
                 current.setdefault("apiVersion", "v1")  # list items come without them
                 current.setdefault("kind", "Pod")
             else:
-                current = send(core.read_namespaced_pod, pod.name, pod.namespace)
+                current = send(calls.read_namespaced_pod, pod.name, pod.namespace)
             known = ""
             if not _status_update_needed(pod, current, status):
                 if from_known:
                     continue  # the copy may be behind the server: ask it
                 return
-            send(core.replace_namespaced_pod_status, pod.name, pod.namespace, current)
+            send(calls.replace_namespaced_pod_status, pod.name, pod.namespace, current)
             return
         except config.request_errors() as exc:
             code = getattr(exc, "status", None)
@@ -98,9 +98,9 @@ def _status_update_needed(pod: Pod, current: Obj, status: str) -> bool:
 class EventSender:
     """A bounded queue of pod events and the thread that creates them (never raises)."""
 
-    def __init__(self, send: JsonCall, core: Any, config: ClientConfig, node_name: str,
+    def __init__(self, send: JsonCall, calls: Any, config: ClientConfig, node_name: str,
                  stopping: threading.Event) -> None:
-        self._send, self._core, self._config = send, core, config
+        self._send, self._calls, self._config = send, calls, config
         self.node_name = node_name
         self._stopping = stopping
         self._events: "queue.Queue[Optional[Obj]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
@@ -150,7 +150,7 @@ class EventSender:
             if body is None:
                 return
             try:
-                self._send(self._core.create_namespaced_event, body["metadata"]["namespace"],
+                self._send(self._calls.create_namespaced_event, body["metadata"]["namespace"],
                            body)
             except self._config.request_errors() as exc:
                 failure = self._config.failure(exc, f"record event {body['reason']!r}")

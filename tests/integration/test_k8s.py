@@ -201,6 +201,11 @@ def test_nad_update_and_delete_seen_through_watch(kube_api, client):
 
 # ---- network-status ---------------------------------------------------------------------------
 
+def pod_requests(kube_api, since: int, name: str) -> list:
+    """(method, path) of the requests about one pod since ``since`` (watches left out)."""
+    return [(m, p) for m, p, _ in kube_api.requests[since:] if p.startswith(pod_path(name))]
+
+
 def test_set_network_status_writes_the_annotation_with_one_put(kube_api, client):
     kube_api.add_pod(NS, "web", annotations={"keep": "me"})
     pod = client.get_pod(NS, "web", wait=5)
@@ -211,7 +216,7 @@ def test_set_network_status_writes_the_annotation_with_one_put(kube_api, client)
     assert stored["metadata"]["annotations"]["keep"] == "me"
     assert stored["status"]["phase"] == "Pending"  # the status itself is untouched
     assert stored["spec"]["containers"][0]["name"] == "main"
-    assert [(m, p) for m, p, _ in kube_api.requests[before:]] == [
+    assert pod_requests(kube_api, before, "web") == [
         ("PUT", pod_path("web") + "/status")]  # the watch's copy, guarded by resourceVersion
     wait_for(lambda: client.cached_pod(NS, "web").annotations.get(NETWORK_STATUS_ANNOTATION)
              == STATUS, what="the watch to bring the annotation back")
@@ -227,7 +232,7 @@ def test_set_network_status_from_a_stale_copy_loses_no_change_made_since(kube_ap
     assert stored["metadata"]["annotations"] == {
         "keep": "me", "added": "meanwhile", NETWORK_STATUS_ANNOTATION: STATUS}
     assert stored["status"]["phase"] == "Running"
-    assert [(m, p) for m, p, _ in kube_api.requests[before:]] == [
+    assert pod_requests(kube_api, before, "web") == [
         ("PUT", pod_path("web") + "/status"), ("GET", pod_path("web")),
         ("PUT", pod_path("web") + "/status")]
 
@@ -242,7 +247,7 @@ def test_set_network_status_already_in_the_copy_is_confirmed_with_the_server(kub
              == STATUS, what="the watch to bring the annotation")
     before = len(kube_api.requests)
     client.set_network_status(client.get_pod(NS, "web"), STATUS)  # nothing to write
-    assert [m for m, _, _ in kube_api.requests[before:]] == ["GET"]
+    assert pod_requests(kube_api, before, "web") == [("GET", pod_path("web"))]
 
 
 def test_set_network_status_retries_on_conflict(kube_api, client):
