@@ -13,11 +13,11 @@ import base64
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd import store
 from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
+from multusd.record import Record, field
 
 LOG = logging.getLogger(__name__)
 
@@ -26,8 +26,7 @@ RESULTS_DIR = "results"
 DEFAULT_CACHE_DIR = "/var/lib/cni/multus"
 
 
-@dataclass(frozen=True)
-class RuntimeConf:
+class RuntimeConf(Record):
     """One attachment: the container, its netns and interface, and per-call arguments."""
 
     container_id: str

@@ -21,7 +21,6 @@ import copy
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
@@ -34,14 +33,14 @@ from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.result import convert_result
 from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
                       supports_check, supports_status_gc)
+from multusd.record import Record
 
 LOG = logging.getLogger(__name__)
 
 
 
 
-@dataclass(frozen=True)
-class NetworkConfigList:
+class NetworkConfigList(Record):
     """A parsed conflist (or a single conf wrapped as a one-plugin list)."""
 
     name: str

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
+from multusd.record import Record, field
 
 LOG = logging.getLogger(__name__)
 
@@ -37,8 +37,7 @@ HOST_KEYS = {"nodeName", "requestTimeout", "workers", "kubeletRootDir", "deviceI
 KNOWN_KEYS = SERVER_KEYS | CONFGEN_KEYS | OVERLAY_KEYS | HOST_KEYS
 
 
-@dataclass(frozen=True)
-class DaemonConfig:
+class DaemonConfig(Record):
     """The validated daemon configuration; ``raw`` is the file as written (the overlay)."""
 
     path: str

@@ -15,14 +15,14 @@ every ADD a live GET, which the Kubernetes client detects and reports.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
+
+from multusd.record import Record
 
 ENV_VAR = "MULTUS_NODE_NAME"
 
 
-@dataclass(frozen=True)
-class NodeName:
+class NodeName(Record):
     """A node name and its source, as the start-up log line and the status line show them."""
 
     name: str

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import time
 
-from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from multusd.core.netconf import conf_object
 from multusd.core.selection import NetworkSelection
+from multusd.record import Record
 
 
-@dataclass(frozen=True)
-class Delegate:
+class Delegate(Record):
     """One network attachment of a pod: what to execute and how.
 
     ``conf`` is the delegate's CNI config (conf or conflist) exactly as it will be executed.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd.config.reader import ConfigReader
@@ -28,6 +27,7 @@ from multusd.core.delegate import Delegate, ifname_for
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                       nad_config, nad_resource_name, network_name, resolve_network)
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig, MultusError
+from multusd.record import Record, replace
 from multusd.store import go_json
 from multusd.core.runtimeconf import inject_cni_args
 from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
@@ -74,8 +74,7 @@ class NadNotFound(InvalidNetworkConfig):
         super().__init__(f"{self.event_message}; create it, or correct the pod's annotation")
 
 
-@dataclass(frozen=True)
-class MultusSettings:
+class MultusSettings(Record):
     """The keys of the merged multus config that decide what a pod gets (F29 defaults)."""
 
     conf_dir: str = DEFAULT_CONF_DIR

@@ -15,7 +15,6 @@ import fcntl
 import logging
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd.cni import cache as result_cache
@@ -25,6 +24,7 @@ from multusd.core import scratch
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
+from multusd.record import Record, field
 
 LOG = logging.getLogger(__name__)
 
@@ -37,8 +37,7 @@ _SECRET_KEY = re.compile(r"pass(word|wd)?$|token|secret|credential|api_?key|priv
 REDACTED = "<redacted>"
 
 
-@dataclass(frozen=True)
-class Attachment:
+class Attachment(Record):
     """One delegate of a sandbox: its network, interface and what its plugins returned."""
 
     network: str                       # the delegate's name, as network-status shows it
@@ -83,8 +82,7 @@ class Attachment:
         return interfaces[index].get("name") == self.ifname
 
 
-@dataclass(frozen=True)
-class SandboxRecord(PodIdentity):
+class SandboxRecord(PodIdentity, Record):
     """Everything the node has recorded about one sandbox (container ID)."""
 
     container_id: str

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Tuple
 
 from multusd.cni.args import parse_cni_args
@@ -17,6 +16,7 @@ from multusd.cni.names import IFNAME_RULE, NAME_RULE, is_valid_ifname, is_valid_
 from multusd.cni.version import require_supported
 from multusd.config.daemonconf import DaemonConfig, overlay
 from multusd.errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
+from multusd.record import Record, field
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 SANDBOX_FREE_COMMANDS = ("STATUS", "GC")
@@ -53,8 +53,7 @@ class PodIdentity:
         return self.arg("K8S_POD_INFRA_CONTAINER_ID")
 
 
-@dataclass(frozen=True)
-class CmdArgs(PodIdentity):
+class CmdArgs(PodIdentity, Record):
     """A parsed request: the CNI call plus the pod identity from CNI_ARGS (if it is a pod's)."""
 
     command: str

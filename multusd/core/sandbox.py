@@ -22,7 +22,6 @@ written through k8s.py. The rules it keeps (architecture.md):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -47,6 +46,7 @@ from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,
                             PodNotFound, TryAgainLater, UnknownContainer,
                             from_exception)
+from multusd.record import replace
 
 LOG = logging.getLogger(__name__)
 
@@ -449,7 +449,7 @@ def netns_for_del(req: CmdArgs, log) -> CmdArgs:
         return req
     except MultusError as exc:
         log.warning("DEL: %s; running the delegates without a network namespace", exc.msg)
-        return dataclasses.replace(req, netns="")
+        return replace(req, netns="")
     return req
 
 

@@ -16,11 +16,11 @@ import ipaddress
 import json
 import logging
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname
 from multusd.errors import InvalidNetworkConfig
+from multusd.record import Record, field
 
 LOG = logging.getLogger(__name__)
 
@@ -34,8 +34,7 @@ _COMMA_FORM = "[<namespace>/]<name>[@<interface>] items separated by commas"
 _JSON_FORM = 'a JSON list of objects such as [{"name": "net1", "interface": "net1"}]'
 
 
-@dataclass(frozen=True)
-class NetworkSelection:
+class NetworkSelection(Record):
     """One element of a network-selection annotation.
 
     ``default_route`` is None when the key is absent and ``()`` when it is present but empty:

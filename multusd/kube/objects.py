@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import types
-from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Tuple
+
+from multusd.record import Record, field
 
 NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
@@ -17,8 +18,7 @@ Key = Tuple[str, str]
 Obj = Dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Pod:
+class Pod(Record):
     """The part of a pod multusd reads; ``annotations`` is a read-only mapping."""
 
     namespace: str
@@ -33,8 +33,7 @@ class Pod:
     source: str = field(default="", repr=False, compare=False)
 
 
-@dataclass(frozen=True)
-class NetworkAttachmentDefinition:
+class NetworkAttachmentDefinition(Record):
     """A NetworkAttachmentDefinition: ``config`` is spec.config ("" when the NAD has none)."""
 
     namespace: str

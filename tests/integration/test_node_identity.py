@@ -2,8 +2,8 @@
 
 The real daemon and shim against the fake API server, with the pods on a node whose name is
 not the host name (except for the host-name case). A right name means the pod comes from
-the watch cache (the only pod GET of an ADD is the fresh one before the network-status
-write); a wrong one is reported (log, metric) and the ADD still succeeds by one live GET.
+the watch cache and an ADD sends no pod GET at all (the network-status PUT sends the watch's
+copy); a wrong one is reported (log, metric) and the ADD still succeeds by one live GET.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def check_node(cluster: Cluster, node: str, source: str) -> None:
     add_gets = add_and_del(cluster, pod)
     assert watched_node(cluster.kube) == {f"spec.nodeName={node}"}
     assert f'node name "{node}" from {source}' in cluster.daemon.log()
-    assert add_gets == 1  # from the cache; the one GET is the fresh read before the status PUT
+    assert add_gets == 0  # from the cache; the status PUT sends the watch's copy
     assert "node name mismatch" not in cluster.daemon.log()
 
 
@@ -130,14 +130,14 @@ def test_a_wrong_node_name_is_reported_and_add_still_succeeds(cluster):
     port = free_port()
     cluster.start(nodeName="wrong-node", metricsPort=port)
     pod = cluster.pod("web-mis")
-    assert add_and_del(cluster, pod) == 2  # one live GET for the missing pod, one fresh read
+    assert add_and_del(cluster, pod) == 1  # one live GET for the missing pod
     assert watched_node(cluster.kube) == {"spec.nodeName=wrong-node"}
     log = cluster.daemon.log()
     assert "node name mismatch" in log
     assert f"scheduled on node {NODE!r}" in log and "'wrong-node'" in log
     assert f'"nodeName": {NODE!r}' in log and "MULTUS_NODE_NAME" in log
     second = cluster.pod("web-mis-2")
-    assert add_and_del(cluster, second) == 2
+    assert add_and_del(cluster, second) == 1
     assert cluster.daemon.log().count("node name mismatch") == 1  # warned once
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
