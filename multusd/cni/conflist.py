@@ -33,7 +33,7 @@ from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.result import convert_result
 from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
                       supports_check, supports_status_gc)
-from multusd.record import Record
+from multusd.store.record import Record
 
 LOG = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from multusd.core.netconf import conf_object
 from multusd.core.selection import NetworkSelection
-from multusd.record import Record
+from multusd.store.record import Record
 
 
 class Delegate(Record):

@@ -24,7 +24,7 @@ from multusd.core import scratch
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
-from multusd.record import Record, field
+from multusd.store.record import Record, field
 
 LOG = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,
                             PodNotFound, TryAgainLater, UnknownContainer,
                             from_exception)
-from multusd.record import replace
+from multusd.store.record import replace
 
 LOG = logging.getLogger(__name__)
 

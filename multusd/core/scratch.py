@@ -12,7 +12,7 @@ from multusd.core.netconf import conf_object, marshal_raw_map
 from multusd.core.delegate import Delegate, ifname_for
 from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string
-from multusd.record import replace
+from multusd.store.record import replace
 from multusd.store import go_json
 
 LOG = logging.getLogger(__name__)

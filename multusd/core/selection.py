@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname
 from multusd.errors import InvalidNetworkConfig
-from multusd.record import Record, field
+from multusd.store.record import Record, field
 
 LOG = logging.getLogger(__name__)
 
