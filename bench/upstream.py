@@ -411,7 +411,7 @@ def print_report(report: Dict[str, Any]) -> None:
     row("daemon only DEL ms p50/p95/p99 (direct POST)", pct(report["direct"]["del_ms"]),
         pct(up.get("direct", {}).get("del_ms")))
     shim, ushim = report["shim"], up.get("shim", {})
-    for ours_key, theirs_key, label in (("packaged_nosite_add_instant", "add_instant", "ADD"),
+    for ours_key, theirs_key, label in (("packaged_add_instant", "add_instant", "ADD"),
                                         ("packaged_del_instant", "del_instant", "DEL"),
                                         ("packaged_version", "version", "VERSION")):
         ours, theirs = shim.get(ours_key, {}), ushim.get(theirs_key, {})

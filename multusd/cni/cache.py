@@ -163,7 +163,8 @@ def decode_config(entry: dict) -> bytes:
 
 
 def _write_entry(path: str, entry: dict) -> None:
-    store.atomic_write(path, json.dumps(entry, separators=(",", ":")).encode(), sync_dir=False)
+    # not durable: a corrupt entry is ignored and DEL falls back to the scratch cache
+    store.atomic_write(path, json.dumps(entry, separators=(",", ":")).encode(), durable=False)
 
 
 def _load(path: str) -> Optional[dict]:
