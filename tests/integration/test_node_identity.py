@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
+import tempfile
 import urllib.request
 import uuid
 
@@ -19,6 +21,8 @@ import pytest
 
 from harness import Cluster
 from testlib import free_port, wait_for
+
+from multusd.kube import kubeconfig as kubeconfig_reader
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
@@ -109,12 +113,39 @@ def test_node_name_key_wins_over_the_environment(cluster):
     check_node(cluster, NODE, "nodeName in daemon-config.json")
 
 
+def files_holding(directory: str, content: bytes) -> list:
+    found = []
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        try:
+            if os.path.isfile(path) and not os.path.islink(path):
+                with open(path, "rb") as handle:
+                    if handle.read(1 << 16) == content:
+                        found.append(path)
+        except OSError:
+            pass
+    return found
+
+
 @pytest.mark.parametrize("inline", [False, True], ids=["client-certificate", "-data"])
 def test_node_name_from_the_kubelet_client_certificate(tls_cluster, tmp_path, inline):
     cluster = tls_cluster
+    data_dir = kubeconfig_reader.data_dir()
+    before = set(os.listdir(data_dir)) if os.path.isdir(data_dir) else set()
     kubeconfig = kubeconfig_with_certificate(cluster.kube, str(tmp_path), NODE, inline=inline)
     cluster.start(nodeName=None, kubeconfig=kubeconfig)
     check_node(cluster, NODE, "the kubeconfig's client certificate (CN=system:node:...)")
+    if inline:  # the key went to one root-only file, none to the temp directory
+        with open(os.path.join(str(tmp_path), "kubelet.key"), "rb") as handle:
+            key = handle.read()
+        cluster.daemon.terminate()
+        cluster.start(nodeName=None, kubeconfig=kubeconfig)  # a restart reuses it
+        assert files_holding(tempfile.gettempdir(), key) == []
+        kept = files_holding(data_dir, key)
+        assert len(kept) == 1 and stat.S_IMODE(os.stat(kept[0]).st_mode) == 0o600
+        cluster.daemon.terminate()
+        for name in set(os.listdir(data_dir)) - before:  # the certificate's and the key's
+            os.unlink(os.path.join(data_dir, name))
 
 
 HOST = socket.gethostname().strip().lower()
