@@ -100,11 +100,15 @@ class Multus:
         results: list[tuple[Any, dict]] = []
         routes = DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
         waves = self._plan(req, delegates)
+        flush = None
         try:
             # Every name free before anything runs: a rollback then only undoes what this
             # request made, never an interface the pod already had (F37).
             require_ifnames_free(routes.namespace(), req, delegates, self._delegate_error)
-            store.atomic_write(cache_path, scratch.delegates_to_cache(delegates))
+            # On disk before any delegate runs; durable (fsync) before the ADD answers, the
+            # disk working while the plugins do.
+            store.atomic_write(cache_path, scratch.delegates_to_cache(delegates), durable=False)
+            flush = store.Flush(cache_path)
             for number, wave in enumerate(waves):
                 outcomes = parallel.run_calls(
                     [functools.partial(self._add_one, engine, req, delegates[i], deadline)
@@ -127,6 +131,8 @@ class Multus:
                     self.event_added(pod, delegate, result)
         finally:
             routes.close()
+            if flush is not None:
+                flush.wait()
         # F49: no network-status for pods whose *namespace* is a system one (upstream
         # compares the pod name, a bug); defaultNetworks follow the same rule
         if pod is not None and req.pod_namespace not in \

@@ -96,10 +96,14 @@ class KubeClient:
         kwargs.setdefault("_request_timeout", (self.request_timeout, self.request_timeout))
         return call(*args, _preload_content=False, **kwargs)
 
-    def _json(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+    def _json(self, call: Callable[..., Any], *args: Any, decode: bool = True,
+              **kwargs: Any) -> Obj:
+        """Send one request; its JSON answer (``{}`` with ``decode=False``: a write's answer is
+        read off the connection, which goes back to the pool, but not parsed)."""
         response = self._raw(call, *args, **kwargs)
         try:
-            return json.loads(response.data)
+            data = response.data
+            return json.loads(data) if decode else {}
         finally:
             response.release_conn()
 

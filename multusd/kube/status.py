@@ -61,7 +61,8 @@ def set_network_status(send: JsonCall, calls: Any, config: ClientConfig, pod: Po
                 if from_known:
                     continue  # the copy may be behind the server: ask it
                 return
-            send(calls.replace_namespaced_pod_status, pod.name, pod.namespace, current)
+            send(calls.replace_namespaced_pod_status, pod.name, pod.namespace, current,
+                 decode=False)
             return
         except config.request_errors() as exc:
             code = getattr(exc, "status", None)
@@ -151,7 +152,7 @@ class EventSender:
                 return
             try:
                 self._send(self._calls.create_namespaced_event, body["metadata"]["namespace"],
-                           body)
+                           body, decode=False)
             except self._config.request_errors() as exc:
                 failure = self._config.failure(exc, f"record event {body['reason']!r}")
                 LOG.warning("%s", failure.msg)

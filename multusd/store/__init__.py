@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from typing import Any, Optional
 
 from multusd.errors import IOFailure
@@ -59,6 +60,40 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
         raise IOFailure(f"cannot write {path}: {exc.strerror}") from exc
     if durable:
         _fsync_dir(directory)
+
+
+class Flush:
+    """fsync of a file just written (``durable=False``) and of its directory, on a thread.
+
+    The disk then works while the caller goes on (the GIL is released during fsync);
+    :meth:`wait` before saying the file is safe. A failed fsync is logged: the data is in the
+    page cache, readers see it, only a power loss could still lose it.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._error: Optional[OSError] = None
+        self._thread = threading.Thread(target=self._run, name="multusd-fsync", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            return  # removed meanwhile (a rolled-back ADD): nothing left to keep
+        except OSError as exc:
+            self._error = exc
+        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            LOG.warning("cannot fsync %s: %s; a power loss could lose it", self.path,
+                        self._error.strerror)
 
 
 def read_or_none(path: str, what: str = "") -> Optional[bytes]:
