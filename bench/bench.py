@@ -465,6 +465,10 @@ class InstantDaemon:
         self._stop.set()
         self._thread.join(timeout=5)
         self.listener.close()
+        try:
+            os.unlink(api.socket_path(self.socket_dir))  # so that another can bind it
+        except FileNotFoundError:
+            pass
 
 
 def packaged_shim(command: str, conf: dict, *, site: bool = False) -> int:

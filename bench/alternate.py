@@ -1,0 +1,180 @@
+"""multusd and upstream's Go daemon in alternating rounds: the figures that drift between runs.
+
+On a shared 2-core VM one phase of ``bench.py --upstream-bin`` can land in a slow minute and
+the other in a fast one (the plugins-alone row moves by 1.5x within an hour). This keeps
+both daemons running at once, each with its own fake API server (upstream's on TLS, as its
+in-cluster config requires), and alternates them phase by phase, ``--rounds`` times:
+
+* ``add_ms``/``del_ms``: sequential ADDs of ``--pods`` pods, then their DELs (bench.py's
+  latency phase; upstream's client-side rate limit shows here, see bench/README.md);
+* ``paced_add_ms``: ADD then DEL of each pod, one pod at a time (its DEL lets upstream's
+  rate limit refill: the daemons' own work);
+* ``pods_per_s``: ``--pods`` pods at ``--concurrency``, each ADD then DEL;
+* ``cold_add_ms``: a fresh daemon's first ADD (multusd socket-activated by it; upstream
+  started, then asked once /healthz answers, timed from its exec);
+* ``shim_add_ms``: each shim's ADD against bench.py's instant daemon.
+
+Prints the medians over the rounds and the ratio multusd / upstream (a JSON line on stdout,
+a table on stderr), and removes everything it made. Needs ``--upstream-bin DIR``
+(bench/README.md says how to build it).
+
+    .venv/bin/python bench/alternate.py --upstream-bin DIR [--rounds 3] [--pods 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import bench
+import lifecycle
+import upstream
+
+FIGURES = ("add_ms", "del_ms", "paced_add_ms", "pods_per_s", "cold_add_ms", "shim_add_ms")
+
+
+class Side:
+    """One daemon under test with its cluster: multusd's or upstream's."""
+
+    def __init__(self, name: str, daemon: Any, cluster: bench.Cluster,
+                 cold: Callable[[], Optional[float]], shim: Callable[[], Optional[float]]) -> None:
+        self.name, self.daemon, self.cluster = name, daemon, cluster
+        self.cold, self.shim = cold, shim
+        self.figures: Dict[str, List[float]] = {key: [] for key in FIGURES}
+
+    def round(self, pods: int, concurrency: int, failures: List[str]) -> None:
+        latency = bench.latency(self.daemon, self.cluster, pods, failures)
+        paced = bench.throughput(self.daemon, self.cluster, 1, pods, failures)
+        loaded = bench.throughput(self.daemon, self.cluster, concurrency, pods, failures)
+        values = {"add_ms": latency["add_ms"].get("p50"), "del_ms": latency["del_ms"].get("p50"),
+                  "paced_add_ms": paced["add_ms"].get("p50"),
+                  "pods_per_s": loaded["pods_per_s"], "cold_add_ms": self.cold(),
+                  "shim_add_ms": self.shim()}
+        for key, value in values.items():
+            if value is not None:
+                self.figures[key].append(value)
+        bench.log(f"{self.name}: " + ", ".join(f"{k} {v}" for k, v in values.items()))
+
+
+def ours(scratch: bench.Scratch, failures: List[str]) -> Side:
+    kube_api = bench.start_kube_api(scratch)
+    cluster = bench.Cluster(scratch, kube_api)
+    config = bench.daemon_config(scratch, kube_api, "verbose")
+    daemon = scratch.daemon(config, "alternate").start(activate=True)
+    bench.wait_ready(daemon)
+    count = [0]
+
+    def cold() -> Optional[float]:
+        count[0] += 1
+        run = lifecycle.cold_start(config, os.path.join(scratch.workdir, f"cold{count[0]}"),
+                                   bench.first_add(cluster), lifecycle.DAEMON_ARGV)
+        return run.get("cold_add_ms")
+
+    def shim() -> Optional[float]:
+        return bench.shim_share(scratch, 10, failures)["packaged_add_instant"].get("p50")
+
+    return Side("multusd", daemon, cluster, cold, shim)
+
+
+def theirs(scratch: bench.Scratch, bin_dir: str, run: Dict[str, Any],
+           failures: List[str]) -> Side:
+    from kubeapi import FakeKubeAPI
+
+    workdir = os.path.join(scratch.workdir, "upstream")
+    os.makedirs(os.path.join(workdir, "kubeapi"))
+    kube_api = FakeKubeAPI(os.path.join(workdir, "kubeapi"), tls=True).start()
+    run.update({"bin_dir": bin_dir, "workdir": workdir, "kube_api": kube_api, "daemons": []})
+    run["secrets"] = upstream.Secrets(workdir, kube_api)
+    run["config"] = upstream.daemon_config(scratch, kube_api, "verbose")
+    cluster = bench.Cluster(scratch, kube_api)
+    daemon = upstream.new_daemon(run, "alternate").start()
+    daemon.wait_socket()
+    daemon.wait_healthy()
+
+    def cold() -> Optional[float]:
+        return upstream.cold_starts(run, cluster, 1, failures).get("cold_add_ms")
+
+    def shim() -> Optional[float]:
+        return upstream.shim_share(scratch, bin_dir, 10, failures)["add_instant"].get("p50")
+
+    return Side("upstream", daemon, cluster, cold, shim)
+
+
+def warm_up(side: Side) -> None:
+    argv = getattr(side.daemon, "shim_argv", None)
+    pods = side.cluster.make_pods(2)
+    for pod in pods:
+        bench.shim("ADD", side.daemon.shim_conf(), pod, argv)
+        bench.shim("DEL", side.daemon.shim_conf(), pod, argv)
+    side.cluster.remove_pods(pods)
+
+
+def summary(sides: Sequence[Side]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key in FIGURES:
+        medians = [round(statistics.median(s.figures[key]), 2) if s.figures[key] else None
+                   for s in sides]
+        ratio = (round(medians[0] / medians[1], 2) if None not in medians and medians[1]
+                 else None)
+        out[key] = {"multusd": medians[0], "upstream": medians[1], "ratio": ratio,
+                    "multusd_all": sides[0].figures[key], "upstream_all": sides[1].figures[key]}
+    return out
+
+
+def print_table(report: Dict[str, Any]) -> None:
+    err = sys.stderr
+    print(f"\nmultusd and upstream alternating, {report['rounds']} rounds of {report['pods']} "
+          f"pods (C={report['concurrency']}), load {report['load_start']} -> "
+          f"{report['load_end']}; medians over the rounds", file=err)
+    print(f"  {'figure':16} {'multusd':>9} {'upstream':>9} {'ratio':>6}   rounds (multusd | "
+          "upstream)", file=err)
+    for key, row in report["figures"].items():
+        print(f"  {key:16} {row['multusd']!s:>9} {row['upstream']!s:>9} {row['ratio']!s:>6}   "
+              f"{row['multusd_all']} | {row['upstream_all']}", file=err)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--upstream-bin", required=True, metavar="DIR")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pods", type=int, default=60)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args(argv)
+    missing = upstream.missing(args.upstream_bin)
+    if missing:
+        parser.error(f"{', '.join(missing)} not found in {args.upstream_bin}")
+    scratch = bench.Scratch()
+    failures: List[str] = []
+    run: Dict[str, Any] = {"daemons": [], "secrets": None}
+    report: Dict[str, Any] = {"rounds": args.rounds, "pods": args.pods,
+                              "concurrency": args.concurrency,
+                              "load_start": round(os.getloadavg()[0], 2)}
+    try:
+        sides = [ours(scratch, failures), theirs(scratch, args.upstream_bin, run, failures)]
+        for side in sides:
+            warm_up(side)
+        for number in range(args.rounds):
+            for side in sides if number % 2 == 0 else reversed(sides):  # neither always first
+                side.round(args.pods, args.concurrency, failures)
+        report["figures"] = summary(sides)
+    finally:
+        for daemon in run["daemons"]:
+            daemon.cleanup()
+        if run.get("kube_api") is not None:
+            run["kube_api"].stop()
+        if run["secrets"] is not None:
+            run["secrets"].cleanup()
+        scratch.cleanup()
+    report["load_end"] = round(os.getloadavg()[0], 2)
+    report["failures"] = failures[:20]
+    print(json.dumps(report))
+    print_table(report)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
