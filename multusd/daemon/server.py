@@ -79,7 +79,7 @@ class ConnectionThreads:
 
     def __init__(self, serve: Callable[[socket.socket], None]) -> None:
         self._serve = serve
-        self._waiting: "queue.SimpleQueue[socket.socket]" = queue.SimpleQueue()
+        self._waiting: "queue.SimpleQueue[Optional[socket.socket]]" = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
 
@@ -94,8 +94,15 @@ class ConnectionThreads:
         else:
             self._waiting.put(conn)
 
-    def _run(self, conn: socket.socket) -> None:
-        while True:
+    def close(self) -> None:
+        """End the idle threads (the busy ones end after their connection)."""
+        with self._lock:
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._waiting.put(None)
+
+    def _run(self, conn: Optional[socket.socket]) -> None:
+        while conn is not None:
             self._serve(conn)
             with self._lock:
                 if self._idle >= self.KEEP_IDLE:
@@ -175,6 +182,7 @@ class Server:
         if not self._stopped:
             self._stopped = True
             os.write(self._stop_w, b"x")
+            self._threads.close()
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight; False if some still are after ``timeout``."""

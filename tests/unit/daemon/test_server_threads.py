@@ -37,11 +37,15 @@ def served_by(count: int, hold: threading.Event = None) -> tuple:
 
 
 def test_connections_one_after_the_other_reuse_one_thread():
-    idents, _ = served_by(5)
+    idents, threads = served_by(5)
     assert len(idents) == 5 and len(set(idents)) == 1
+    threads.close()
 
 
 def test_connections_at_once_get_a_thread_each_and_those_are_kept_idle():
     idents, threads = served_by(4, hold=threading.Event())
     assert len(set(idents)) == 4
     wait_for(lambda: threads._idle == 4, 10, what="the four threads waiting for more")
+    threads.close()
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "multusd-conn"], 10,
+             what="the idle threads to end")
