@@ -171,8 +171,10 @@ def _import_core() -> None:
         try:
             for name in _PLACEHELD_IMPORTS:
                 importlib.import_module(name)
-        except ImportError:
+        except Exception:  # noqa: BLE001 - another release uses more of them: import it whole
             LOG.debug("kubernetes.client not imported the lean way", exc_info=True)
+            for name in _PLACEHELD_IMPORTS:  # what used a placeholder is imported again
+                sys.modules.pop(name, None)
         finally:
             for name, module in placed.items():
                 if sys.modules.get(name) is module:

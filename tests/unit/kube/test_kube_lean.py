@@ -81,3 +81,34 @@ def test_a_process_that_imported_requests_first_keeps_the_real_one():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_a_client_release_that_needs_more_than_the_placeholders_is_imported_whole():
+    # kubernetes.client.configuration as a release might write it, using more of
+    # multiprocessing at import time than the placeholder has: the lean import must fall
+    # back to the real modules, not fail
+    code = f"""
+import sys, importlib.util
+sys.path.insert(0, {REPO!r})
+from multusd.kube import lean
+lean.enable()
+spec = importlib.util.find_spec("kubernetes.client.configuration")
+source = open(spec.origin).read().replace(
+    "import multiprocessing", "import multiprocessing\\nmultiprocessing.get_context", 1)
+class Loader(type(spec.loader)):
+    def get_code(self, name):
+        return compile(source, spec.origin, "exec")
+spec.loader.__class__ = Loader
+class Finder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return spec if name == spec.name else None
+sys.meta_path.insert(0, Finder)
+from kubernetes import client
+configuration = client.Configuration()
+print(hasattr(sys.modules["multiprocessing"], "Process"),
+      configuration.connection_pool_maxsize > 0)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
