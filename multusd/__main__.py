@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from multusd import __version__
@@ -107,7 +108,26 @@ def check_config(path: str) -> int:
         return 1
     for warning in loaded.warnings:
         print(f"  warning: {warning}", file=sys.stderr)
+    if not loaded.kubeconfig:
+        print(f"{path}: OK (no kubeconfig: the delegates of the config only)")
+        return 0
+    from multusd.errors import MultusError
+    from multusd.kube import lean
+    from multusd.kube.clientconfig import ClientConfig
+    from multusd.config import nodename
+    from multusd.tools.common import service_environment
+
+    lean.enable()
+    try:  # loaded, not contacted: reaching the API server is `multusd doctor`'s
+        client_config = ClientConfig(loaded.kubeconfig)
+    except MultusError as exc:
+        print(f"{path}: 1 problem(s):\n  kubeconfig: {exc.msg}", file=sys.stderr)
+        return 1
+    environ = {**service_environment(), **os.environ}
+    node = nodename.resolve(loaded.node_name, environ, client_config.node_identity)
     print(f"{path}: OK")
+    print(f"  API server: {client_config.server_url} (kubeconfig {loaded.kubeconfig})")
+    print(f"  {node.describe()}")
     return 0
 
 

@@ -450,3 +450,26 @@ def test_shim_logs_errors_to_its_log_file(tmp_path):
                     container_id="c1", netns="/var/run/netns/none")
     assert out.code == 1 and out.output["code"] == 11  # the runtime retries the DEL
     assert "[error] DEL (shim): multusd is not reachable" in log_file.read_text()
+
+
+def test_check_config_names_the_api_server_and_the_node_name(tmp_path, kube_api):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"kubeconfig": kube_api.kubeconfig_path}))
+    env = {**os.environ, "MULTUS_NODE_NAME": "worker-3"}
+    out = subprocess.run([sys.executable, "-m", "multusd", "check-config", "--config",
+                          str(config)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"API server: {kube_api.url}" in out.stdout
+    assert 'node name "worker-3" from MULTUS_NODE_NAME' in out.stdout
+    assert kube_api.requests == []  # loaded, never contacted
+
+
+def test_check_config_reports_a_kubeconfig_it_cannot_use(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({"current-context": "missing", "contexts": []}))
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"kubeconfig": str(kubeconfig)}))
+    out = subprocess.run([sys.executable, "-m", "multusd", "check-config", "--config",
+                          str(config)], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "kubeconfig: cannot use kubeconfig" in out.stderr and "'missing'" in out.stderr
