@@ -329,6 +329,9 @@ def test_4_upgrade_keeps_the_edited_config_and_the_socket(installed, packages, t
 def test_5_remove_stops_everything_and_deletes_the_generated_config(installed):
     box = installed
     assert os.path.exists(box.path(GENERATED))
+    # what the daemon keeps of a kubeconfig's inline keys (kube/kubeconfig.py) goes too
+    box.run("sh", "-c", "mkdir -p -m 0700 /run/multusd-kubeconfig-0 && "
+            "echo key > /run/multusd-kubeconfig-0/0123.pem")
     done = box.run("apt-get", "remove", "-y", "multusd", check=False, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not os.path.exists(box.path(GENERATED)), "00-multus.conf left behind"
@@ -341,6 +344,7 @@ def test_5_remove_stops_everything_and_deletes_the_generated_config(installed):
     assert not os.path.exists(box.path(SOCKET))
     assert not os.path.exists(box.path("/usr/lib/multusd")), "byte-code left behind"
     assert os.path.exists(box.path(CONFIG)), "remove (not purge) keeps the conffile"
+    assert box.run("test", "-e", "/run/multusd-kubeconfig-0", check=False).returncode != 0
 
 
 def test_6_purge_deletes_config_and_state(installed):

@@ -78,6 +78,7 @@ def test_deb_scripts_restart_the_service_never_the_socket(packages, tmp_path):
     # an upgrade stops nothing; only "remove" stops units and deletes 00-multus.conf
     assert "multusd generate-config --remove" in prerm
     assert "rm -rf /var/lib/cni/multus" in postrm
+    assert "rm -rf /run/multusd-kubeconfig-0" in postrm
     for name in ("postinst", "prerm", "postrm"):
         run("sh", "-n", str(tmp_path / name))
 
