@@ -208,11 +208,12 @@ class Reflector:
         if etype == "BOOKMARK":
             return new_version
         key = key_of(obj)
+        trimmed = self.trim(obj) if etype in ("ADDED", "MODIFIED") else None  # outside the lock
         with self.state.cond:
             if etype == "DELETED":
                 self.store.pop(key, None)
-            elif etype in ("ADDED", "MODIFIED"):
-                self.store[key] = self.trim(obj)
+            elif trimmed is not None:
+                self.store[key] = trimmed
             self._recovered()
             self.state.cond.notify_all()
         return new_version
