@@ -14,11 +14,10 @@ The client's core modules also import, at their top, three things multusd never 
 calls: ``requests.utils`` (rest: one function, called only when a proxy is configured; ~30 ms
 of chardet, cookiejar, ...), ``dateutil.parser`` (api_client: dates of generated models) and
 ``multiprocessing`` with its ``pool`` (configuration: ``cpu_count``; api_client: the pool of
-``async_req`` calls): ~15 ms more. While those three modules are imported, placeholders
-stand in ``sys.modules`` for them, whose functions import the real one on their first call
-(``cpu_count`` is ``os.cpu_count``, as in ``multiprocessing``), and are removed right after,
-so that a real import later (a credential plugin's loader) is untouched. A name already
-imported for real is not replaced.
+``async_req`` calls): ~15 ms more. While those three modules are imported, their own
+import statements get placeholders, whose functions import the real one on their first call
+(``cpu_count`` is ``os.cpu_count``, as in ``multiprocessing``); every other import, in any
+thread, then or later, gets the real module. A name already imported for real is used.
 
 Only the daemon enables it, before anything imported ``kubernetes``; any failure (another
 layout in a future release) falls back to the ordinary import, so the cost is the only thing
@@ -27,6 +26,7 @@ at stake. Code in the same process that imported ``kubernetes`` before is left a
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import importlib.util
 import logging
@@ -154,20 +154,31 @@ _PLACEHELD_IMPORTS = ("kubernetes.client.configuration", "kubernetes.client.rest
 
 
 def _import_core() -> None:
-    """Import the client's core modules with the placeholders standing in (once)."""
+    """Import the client's core modules with the placeholders standing in (once).
+
+    Only their own import statements see the placeholders (``builtins.__import__`` asks who
+    imports): another thread importing ``multiprocessing`` meanwhile (pyroute2 does) gets
+    the real one, and nothing is ever put in ``sys.modules``.
+    """
     if _PLACEHELD_IMPORTS[-1] in sys.modules:
         return
     with _lock:
         if any(name in sys.modules for name in _PLACEHELD_IMPORTS):
             return  # imported some other way already: nothing to save
-        placed = {}
-        real = {name.split(".")[0] for name in _PLACEHOLDERS} & set(sys.modules)
+        stand_ins = {}
         for name, attributes in _PLACEHOLDERS.items():
-            if name.split(".")[0] in real:
-                continue  # the real package is there: use it
-            module = types.ModuleType(name)
-            module.__dict__.update(attributes)
-            placed[name] = sys.modules[name] = module
+            if name.split(".")[0] not in sys.modules:  # else the real package is there: use it
+                module = stand_ins[name] = types.ModuleType(name)
+                module.__dict__.update(attributes)
+        original = builtins.__import__
+
+        def importing(name, globals=None, locals=None, fromlist=(), level=0):
+            if level == 0 and name in stand_ins and globals is not None and \
+                    globals.get("__name__") in _PLACEHELD_IMPORTS:
+                return stand_ins[name if fromlist else name.split(".")[0]]
+            return original(name, globals, locals, fromlist, level)
+
+        builtins.__import__ = importing
         try:
             for name in _PLACEHELD_IMPORTS:
                 importlib.import_module(name)
@@ -176,9 +187,7 @@ def _import_core() -> None:
             for name in _PLACEHELD_IMPORTS:  # what used a placeholder is imported again
                 sys.modules.pop(name, None)
         finally:
-            for name, module in placed.items():
-                if sys.modules.get(name) is module:
-                    del sys.modules[name]
+            builtins.__import__ = original
 
 
 def _submodule_class(package: str):

@@ -112,3 +112,35 @@ print(hasattr(sys.modules["multiprocessing"], "Process"),
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_only_the_client_modules_see_the_placeholders(tmp_path):
+    # a module imported while the client core is being imported (as pyroute2 may be, on
+    # another thread) gets the real multiprocessing; the client module the placeholder
+    (tmp_path / "probe_mod.py").write_text(
+        "import multiprocessing\nREAL = hasattr(multiprocessing, 'Process')\n")
+    code = f"""
+import sys, importlib.util
+sys.path.insert(0, {REPO!r}); sys.path.insert(0, {str(tmp_path)!r})
+from multusd.kube import lean
+lean.enable()
+spec = importlib.util.find_spec("kubernetes.client.configuration")
+source = open(spec.origin).read().replace("import copy", "import copy\\nimport probe_mod", 1)
+class Loader(type(spec.loader)):
+    def get_code(self, name):
+        return compile(source, spec.origin, "exec")
+spec.loader.__class__ = Loader
+class Finder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return spec if name == spec.name else None
+sys.meta_path.insert(0, Finder)
+from kubernetes import client
+client.Configuration  # the lean way in: the client's core with its placeholders
+import probe_mod, kubernetes.client.configuration as configuration
+print(probe_mod.REAL, hasattr(configuration.multiprocessing, "Process"),
+      sys.modules["multiprocessing"] is not configuration.multiprocessing)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "True"]
