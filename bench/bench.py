@@ -517,22 +517,29 @@ def shim_share(scratch: Scratch, repeats: int, failures: List[str]) -> Dict[str,
         "packaged_del_instant": lambda: packaged_shim("DEL", conf),
         "site_add_instant": lambda: packaged_shim("ADD", conf, site=True),
     }
-    wall: Dict[str, List[float]] = {key: [] for key in variants}
-    cpu: Dict[str, List[float]] = {key: [] for key in variants}
     try:
-        for _ in range(repeats):
-            for key, call in variants.items():
-                if scratch.stopping.is_set():
-                    raise Interrupted()
-                cpu_before = children_cpu_ms()
-                ms, code = timed(call)
-                if code != 0:
-                    failures.append(f"shim measurement {key}: exit {code}")
-                    continue
-                wall[key].append(ms)
-                cpu[key].append(children_cpu_ms() - cpu_before)
+        return measure_commands(variants, repeats, scratch, failures, "shim measurement")
     finally:
         instant.close()
+
+
+def measure_commands(variants: Dict[str, Callable[[], int]], repeats: int, scratch: Scratch,
+                     failures: List[str], what: str) -> Dict[str, Any]:
+    """Wall and CPU ms (children's) of each command, ``repeats`` rounds of all in turn; a
+    non-zero exit code is a failure, left out of the figures."""
+    wall: Dict[str, List[float]] = {key: [] for key in variants}
+    cpu: Dict[str, List[float]] = {key: [] for key in variants}
+    for _ in range(repeats):
+        for key, call in variants.items():
+            if scratch.stopping.is_set():
+                raise Interrupted()
+            cpu_before = children_cpu_ms()
+            ms, code = timed(call)
+            if code != 0:
+                failures.append(f"{what} {key}: exit {code}")
+                continue
+            wall[key].append(ms)
+            cpu[key].append(children_cpu_ms() - cpu_before)
     return {key: dict(percentiles(wall[key]), cpu_p50=percentiles(cpu[key]).get("p50"))
             for key in variants}
 

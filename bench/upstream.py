@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional
 
 import bench
 from bench import (CNI_VERSION, CONCURRENCY, SHIM_TIMEOUT, Cluster, Interrupted, Pod,  # noqa
-                   children_cpu_ms, log, percentiles, timed)
+                   log, timed)
 from harness import call_shim, shim_conf
 from testlib import PLUGIN_DIR, wait_for
 
@@ -254,24 +254,11 @@ def shim_share(scratch, bin_dir: str, repeats: int, failures: List[str]) -> Dict
                                              timeout=SHIM_TIMEOUT).code,
                 "add_instant": lambda: bench.shim("ADD", conf, fake_pod, argv).code,
                 "del_instant": lambda: bench.shim("DEL", conf, fake_pod, argv).code}
-    wall: Dict[str, List[float]] = {key: [] for key in variants}
-    cpu: Dict[str, List[float]] = {key: [] for key in variants}
     try:
-        for _ in range(repeats):
-            for key, call in variants.items():
-                if scratch.stopping.is_set():
-                    raise Interrupted()
-                before = children_cpu_ms()
-                ms, code = timed(call)
-                if code != 0:
-                    failures.append(f"upstream shim measurement {key}: exit {code}")
-                    continue
-                wall[key].append(ms)
-                cpu[key].append(children_cpu_ms() - before)
+        return bench.measure_commands(variants, repeats, scratch, failures,
+                                      "upstream shim measurement")
     finally:
         instant.close()
-    return {key: dict(percentiles(wall[key]), cpu_p50=percentiles(cpu[key]).get("p50"))
-            for key in variants}
 
 
 def new_daemon(run: Dict[str, Any], name: str) -> UpstreamDaemon:

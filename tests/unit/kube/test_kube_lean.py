@@ -83,49 +83,17 @@ def test_a_process_that_imported_requests_first_keeps_the_real_one():
     assert out.stdout.strip() == "True"
 
 
-def test_a_client_release_that_needs_more_than_the_placeholders_is_imported_whole():
-    # kubernetes.client.configuration as a release might write it, using more of
-    # multiprocessing at import time than the placeholder has: the lean import must fall
-    # back to the real modules, not fail
+def run_with_configuration_edited(old: str, new: str, then: str, path: str = "") -> list:
+    """Run ``then`` in a fresh interpreter whose kubernetes.client.configuration has ``old``
+    replaced by ``new`` (as another release might write it), after the lean import; its
+    printed words."""
     code = f"""
 import sys, importlib.util
-sys.path.insert(0, {REPO!r})
+sys.path.insert(0, {REPO!r}); sys.path.insert(0, {path!r})
 from multusd.kube import lean
 lean.enable()
 spec = importlib.util.find_spec("kubernetes.client.configuration")
-source = open(spec.origin).read().replace(
-    "import multiprocessing", "import multiprocessing\\nmultiprocessing.get_context", 1)
-class Loader(type(spec.loader)):
-    def get_code(self, name):
-        return compile(source, spec.origin, "exec")
-spec.loader.__class__ = Loader
-class Finder:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        return spec if name == spec.name else None
-sys.meta_path.insert(0, Finder)
-from kubernetes import client
-configuration = client.Configuration()
-print(hasattr(sys.modules["multiprocessing"], "Process"),
-      configuration.connection_pool_maxsize > 0)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True"]
-
-
-def test_only_the_client_modules_see_the_placeholders(tmp_path):
-    # a module imported while the client core is being imported (as pyroute2 may be, on
-    # another thread) gets the real multiprocessing; the client module the placeholder
-    (tmp_path / "probe_mod.py").write_text(
-        "import multiprocessing\nREAL = hasattr(multiprocessing, 'Process')\n")
-    code = f"""
-import sys, importlib.util
-sys.path.insert(0, {REPO!r}); sys.path.insert(0, {str(tmp_path)!r})
-from multusd.kube import lean
-lean.enable()
-spec = importlib.util.find_spec("kubernetes.client.configuration")
-source = open(spec.origin).read().replace("import copy", "import copy\\nimport probe_mod", 1)
+source = open(spec.origin).read().replace({old!r}, {new!r}, 1)
 class Loader(type(spec.loader)):
     def get_code(self, name):
         return compile(source, spec.origin, "exec")
@@ -137,10 +105,31 @@ class Finder:
 sys.meta_path.insert(0, Finder)
 from kubernetes import client
 client.Configuration  # the lean way in: the client's core with its placeholders
-import probe_mod, kubernetes.client.configuration as configuration
-print(probe_mod.REAL, hasattr(configuration.multiprocessing, "Process"),
-      sys.modules["multiprocessing"] is not configuration.multiprocessing)
+{then}
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "False", "True"]
+    return out.stdout.split()
+
+
+def test_a_client_release_that_needs_more_than_the_placeholders_is_imported_whole():
+    # more of multiprocessing at import time than the placeholder has: the lean import
+    # falls back to the real modules instead of failing
+    words = run_with_configuration_edited(
+        "import multiprocessing", "import multiprocessing\nmultiprocessing.get_context",
+        'print(hasattr(sys.modules["multiprocessing"], "Process"), '
+        "client.Configuration().connection_pool_maxsize > 0)")
+    assert words == ["True", "True"]
+
+
+def test_only_the_client_modules_see_the_placeholders(tmp_path):
+    # a module imported while the client core is being imported (as pyroute2 may be, on
+    # another thread) gets the real multiprocessing; the client module the placeholder
+    (tmp_path / "probe_mod.py").write_text(
+        "import multiprocessing\nREAL = hasattr(multiprocessing, 'Process')\n")
+    words = run_with_configuration_edited(
+        "import copy", "import copy\nimport probe_mod",
+        "import probe_mod, kubernetes.client.configuration as configuration\n"
+        'print(probe_mod.REAL, hasattr(configuration.multiprocessing, "Process"), '
+        'sys.modules["multiprocessing"] is not configuration.multiprocessing)', str(tmp_path))
+    assert words == ["True", "False", "True"]
