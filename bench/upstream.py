@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional
 import bench
 from bench import (CNI_VERSION, CONCURRENCY, SHIM_TIMEOUT, Cluster, Interrupted, Pod,  # noqa
                    log, timed)
-from harness import call_shim, shim_conf
+from harness import call_shim, read_log, shim_conf
 from testlib import PLUGIN_DIR, wait_for
 
 import lifecycle
@@ -178,11 +178,7 @@ class UpstreamDaemon:
         return round((time.perf_counter() - stopping) * 1000, 1)
 
     def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as handle:
-                return handle.read()
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
     def cleanup(self) -> None:
         self.stop()

@@ -30,6 +30,15 @@ SHIM_ARGV = [os.path.realpath(PYTHON), "-IS", "-c",
              "sys.exit(main())"]
 
 
+def read_log(path: str) -> str:
+    """A daemon's log file so far ("" before it exists)."""
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
 def bridge_conf(name: str, bridge: str, subnet: str, data_dir: str,
                 cni_version: str = "0.3.1", gateway: bool = True) -> dict:
     """A bridge + host-local network whose leases live in ``data_dir``."""
@@ -136,11 +145,7 @@ class DaemonProcess:
         return shim_conf(self.socket_dir, cni_version, **extra)
 
     def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as handle:
-                return handle.read()
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
     def terminate(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and wait; SIGKILL the group if it does not exit in time."""
