@@ -9,7 +9,9 @@ kubeconfig (the one the multus installer writes, or the kubelet's) uses none of 
   ``certificate-authority`` / ``certificate-authority-data``; ``insecure-skip-tls-verify``;
 * its user: ``token`` or ``tokenFile``, ``client-certificate`` / ``client-key`` (and their
   ``-data``; loaded for ``https`` only), ``username`` + ``password``;
-* file names relative to the kubeconfig's directory; a ``-data`` value wins over its file.
+* file names relative to the kubeconfig's directory; a ``-data`` value wins over its file,
+  unless it is empty (then the file counts, as in client-go; the Python package would then
+  use neither).
 
 A user with ``exec`` or ``auth-provider`` returns False: the caller uses the package's
 loader. ``-data`` certificates and keys become files (Python's TLS reads only files) named by

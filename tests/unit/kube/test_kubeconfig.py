@@ -111,6 +111,14 @@ def test_a_kubeconfig_elsewhere_resolves_files_against_its_own_directory(files, 
     assert ours == theirs and ours["ssl_ca_cert"] == CA
 
 
+def test_an_empty_data_value_leaves_its_file_in_force_as_client_go_does(files):
+    path = write(files, {"server": "https://api:6443", "certificate-authority-data": "",
+                         "certificate-authority": "ca.crt"}, {"token": TOKEN})
+    configuration = client.Configuration()
+    kubeconfig.load(path, configuration)
+    assert fields(configuration)["ssl_ca_cert"] == CA
+
+
 def test_a_credential_plugin_is_left_to_the_package_loader(tmp_path):
     path = write(tmp_path, {"server": "https://api:6443"},
                  {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "x"}})
