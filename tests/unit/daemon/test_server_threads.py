@@ -47,5 +47,5 @@ def test_connections_at_once_get_a_thread_each_and_those_are_kept_idle():
     assert len(set(idents)) == 4
     wait_for(lambda: threads._idle == 4, 10, what="the four threads waiting for more")
     threads.close()
-    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "multusd-conn"], 10,
+    wait_for(lambda: not [t for t in threading.enumerate() if t.ident in set(idents)], 10,
              what="the idle threads to end")
