@@ -9,11 +9,12 @@ from multusd.daemon.server import ConnectionThreads
 
 
 def served_by(count: int, hold: threading.Event = None) -> tuple:
-    """Serve ``count`` connections (each until ``hold`` is set); the threads that did."""
+    """Serve ``count`` connections (each until ``hold`` is set); the threads that did, one
+    entry per connection."""
     idents, done = [], threading.Semaphore(0)
 
     def serve(conn: socket.socket) -> None:
-        idents.append(threading.get_ident())
+        idents.append(threading.current_thread())
         if hold is not None:
             hold.wait(10)
         conn.close()
@@ -47,5 +48,5 @@ def test_connections_at_once_get_a_thread_each_and_those_are_kept_idle():
     assert len(set(idents)) == 4
     wait_for(lambda: threads._idle == 4, 10, what="the four threads waiting for more")
     threads.close()
-    wait_for(lambda: not [t for t in threading.enumerate() if t.ident in set(idents)], 10,
+    wait_for(lambda: not any(thread.is_alive() for thread in idents), 10,
              what="the idle threads to end")
