@@ -12,9 +12,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -28,6 +30,43 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIM_ARGV = [os.path.realpath(PYTHON), "-IS", "-c",
              f"import sys; sys.path.insert(0, {REPO!r}); from multusd.wire.shim import main; "
              "sys.exit(main())"]
+
+
+class NotifyListener:
+    """A NOTIFY_SOCKET for a daemon under test: the sd_notify messages it sent, in order."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.messages: list[str] = []
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(path)
+
+    def receive_until(self, text: str, timeout: float = 20.0) -> str:
+        """Read messages until one contains ``text`` (AssertionError after ``timeout`` s);
+        the latest message that does."""
+        deadline = time.monotonic() + timeout
+        while not any(text in m for m in self.messages):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {text!r} from sd_notify in {self.messages[-5:]}"
+            self._socket.settimeout(remaining)
+            try:
+                self.messages.append(self._socket.recv(4096).decode())
+            except socket.timeout:
+                pass
+        return next(m for m in reversed(self.messages) if text in m)
+
+    def close(self) -> None:
+        self._socket.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "NotifyListener":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def read_log(path: str) -> str:

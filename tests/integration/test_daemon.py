@@ -14,12 +14,11 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import pytest
 
-from harness import DaemonProcess, call_shim, netns_addresses
+from harness import DaemonProcess, NotifyListener, call_shim, netns_addresses
 from testlib import free_port, metric_value, raw_exchange, wait_for
 from multusd.wire import api
 
@@ -357,35 +356,19 @@ def test_wire_body_is_upstreams_shape():
 
 
 def test_systemd_notifications_ready_status_watchdog_stopping(sandbox, tmp_path):
-    import socket as pysocket
-
-    notify_path = str(tmp_path / "notify.sock")
-    listener = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_DGRAM)
-    listener.bind(notify_path)
-    listener.settimeout(20)
-    messages: list[str] = []
-
-    def receive_until(text: str) -> None:
-        deadline = time.monotonic() + 20
-        while not any(text in m for m in messages):
-            assert time.monotonic() < deadline, f"no {text!r} in {messages[-5:]}"
-            messages.append(listener.recv(4096).decode())
-
-    try:
+    with NotifyListener(str(tmp_path / "notify.sock")) as notify:
         daemon = sandbox.daemon({"delegates": [sandbox.net("primary", "10.69.0.0/24")]},
-                                env={"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "400000"})
-        receive_until("READY=1")
-        receive_until("WATCHDOG=1")
+                                env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"})
+        notify.receive_until("READY=1")
+        notify.receive_until("WATCHDOG=1")
         ns_name, ns_path = sandbox.netns()
         cid = uuid.uuid4().hex
         assert call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
-        receive_until("STATUS=serving: 1 requests done, 0 failed")
+        notify.receive_until("STATUS=serving: 1 requests done, 0 failed")
         assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
         daemon.proc.send_signal(signal.SIGTERM)
-        receive_until("STOPPING=1")
+        notify.receive_until("STOPPING=1")
         assert daemon.proc.wait(30) == 0
-    finally:
-        listener.close()
 
 
 @pytest.mark.parametrize("command,version", [("CHECK", "0.3.1"), ("STATUS", "1.0.0"),

@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from harness import Cluster
-from testlib import free_port, wait_for
+from harness import Cluster, NotifyListener
+from testlib import free_port
 
 from multusd.kube import kubeconfig as kubeconfig_reader
 
@@ -187,24 +187,12 @@ def test_the_right_name_shows_no_mismatch_in_the_metrics(cluster):
 
 
 def test_status_line_shows_the_node_name_then_the_mismatch(cluster, tmp_path):
-    notify_path = str(tmp_path / "notify.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(notify_path)
-    listener.settimeout(20)
-    messages: list[str] = []
-
-    def receive_until(text: str) -> None:
-        wait_for(lambda: messages.append(listener.recv(4096).decode()) or
-                 any(text in m for m in messages), 20, what=f"{text!r} from sd_notify")
-
-    try:
-        cluster.start(nodeName=None, env={"NOTIFY_SOCKET": notify_path,
+    with NotifyListener(str(tmp_path / "notify.sock")) as notify:
+        cluster.start(nodeName=None, env={"NOTIFY_SOCKET": notify.path,
                                           "MULTUS_NODE_NAME": "wrong-node"})
-        receive_until('STATUS=serving')  # READY comes before the client (and the name) is built
-        receive_until('node name "wrong-node" from MULTUS_NODE_NAME')
-        assert messages[-1].startswith("STATUS=serving")
+        notify.receive_until('STATUS=serving')  # READY before the client (and name) is built
+        notify.receive_until('node name "wrong-node" from MULTUS_NODE_NAME')
+        assert notify.messages[-1].startswith("STATUS=serving")
         add_and_del(cluster, cluster.pod("web-st"))
-        receive_until("NODE NAME MISMATCH")
-        assert f"{NODE!r}" in messages[-1] and "'wrong-node'" in messages[-1]
-    finally:
-        listener.close()
+        last = notify.receive_until("NODE NAME MISMATCH")
+        assert f"{NODE!r}" in last and "'wrong-node'" in last
