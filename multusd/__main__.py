@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check everything multusd needs; exit 1 and "
                                                 "say what to fix when a check fails")
     doctor.add_argument("--rbac", default="", metavar="PATH",
-                        help="the RBAC rules to check (default /usr/share/multusd/rbac.yaml)")
+                        help="the RBAC file a fix names (default /usr/share/multusd/rbac.yaml)")
     gc = commands.add_parser("gc", help="list the sandboxes whose network namespace is gone; "
                                         "--release runs DEL for them")
     mode = gc.add_mutually_exclusive_group()
@@ -75,9 +75,6 @@ TOOLS = ("status", "show", "doctor", "gc")
 
 def run_tool(args: argparse.Namespace) -> int:
     """The operator tools (multusd/tools/): they read the on-disk state, the daemon may be down."""
-    from multusd.kube import lean
-
-    lean.enable()  # show and doctor talk to the API: only the parts of kubernetes they use
     if args.command == "status":
         from multusd.tools import status
 
@@ -112,12 +109,10 @@ def check_config(path: str) -> int:
         print(f"{path}: OK (no kubeconfig: the delegates of the config only)")
         return 0
     from multusd.errors import MultusError
-    from multusd.kube import lean
     from multusd.kube.clientconfig import ClientConfig
     from multusd.config import nodename
     from multusd.tools.common import service_environment
 
-    lean.enable()
     try:  # loaded, not contacted: reaching the API server is `multusd doctor`'s
         client_config = ClientConfig(loaded.kubeconfig)
     except MultusError as exc:

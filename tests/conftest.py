@@ -16,10 +16,18 @@ from kubeapi import kube_api, make_kube_api  # noqa: F401 - fixtures for every t
 from testlib import PLUGIN_DIR, run, unique
 from harness import STUBS, Sandbox
 
+KUBE_FIXTURES = {"kube_api", "make_kube_api"}
+
+
 def pytest_collection_modifyitems(config, items):
     not_root = os.geteuid() != 0
     no_plugins = not os.path.exists(os.path.join(PLUGIN_DIR, "bridge"))
     for item in items:
+        # every test of the Kubernetes path (the stand-in API server, or kube/'s own unit
+        # tests) is marked `kube`: `make test` runs those again on the newest client
+        if KUBE_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                os.sep + os.path.join("unit", "kube") + os.sep in str(item.fspath):
+            item.add_marker(pytest.mark.kube)
         if not_root and ("privileged" in item.keywords or "cni_plugins" in item.keywords):
             item.add_marker(pytest.mark.skip(reason="needs root for network namespaces"))
         elif no_plugins and "cni_plugins" in item.keywords:

@@ -59,6 +59,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import kubeproto
+from kubeauth import Authenticator, ClientCertificates, node_restriction
 
 DEFAULT_TOKEN = "fake-kube-token-8c1d2f7e6b5a4930"
 DEFAULT_NODE = "node-a"
@@ -82,9 +83,20 @@ def status_object(code: int, reason: str, message: str) -> Obj:
 class ApiError(Exception):
     """Raised inside a handler: becomes a Status response with this code."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str,
+                 details: Optional[Obj] = None) -> None:
         super().__init__(message)
         self.status = status_object(code, reason, message)
+        if details is not None:
+            self.status["details"] = details
+
+
+def not_found(resource: str, name: str) -> ApiError:
+    """kube-apiserver's NotFound of one object: ``details`` name it (a missing resource type
+    has no ``details.name``)."""
+    plural, _, group = resource.partition(".")
+    return ApiError(404, "NotFound", f'{resource} "{name}" not found',
+                    {"name": name, "group": group, "kind": plural})
 
 
 class _History:
@@ -134,12 +146,18 @@ class FakeKubeAPI:
     """The fake API server and its test controls. Thread-safe; see the module docstring."""
 
     def __init__(self, workdir: str, *, token: str = DEFAULT_TOKEN, node: str = DEFAULT_NODE,
-                 tls: bool = False, token_file: bool = False) -> None:
+                 tls: bool = False, token_file: bool = False, user: str = "",
+                 client_certs: bool = False) -> None:
         self.workdir = workdir
-        self.token = token
         self.node = node
-        self.tls = tls
+        self.tls = tls or client_certs
         self.token_file = token_file
+        self.user = user or RBAC_USER  # who the token is ("system:node:<node>": NodeRestriction)
+        self.auth = Authenticator(token, self.user)
+        self.certs: Optional[ClientCertificates] = None
+        # the NetworkAttachmentDefinition CRD: False answers its paths 404 (not installed)
+        self.nad_crd_installed = True
+        self._blackholed = False
         self.port = 0
         self.requests: List[Tuple[str, str, Dict[str, str]]] = []
         self.events: List[Obj] = []
@@ -163,8 +181,37 @@ class FakeKubeAPI:
         self._connections: set = set()
         self._ssl_context: Optional[ssl.SSLContext] = None
         self.ca_path: Optional[str] = None
-        if tls:
+        if self.tls:
             self._ssl_context = self._make_tls()
+        if client_certs:
+            self.certs = ClientCertificates(os.path.join(workdir, "pki"), node)
+            self.certs.server_context(self._ssl_context)
+            self.auth.certificates = self.certs
+
+    @property
+    def token(self) -> str:
+        """The bearer token the server accepts now (see :meth:`rotate_token`)."""
+        return self.auth.token
+
+    def rotate_token(self, new: Optional[str] = None, *, keep_old: bool = False,
+                     write_files: bool = True) -> str:
+        """Replace the token (in every token file written, unless not ``write_files``) and
+        reject the old one (unless ``keep_old``)."""
+        return self.auth.rotate_token(new or f"rotated-{uuid.uuid4().hex}", keep_old=keep_old,
+                                      write_files=write_files)
+
+    def rotate_client_cert(self) -> str:
+        """The kubelet's certificate rotation: a new pair behind kubelet-client-current.pem,
+        the old certificate revoked (401 on connections that still present it)."""
+        assert self.certs is not None, "start the server with client_certs=True"
+        return self.certs.rotate()
+
+    def blackhole(self, on: bool = True) -> None:
+        """An API server that stops answering but keeps connections open: requests wait
+        without an answer and open watches fall silent, until ``blackhole(False)``."""
+        with self._cond:
+            self._blackholed = on
+            self._cond.notify_all()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -224,11 +271,15 @@ class FakeKubeAPI:
         """Write a kubeconfig for this server (optionally with another token) at ``path``."""
         user: Obj = {}
         token = self.token if token is None else token
-        if self.token_file:
+        if self.certs is not None:  # the kubelet's own kubeconfig: one PEM with cert and key
+            user["client-certificate"] = user["client-key"] = self.certs.current
+        elif self.token_file:
             token_path = path + ".token"
             with open(token_path, "w", encoding="utf-8") as handle:
                 handle.write(token + "\n")
             user["tokenFile"] = token_path
+            if token == self.token and token_path not in self.auth.token_files:
+                self.auth.token_files.append(token_path)
         else:
             user["token"] = token
         cluster: Obj = {"server": self.url}
@@ -306,7 +357,8 @@ class FakeKubeAPI:
 
     def update_pod(self, namespace: str, name: str, *,
                    annotations: Optional[Dict[str, Optional[str]]] = None,
-                   node: Optional[str] = None, phase: Optional[str] = None) -> Obj:
+                   node: Optional[str] = None, phase: Optional[str] = None,
+                   labels: Optional[Dict[str, str]] = None) -> Obj:
         """Change a pod like another client would (annotation value None removes the key)."""
         with self._cond:
             old = self._pods[(namespace, name)]
@@ -320,6 +372,8 @@ class FakeKubeAPI:
                 pod["spec"]["nodeName"] = node
             if phase is not None:
                 pod["status"]["phase"] = phase
+            if labels is not None:
+                pod["metadata"]["labels"] = dict(labels)
             return copy.deepcopy(self._store_update("pods", self._pods, old, pod))
 
     def delete_pod(self, namespace: str, name: str) -> None:
@@ -571,7 +625,11 @@ class _Handler(BaseHTTPRequestHandler):
             api.requests.append((self.command, parts.path, query))
             generation = api._generation
         try:
-            if self.headers.get("Authorization", "") != f"Bearer {api.token}":
+            with api._cond:
+                api._cond.wait_for(lambda: not api._blackholed or api._generation != generation)
+            peer = self.connection.getpeercert() if api.tls else None
+            self.user = api.auth.user_of(self.headers.get("Authorization", ""), peer)
+            if self.user is None:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             with api._cond:
                 injected = api._take_failure(self.command, parts.path, query)
@@ -583,8 +641,11 @@ class _Handler(BaseHTTPRequestHandler):
                 verb, group, resource, namespace = attributes
                 where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
                 raise ApiError(403, "Forbidden", f'{resource.split("/")[0]} is forbidden: User '
-                               f'"{RBAC_USER}" cannot {verb} resource "{resource}" in API group '
+                               f'"{self.user}" cannot {verb} resource "{resource}" in API group '
                                f'"{group}"{where}')
+            if not api.nad_crd_installed and parts.path.startswith(NAD_GROUP_PATH):
+                raise ApiError(404, "NotFound", "the server could not find the requested "
+                               "resource", {})
             handler, params = self._route(parts.path)
             getattr(self, "do_route_" + handler)(query=query, body=body, generation=generation,
                                                  **params)
@@ -691,10 +752,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_event(etype, obj)
             while deadline:
                 with api._cond:
-                    api._cond.wait_for(lambda: api._generation != generation or not api._running
-                                       or api._rv > sent or time.monotonic() >= deadline
+                    gone = lambda: api._generation != generation or not api._running  # noqa: E731
+                    api._cond.wait_for(lambda: gone() or not api._blackholed)  # silent meanwhile
+                    api._cond.wait_for(lambda: gone() or api._blackholed or api._rv > sent
+                                       or time.monotonic() >= deadline
                                        or api._expiries != expiries,
                                        max(0.0, deadline - time.monotonic()))
+                    if api._blackholed and not gone():
+                        continue  # a dead server says nothing, not even the end
                     if api._generation != generation or not api._running:
                         self.close_connection = True
                         return  # the server is going away: cut the stream without its end
@@ -749,7 +814,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.api._cond:
             obj = store.get((ns, name))
             if obj is None:
-                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+                raise not_found(resource, name)
             return copy.deepcopy(obj)
 
     def do_route_put_pod_status(self, ns: str, name: str, body: Optional[Obj], **_: Any) -> None:
@@ -763,12 +828,15 @@ class _Handler(BaseHTTPRequestHandler):
         with api._cond:
             old = api._pods.get((ns, name))
             if old is None:
-                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+                raise not_found("pods", name)
             uid = meta.get("uid")
             if uid and uid != old["metadata"]["uid"]:
                 raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on pods \"{name}\": "
                                f"Precondition failed: UID in precondition: {uid}, UID in object "
                                f"meta: {old['metadata']['uid']}")
+            refusal = node_restriction(self.user, name, old, body)  # admission: before the rv
+            if refusal:
+                raise ApiError(403, "Forbidden", refusal)
             rv = meta.get("resourceVersion")
             if rv and rv != old["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": '
@@ -820,7 +888,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.api._cond:
             exists = name in self.server.api._nodes
         if not exists:
-            raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+            raise not_found("nodes", name)
         uid = str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
         self._send_json(200, {"apiVersion": "v1", "kind": "Node",
                               "metadata": {"name": name, "uid": uid},

@@ -46,7 +46,8 @@ def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadlin
     if multus.kube is not None and not req.has_pod:
         raise PodNotFound("pod not found during Multus GetPod: /delegate ADD needs the pod's "
                           "K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS")
-    pod = multus.kube.get_pod(req.pod_namespace, req.pod_name) if multus.kube else None
+    pod = multus.kube.get_pod(req.pod_namespace, req.pod_name, deadline=deadline) \
+        if multus.kube else None
     if multus.kube is not None and pod is None:
         raise PodNotFound(f"pod not found during Multus GetPod: {req.pod_namespace}/"
                           f"{req.pod_name} does not exist in the API")

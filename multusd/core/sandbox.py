@@ -89,12 +89,12 @@ class Multus:
         require_delegates(conf)
         refuse_repeated_add(req)
         wait_for_readiness_file(conf, deadline)
-        pod = self._pod_for_add(req, log)
+        pod = self._pod_for_add(req, log, deadline)
         if self.kube is not None and pod is None and req.has_pod:
             log.warning("pod %s/%s not found in the API: returning an empty result",
                         req.pod_namespace, req.pod_name)
             return empty_result(req)
-        delegates = self._resolve(req, pod)
+        delegates = self._resolve(req, pod, deadline)
         cache_path = scratch_path(conf, req.container_id)
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
@@ -138,7 +138,7 @@ class Multus:
         if pod is not None and req.pod_namespace not in \
                 delegates_mod.load_settings(conf).system_namespaces:
             try:
-                self._write_network_status(req, pod, results)
+                self._write_network_status(req, pod, results, deadline)
             except Exception as exc:
                 if self._roll_back(engine, req, delegates, deadline, log):
                     store.remove(cache_path)
@@ -149,7 +149,7 @@ class Multus:
                  ", ".join(f"{d.name}:{d.ifname}" for d, _ in results))
         return convert_result(master, WIRE_VERSION)
 
-    def _pod_for_add(self, req: CmdArgs, log):
+    def _pod_for_add(self, req: CmdArgs, log, deadline: float):
         if not req.has_pod:
             # podman, nerdctl, Nomad...: a container, not a pod. With a kubeconfig this is
             # also what a runtime that lost the pod's identity sends: say it loudly.
@@ -161,7 +161,8 @@ class Multus:
             return None
         if self.kube is None:
             return None
-        pod = self.kube.get_pod(req.pod_namespace, req.pod_name, expected_uid=req.pod_uid)
+        pod = self.kube.get_pod(req.pod_namespace, req.pod_name, expected_uid=req.pod_uid,
+                                deadline=deadline)
         if pod is None:
             return None
         if req.pod_uid and pod.uid != req.pod_uid and not pod.is_static:
@@ -170,8 +171,8 @@ class Multus:
                               "was being set up")
         return pod
 
-    def _resolve(self, req: CmdArgs, pod) -> list:
-        get_nad = self.kube.get_nad if self.kube is not None else None
+    def _resolve(self, req: CmdArgs, pod, deadline: float) -> list:
+        get_nad = self._nad_getter(deadline)
         kubelet = str(req.config.get("kubeletRootDir") or DEFAULT_KUBELET_DIR)
         allocator = devices.DeviceAllocator(
             req.pod_namespace, req.pod_name, req.pod_uid,
@@ -263,8 +264,8 @@ class Multus:
         self.kube.emit_event(pod, "Normal", "AddedInterface",
                              f"Add {delegate.ifname} [{addresses}]{source}")
 
-    def _write_network_status(self, req: CmdArgs, pod,
-                              results: Sequence[tuple[Any, dict]]) -> None:
+    def _write_network_status(self, req: CmdArgs, pod, results: Sequence[tuple[Any, dict]],
+                              deadline: float) -> None:
         entries: list[dict] = []
         for delegate, result in results:
             info = None
@@ -276,7 +277,8 @@ class Multus:
                 delegate.name, convert_result(result, WIRE_VERSION), default=delegate.master,
                 device_info=info))
         if entries:
-            self.kube.set_network_status(pod, netstatus.format_network_status(entries))
+            self.kube.set_network_status(pod, netstatus.format_network_status(entries),
+                                         deadline=deadline)
 
     # -- DEL --------------------------------------------------------------------------------
     def delete(self, req: CmdArgs, deadline: float, log) -> None:
@@ -351,10 +353,9 @@ class Multus:
         wait_for_readiness_file(req.config, deadline)
         if not self.ready():
             reason = self.kube.last_error or "the first list has not completed yet"
-            raise MultusError(f"multusd cannot serve ADD yet: its pod and "
-                              f"NetworkAttachmentDefinition caches from {self.kube.server_url} "
-                              f"have not synced ({reason})", code=50)
-        net = self._cluster_network(req)
+            raise MultusError(f"multusd cannot serve ADD yet: its pod cache from "
+                              f"{self.kube.server_url} has not synced ({reason})", code=50)
+        net = self._cluster_network(req, deadline)
         self.engine(req.config).status(net, deadline)
 
     def gc(self, req: CmdArgs, deadline: float, log) -> None:
@@ -366,15 +367,21 @@ class Multus:
         valid = [{"containerID": e["containerId"], "ifname": e["ifName"]}
                  for e in result_cache.list_entries(directory)
                  if e.get("containerId") and e.get("ifName")]
-        net = self._cluster_network(req)
+        net = self._cluster_network(req, deadline)
         self.engine(req.config).gc(net, directory, valid, deadline)
 
-    def _cluster_network(self, req: CmdArgs) -> NetworkConfigList:
+    def _cluster_network(self, req: CmdArgs, deadline: float) -> NetworkConfigList:
         require_delegates(req.config)
         delegates = delegates_mod.build_delegates(
             req.config, pod_namespace="", pod_name="", annotations=None,
-            cni_ifname=req.ifname or "eth0", get_nad=self.kube.get_nad if self.kube is not None else None)
+            cni_ifname=req.ifname or "eth0", get_nad=self._nad_getter(deadline))
         return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
+
+    def _nad_getter(self, deadline: float):
+        """The NAD lookup of this request (bounded by its deadline), None without Kubernetes."""
+        if self.kube is None:
+            return None
+        return lambda namespace, name: self.kube.get_nad(namespace, name, deadline=deadline)
 
 
 def pod_prefix(req: CmdArgs, network: str = "") -> str:

@@ -1,9 +1,9 @@
 """The daemon's Kubernetes client, built (node name, kubeconfig, watches) on a thread of its own.
 
-``import kubernetes`` alone costs ~200 ms (~110 ms the lean way of :mod:`multusd.kube.lean`):
-building the client before serving would hold up
-``/healthz`` and every shim queued on a socket-activated start. Until it is built the client
-is not :meth:`BackgroundKube.synced` (``/readyz`` answers 500, as while the first list runs);
+Reading the kubeconfig and importing the transport (urllib3, ssl, yaml) costs tens of ms,
+and a credential plugin user imports the whole ``kubernetes`` package: building the client
+before serving would hold up ``/healthz`` and every shim queued on a socket-activated
+start. Until it is built the client is not :meth:`BackgroundKube.synced` (``/readyz`` answers 500, as while the first list runs);
 a request that needs it waits for it, while status lines, ``/status`` and metrics read
 :attr:`BackgroundKube.client` and never wait. A kubeconfig that cannot be loaded stops the
 daemon (``failure`` says why), as it did when the client was built before serving.
@@ -17,6 +17,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from multusd.config import nodename
+from multusd.daemon import log
 from multusd.errors import MultusError, TryAgainLater
 
 LOG = logging.getLogger(__name__)
@@ -44,13 +45,11 @@ class BackgroundKube:
 
     def _build(self) -> None:
         try:
-            from multusd.kube import lean
-
-            lean.enable()  # ~90 ms and ~20 MB less than importing the whole package
             from multusd.kube.client import KubeClient
             from multusd.kube.clientconfig import ClientConfig
 
             client_config = ClientConfig(self.kubeconfig)
+            log.redact_with(client_config.redact)
             self.node = nodename.resolve(self.configured_node_name, os.environ,
                                          client_config.node_identity)
             LOG.info("%s", self.node.describe())

@@ -175,7 +175,11 @@ class Daemon:
             cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
-            watch_relists=from_client(lambda c: c.relists))
+            watch_relists=from_client(lambda c: c.relists),
+            watch_idle_restarts=from_client(lambda c: c.watch_idle_restarts),
+            nad_api_unavailable=from_client(lambda c: int(c.nad_problem() is not None)),
+            nad_refusals=from_client(lambda c: c.nad_refusals),
+            credential_rotations=from_client(lambda c: c.config.credentials.rotations))
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:
@@ -240,9 +244,13 @@ class Daemon:
         if self.kube is not None:
             client = self.kube.client
             pods, nads = client.cache_sizes() if client is not None else (0, 0)
+            problem = client.nad_problem() if client is not None else None
             info["kube"] = {"server": client.server_url if client is not None else "",
                             "synced": self.kube.synced(), "lastError": self.kube.last_error,
-                            "cachedPods": pods, "cachedNads": nads}
+                            "cachedPods": pods, "cachedNads": nads,
+                            "nadsSynced": client.nads_synced() if client is not None else False,
+                            "nadProblem": {"condition": problem[0], "message": problem[1]}
+                            if problem else None}
         return info
 
     def _report_status(self) -> None:

@@ -12,13 +12,33 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Callable, List, Mapping, MutableMapping
 
 from multusd.daemon import systemd
 
 LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "error": logging.ERROR,
           "panic": logging.CRITICAL}
 FORMAT = "%(asctime)s [%(levelname)s] %(message)s"
+_redactors: List[Callable[[str], str]] = []
+
+
+class _Redacting(logging.Filter):
+    """Cuts every known credential out of a record before any handler writes it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _redactors:
+            text = record.getMessage()
+            for redact in list(_redactors):
+                text = redact(text)
+            record.msg, record.args = text, None
+        return True
+
+
+def redact_with(redact: Callable[[str], str]) -> Callable[[], None]:
+    """Apply ``redact`` (the kube client's: every token it has seen, rotated ones too) to every
+    log line from now on, whatever module wrote it; returns what undoes that."""
+    _redactors.append(redact)
+    return lambda: _redactors.remove(redact)
 
 
 def setup(level: str = "verbose", log_file: str = "", log_options: Mapping[str, Any] | None = None,
@@ -39,6 +59,8 @@ def setup(level: str = "verbose", log_file: str = "", log_options: Mapping[str, 
         root.addHandler(stream)
     if log_file:
         root.addHandler(_file_handler(log_file, log_options or {}))
+    for added in root.handlers:
+        added.addFilter(_Redacting())
 
 
 def _file_handler(path: str, options: Mapping[str, Any]) -> logging.Handler:

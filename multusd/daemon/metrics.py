@@ -11,6 +11,10 @@ Series (see :class:`DaemonMetrics`)::
     multusd_scratch_cache_entries                    gauge, files in cniDir
     multusd_stale_sandboxes                          gauge, sandboxes whose netns is gone
     multusd_pod_cache_misses_total / multusd_watch_relists_total  counters, from the caches
+    multusd_watch_idle_restarts_total                counter, silent watches resumed anew
+    multusd_nad_api_unavailable                      gauge, 1 while the NAD watch fails
+    multusd_nad_refusals_total                       counter, ADDs refused: no NAD CRD/access
+    multusd_credential_rotations_total               counter, rotated credentials picked up
     multusd_node_name_mismatch                       gauge, 1 when the watched name is wrong
     multusd_build_info{version}                      always 1
 
@@ -80,6 +84,14 @@ _SAMPLED = (
      "than the one watched (the log names both); set nodeName.", "gauge"),
     ("multusd_watch_relists_total",
      "Watches that expired (410 Gone, lost history) and were listed again.", "counter"),
+    ("multusd_watch_idle_restarts_total",
+     "Watches that stayed silent past their idle bound and were resumed anew.", "counter"),
+    ("multusd_nad_api_unavailable", "1 while the NetworkAttachmentDefinition watch fails (CRD "
+     "not installed, forbidden, or not answering: multusd status says which).", "gauge"),
+    ("multusd_nad_refusals_total", "ADDs refused because the NetworkAttachmentDefinition API "
+     "is not installed or not readable with the node's credentials.", "counter"),
+    ("multusd_credential_rotations_total",
+     "Rotated credentials found and used (token file, client certificate, plugin).", "counter"),
 )
 
 
@@ -237,8 +249,18 @@ class DaemonMetrics:
                     cni_dir: Optional[str] = None,
                     pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
                     node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
-                    watch_relists: Optional[Callable[[], Optional[float]]] = None) -> None:
-        """Where the sampled gauges read from; an argument left None keeps that gauge empty."""
+                    watch_relists: Optional[Callable[[], Optional[float]]] = None,
+                    **kube: Optional[Callable[[], Optional[float]]]) -> None:
+        """Where the sampled gauges read from; an argument left None keeps that gauge empty.
+
+        ``kube`` may name ``watch_idle_restarts``, ``nad_api_unavailable``, ``nad_refusals``
+        and ``credential_rotations`` (the series of the same name, ``_total`` for counters).
+        """
+        for key, function in kube.items():
+            name = f"multusd_{key}" + ("" if key == "nad_api_unavailable" else "_total")
+            if name not in self.sampled._functions:
+                raise TypeError(f"no sampled series {name}")
+            self.sampled.set_function(name, function)
         self.sampled.set_function("multusd_cached_pods", cached_pods)
         self.sampled.set_function("multusd_cached_nads", cached_nads)
         self.sampled.set_function("multusd_pod_cache_misses_total", pod_cache_misses)

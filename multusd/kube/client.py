@@ -1,21 +1,26 @@
 """KubeClient: the daemon's narrow Kubernetes client (pod/NAD caches, lookups, status, events).
 
-The only user of ``kubernetes`` with :mod:`multusd.kube.clientconfig`, and only inside
-functions, so that ``import multusd.kube.client`` stays cheap. What it keeps off the request
-path (architecture invariant 7):
+The only user of the API server, through :mod:`multusd.kube.transport` (urllib3) and
+:mod:`multusd.kube.clientconfig`. What it keeps off the request path (architecture
+invariant 7):
 
 * pods on this node (``fieldSelector=spec.nodeName=<node>``) and NADs in all namespaces are
   held in caches fed by list+watch reflectors (:mod:`multusd.kube.reflector`), trimmed to
   what multusd reads (:mod:`multusd.kube.objects`); a lookup that misses costs one live GET
   at once, never a blind wait;
+* readiness needs the pod cache only: a NAD API that fails (the CRD not installed: 404; the
+  node's credentials may not read NADs: 403; 5xx) never delays a pod that asks for no NAD,
+  and a pod that asks for one gets the live GET's answer at once, or an error naming the
+  cause and the fix (:meth:`KubeClient.nad_problem`); a live GET that works again wakes the
+  NAD watch, so it does not wait out its backoff;
 * a live GET that finds this node's sandbox on a pod of another ``spec.nodeName`` means the
   watched node name is wrong: it is logged once, with both names and the fix, and kept in
   :attr:`KubeClient.node_mismatch` for the metrics and the status line;
+* every lookup and write is bounded by the CNI request's deadline;
 * the network-status write and events: :mod:`multusd.kube.status`.
 
-Requests go through the client's ``ApiClient`` (:mod:`multusd.kube.calls`) and REST layer
-with ``_preload_content=False`` and the JSON is read as plain dicts: the generated models are slow to build and drop fields they do not know,
-which a PUT of the whole pod would then erase on a newer API server.
+The JSON is read as plain dicts: a PUT of the whole pod must not drop fields a newer API
+server has and an older model lacks.
 """
 
 from __future__ import annotations
@@ -23,15 +28,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+import time
+from typing import Any, Dict, List, Optional, Tuple, Union
 
+from multusd.errors import MultusError, TryAgainLater
 from multusd.kube import status as status_mod
-from multusd.kube.calls import ApiCalls
-from multusd.kube.clientconfig import ClientConfig
-from multusd.kube.objects import (NAD_GROUP, NAD_PLURAL, NAD_VERSION, NETWORK_STATUS_ANNOTATION,
-                                  Key, NetworkAttachmentDefinition, Obj, Pod, nad_from_object,
-                                  pod_from_object)
-from multusd.kube.reflector import Reflector, WatchState, shutdown_response
+from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
+from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
+                                  POD_PATH, PODS_PATH, Key, NetworkAttachmentDefinition, Obj, Pod,
+                                  nad_from_object, pod_from_object)
+from multusd.kube.reflector import WATCH_IDLE, Reflector, WatchState, shutdown_response
+from multusd.kube.transport import ApiError, Query, path_of
 
 __all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_ANNOTATION"]
 
@@ -41,6 +48,8 @@ EMPTY_CACHE_MISSES = 3  # live GETs with an empty pod cache before that is calle
 # retries NotFound on ADD for ~2.5 s; a static pod's mirror is created after its sandbox).
 NOT_FOUND_WAIT = 2.0
 
+NAD_CRD_FILE = "/usr/share/multusd/network-attachment-definition-crd.yaml"
+
 
 class KubeClient:
     """Narrow Kubernetes client of the daemon. See the module docstring.
@@ -48,13 +57,16 @@ class KubeClient:
     :param kubeconfig: path of a kubeconfig, or a :class:`ClientConfig` already loaded.
     :param node_name: this node's name; only pods scheduled here are cached.
     :param node_source: where ``node_name`` came from, for messages ("nodeName", ...).
-    :param request_timeout: connect and read timeout of each request, in seconds.
+    :param request_timeout: connect and read timeout of each request, in seconds (a
+        request's deadline shortens it).
+    :param watch_idle: seconds a watch may stay silent before it is resumed anew.
     :raises InvalidNetworkConfig: the kubeconfig cannot be loaded (the message says why,
         without its contents).
     """
 
     def __init__(self, kubeconfig: Union[str, ClientConfig], node_name: str, *,
-                 node_source: str = "", request_timeout: float = 10.0) -> None:
+                 node_source: str = "", request_timeout: float = 10.0,
+                 watch_idle: float = WATCH_IDLE) -> None:
         self.config = kubeconfig if isinstance(kubeconfig, ClientConfig) else \
             ClientConfig(kubeconfig)
         self.kubeconfig = self.config.kubeconfig
@@ -62,19 +74,18 @@ class KubeClient:
         self.node_name = node_name
         self.node_source = node_source or "the caller"
         self.request_timeout = float(request_timeout)
-        from kubernetes import client  # lazy: see the module docstring
-
-        self._api_client = client.ApiClient(self.config.configuration)
-        self._calls = ApiCalls(self._api_client)
+        self.watch_idle = float(watch_idle)
+        self._transport = self.config.transport
         self._count_lock = threading.Lock()
         self._request_count = 0
+        self._nad_refusals = 0
         self._state = WatchState()
         self._cond = self._state.cond
         self._stopping = self._state.stopping
         self._pods: Dict[Key, Pod] = {}
         self._nads: Dict[Key, NetworkAttachmentDefinition] = {}
         self._threads: List[threading.Thread] = []
-        self._events = status_mod.EventSender(self._json, self._calls, self.config, node_name,
+        self._events = status_mod.EventSender(self._json, self.config, node_name,
                                               self._stopping)
         self._misses = 0
         self._empty_misses = 0
@@ -89,31 +100,49 @@ class KubeClient:
         with self._count_lock:
             return self._request_count
 
-    def _raw(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Send one request through the client's REST layer; return the open urllib3 response."""
+    def _timeout(self, deadline: Optional[float], action: str) -> float:
+        """Seconds the next request may take: the client's timeout, cut to the deadline."""
+        if deadline is None:
+            return self.request_timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TryAgainLater(f"cannot {action}: the request's deadline passed before the "
+                                f"Kubernetes API server at {self.server_url} was asked")
+        return min(self.request_timeout, left)
+
+    def _raw(self, method: str, path: str, *, query: Query = None, body: Any = None,
+             timeout: float, read_timeout: Optional[float] = None,
+             stream: bool = False) -> Any:
+        """Send one request; return the open urllib3 response (body read unless ``stream``)."""
         with self._count_lock:
             self._request_count += 1
-        kwargs.setdefault("_request_timeout", (self.request_timeout, self.request_timeout))
-        return call(*args, _preload_content=False, **kwargs)
+        return self._transport.request(method, path, query=query, body=body, timeout=timeout,
+                                       read_timeout=read_timeout, stream=stream)
 
-    def _json(self, call: Callable[..., Any], *args: Any, decode: bool = True,
-              **kwargs: Any) -> Obj:
+    def _json(self, method: str, path: str, *, query: Query = None, body: Any = None,
+              deadline: Optional[float] = None, decode: bool = True, action: str = "") -> Obj:
         """Send one request; its JSON answer (``{}`` with ``decode=False``: a write's answer is
         read off the connection, which goes back to the pool, but not parsed)."""
-        response = self._raw(call, *args, **kwargs)
+        timeout = self._timeout(deadline, action or f"{method} {path}")
+        response = self._raw(method, path, query=query, body=body, timeout=timeout)
         try:
-            data = response.data
-            return json.loads(data) if decode else {}
+            return json.loads(response.data) if decode else {}
         finally:
             response.release_conn()
 
-    def _list_pods(self, **kwargs: Any) -> Any:
-        return self._raw(self._calls.list_pod_for_all_namespaces,
-                         field_selector=f"spec.nodeName={self.node_name}", **kwargs)
+    def get_json(self, path: str, query: Query = None, *, deadline: Optional[float] = None) -> Obj:
+        """One live GET of an API path; its JSON.
 
-    def _list_nads(self, **kwargs: Any) -> Any:
-        return self._raw(self._calls.list_cluster_custom_object, NAD_GROUP, NAD_VERSION,
-                         NAD_PLURAL, **kwargs)
+        :raises: what :meth:`ClientConfig.request_errors` lists (``.status`` 404 ...);
+            :meth:`ClientConfig.failure` translates them.
+        """
+        return self._json("GET", path, query=query, deadline=deadline)
+
+    def _lister(self, path: str, query: Dict[str, Any]):
+        def send(extra: Dict[str, Any], timeout: float, read_timeout: Optional[float]) -> Any:
+            return self._raw("GET", path, query={**query, **extra}, timeout=timeout,
+                             read_timeout=read_timeout, stream=True)
+        return send
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -122,10 +151,13 @@ class KubeClient:
         if self._threads:
             return
         reflectors = [
-            Reflector(self._state, "pods", f"pods on node {self.node_name}", self._list_pods,
-                      pod_from_object, self._pods, self.config, self.request_timeout),
-            Reflector(self._state, "nads", "NetworkAttachmentDefinitions", self._list_nads,
-                      nad_from_object, self._nads, self.config, self.request_timeout)]
+            Reflector(self._state, "pods", f"pods on node {self.node_name}",
+                      self._lister(PODS_PATH, {"fieldSelector": f"spec.nodeName={self.node_name}"}),
+                      pod_from_object, self._pods, self.config, self.request_timeout,
+                      self.watch_idle),
+            Reflector(self._state, "nads", "NetworkAttachmentDefinitions",
+                      self._lister(NADS_PATH, {}), nad_from_object, self._nads, self.config,
+                      self.request_timeout, self.watch_idle)]
         self._threads = [threading.Thread(target=r.run, name=f"multusd-k8s-{r.kind}", daemon=True)
                          for r in reflectors]
         for thread in self._threads:
@@ -140,14 +172,25 @@ class KubeClient:
             return len(self._pods), len(self._nads)
 
     def synced(self) -> bool:
-        """Both caches hold a complete list and neither is known to be stale."""
-        with self._cond:
-            return self._state.all_synced()
+        """The pod cache holds a complete list and is not known to be stale (readiness).
 
-    def wait_synced(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for :meth:`synced`; returns whether it is."""
+        The NAD cache is not waited for: see the module docstring and :meth:`nad_problem`.
+        """
         with self._cond:
-            return self._cond.wait_for(self._state.all_synced, timeout)
+            return self._state.synced["pods"]
+
+    def wait_synced(self, timeout: float, *, nads: bool = False) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`synced` (and with ``nads`` for the NAD
+        cache too); returns whether it is."""
+        kinds = ("pods", "nads") if nads else ("pods",)
+        with self._cond:
+            return self._cond.wait_for(lambda: all(self._state.synced[k] for k in kinds),
+                                       timeout)
+
+    def nads_synced(self) -> bool:
+        """The NAD cache holds a complete list (else lookups ask the API server)."""
+        with self._cond:
+            return self._state.synced["nads"]
 
     @property
     def relists(self) -> int:
@@ -156,15 +199,39 @@ class KubeClient:
             return sum(self._state.relists.values())
 
     @property
+    def watch_idle_restarts(self) -> int:
+        """How many times a watch fell silent past its idle bound and was resumed anew."""
+        with self._cond:
+            return sum(self._state.idle_restarts.values())
+
+    @property
     def last_error(self) -> Optional[str]:
         """Why a watch is failing now (for start-up diagnostics), or None while all is well."""
         with self._cond:
             problems = [f"{kind}: {msg}" for kind, msg in self._state.errors.items() if msg]
         return "; ".join(problems) or None
 
+    def nad_problem(self) -> Optional[Tuple[str, str]]:
+        """(condition, message) while the NAD watch fails, else None.
+
+        The condition is ``crd-missing`` (the list answers 404), ``forbidden`` (403) or
+        ``unavailable`` (anything else); the message names the fix.
+        """
+        with self._cond:
+            if self._state.synced["nads"] or self._state.errors["nads"] is None:
+                return None
+            status, message = self._state.error_status["nads"], self._state.errors["nads"]
+        return nad_condition(status, message)
+
+    @property
+    def nad_refusals(self) -> int:
+        """ADDs refused because the NAD API was not usable (CRD missing, forbidden)."""
+        with self._count_lock:
+            return self._nad_refusals
+
     def stop(self) -> None:
         """Stop the watches and the event sender (queued events get a short chance to go out)."""
-        self._stopping.set()
+        self._state.stop()
         with self._cond:
             self._cond.notify_all()
             watches = list(self._state.open_watches.values())
@@ -173,16 +240,18 @@ class KubeClient:
         for thread in self._threads:
             thread.join(timeout=self.request_timeout)
         self._events.stop(self.request_timeout)
-        self._api_client.close()
+        self.config.close()
 
     # ---- lookups -------------------------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str, *, wait: float = 0.0,
-                expected_uid: str = "", not_found_wait: float = NOT_FOUND_WAIT) -> Optional[Pod]:
+                expected_uid: str = "", not_found_wait: float = NOT_FOUND_WAIT,
+                deadline: Optional[float] = None) -> Optional[Pod]:
         """The pod from the cache, else one live GET at once (after ``wait`` s, if given).
 
         Only when that GET answers 404 (a pod not created yet, a static pod whose mirror is
         on its way) the watch gets up to ``not_found_wait`` s to deliver it, then one more GET.
+        Waits and requests end by ``deadline`` (``time.monotonic()``), if given.
 
         :param expected_uid: the runtime's K8S_POD_UID; a cached pod with another UID (a pod
             recreated under the same name) counts as a miss. The caller still checks the UID.
@@ -198,36 +267,45 @@ class KubeClient:
                 return None
             return pod
 
+        def within(seconds: float) -> float:
+            return seconds if deadline is None else \
+                max(0.0, min(seconds, deadline - time.monotonic() - 0.1))
+
         with self._cond:
             pod = cached()
             if pod is None and self._threads and wait > 0:
-                self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(), wait)
+                self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
+                                    within(wait))
                 pod = cached()
             cache_empty = not self._pods and self._state.synced["pods"]
         if pod is not None:
             return pod
         LOG.debug("pod %s/%s not in the cache; asking the API server", namespace, name)
-        pod = self._read_pod(namespace, name)
-        if pod is None and self._threads and not_found_wait > 0:
+        pod = self._read_pod(namespace, name, deadline)
+        if pod is None and self._threads and within(not_found_wait) > 0:
             with self._cond:
                 self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
-                                    not_found_wait)
+                                    within(not_found_wait))
                 pod = cached()
             if pod is not None:
                 return pod
-            pod = self._read_pod(namespace, name)  # the watch may not see it (wrong node name)
+            # the watch may not see it (wrong node name)
+            pod = self._read_pod(namespace, name, deadline)
         if pod is not None:
             self._missed(pod, cache_empty)
         return pod
 
-    def _read_pod(self, namespace: str, name: str) -> Optional[Pod]:
+    def _read_pod(self, namespace: str, name: str, deadline: Optional[float]) -> Optional[Pod]:
         """One live GET of a pod; None on 404."""
+        action = f"get pod {namespace}/{name}"
         try:
-            return pod_from_object(self._json(self._calls.read_namespaced_pod, name, namespace))
+            return pod_from_object(self._json(
+                "GET", path_of(POD_PATH, namespace=namespace, name=name), deadline=deadline,
+                action=action))
         except self.config.request_errors() as exc:
             if getattr(exc, "status", None) == 404:
                 return None
-            raise self.config.failure(exc, f"get pod {namespace}/{name}") from exc
+            raise self.config.failure(exc, action) from exc
 
     def _missed(self, pod: Pod, cache_empty: bool) -> None:
         """Account for a live GET and detect a wrong node name (warned about once)."""
@@ -279,33 +357,79 @@ class KubeClient:
         with self._cond:
             return self._nads.get((namespace, name))
 
-    def get_nad(self, namespace: str, name: str) -> Optional[NetworkAttachmentDefinition]:
+    def get_nad(self, namespace: str, name: str, *,
+                deadline: Optional[float] = None) -> Optional[NetworkAttachmentDefinition]:
         """The NetworkAttachmentDefinition from the cache, else one live GET; None if absent.
 
+        While the NAD watch fails the GET is still made (the CRD or permission may have just
+        appeared, then the watch is woken); when it answers 404 for the resource type (the
+        CRD is not installed) or 403, the error says so and names the fix.
+
         :raises TryAgainLater: the API server is unreachable or overloaded.
-        :raises MultusError: the API server refused the request.
+        :raises MultusError: the API server refused the request, or has no NAD API.
         """
         with self._cond:
             nad = self._nads.get((namespace, name))
+            synced = self._state.synced["nads"]
         if nad is not None:
             return nad
+        action = f"get NetworkAttachmentDefinition {namespace}/{name}"
         try:
-            obj = self._json(self._calls.get_namespaced_custom_object, NAD_GROUP, NAD_VERSION,
-                             namespace, NAD_PLURAL, name)
+            obj = self._json("GET", path_of(NAD_PATH, namespace=namespace, name=name),
+                             deadline=deadline, action=action)
         except self.config.request_errors() as exc:
-            if getattr(exc, "status", None) == 404:
+            status = getattr(exc, "status", None)
+            if status == 404 and not _resource_type_missing(exc):
+                self._wake_nads(synced)
                 return None
-            raise self.config.failure(
-                exc, f"get NetworkAttachmentDefinition {namespace}/{name}") from exc
+            if status in (403, 404):
+                with self._count_lock:
+                    self._nad_refusals += 1
+                _, message = nad_condition(status, "")
+                raise MultusError(f"cannot {action}: {message}") from exc
+            raise self.config.failure(exc, action) from exc
+        self._wake_nads(synced)
         return nad_from_object(obj)
+
+    def _wake_nads(self, synced: bool) -> None:
+        """The NAD API answers: a failing NAD watch lists again now, not after its backoff."""
+        if not synced:
+            self._state.wake["nads"].set()
 
     # ---- writes --------------------------------------------------------------------------------
 
-    def set_network_status(self, pod: Pod, status: str) -> None:
+    def set_network_status(self, pod: Pod, status: str, *,
+                           deadline: Optional[float] = None) -> None:
         """Write the pod's network-status annotation (see :func:`status.set_network_status`)."""
-        status_mod.set_network_status(self._json, self._calls, self.config, pod, status,
-                                      self._stopping)
+        status_mod.set_network_status(self._json, self.config, pod, status, self._stopping,
+                                      deadline=deadline)
 
     def emit_event(self, pod: Pod, event_type: str, reason: str, message: str) -> None:
         """Queue an event about ``pod`` (sent by a background thread); never raises."""
         self._events.emit(pod, event_type, reason, message)
+
+
+def _resource_type_missing(exc: BaseException) -> bool:
+    """A 404 for the resource type itself (no such API), not for one object of it.
+
+    kube-apiserver names the object (``details.name``) when only the object is missing.
+    """
+    if not isinstance(exc, ApiError):
+        return False
+    details = exc.status_object().get("details")
+    return not (isinstance(details, dict) and details.get("name"))
+
+
+def nad_condition(status: Optional[int], message: Optional[str]) -> Tuple[str, str]:
+    """(condition, message with the fix) of a failing NAD API."""
+    if status == 404:
+        return "crd-missing", (
+            "the NetworkAttachmentDefinition CRD (network-attachment-definitions."
+            f"{NAD_GROUP}) is not installed in this cluster; install it once per cluster: "
+            f"`kubectl apply -f {NAD_CRD_FILE}` (pods that ask for no NAD are not affected)")
+    if status == 403:
+        return "forbidden", (
+            "this node's credentials may not read NetworkAttachmentDefinitions (403 "
+            "Forbidden); grant them once per cluster: "
+            f"`kubectl apply -f {RBAC_FILE}` (pods that ask for no NAD are not affected)")
+    return "unavailable", message or "the NetworkAttachmentDefinition API is not answering"

@@ -1,26 +1,30 @@
 """Client configuration from a kubeconfig, the one translation of request failures, redaction.
 
-Foreign exceptions (``ApiException``, urllib3 and socket errors) are translated in one place,
-:meth:`ClientConfig.failure`: 429/5xx and connection errors become
+:class:`ClientConfig` reads the kubeconfig (:mod:`multusd.kube.kubeconfig`; a credential
+plugin user through the ``kubernetes`` package's own loader) and builds the transport
+(:mod:`multusd.kube.transport`) and its rotating credentials.
+Foreign exceptions (:class:`~multusd.kube.transport.ApiError`, urllib3 and socket errors) are
+translated in one place, :meth:`ClientConfig.failure`: 429/5xx and connection errors become
 :class:`~multusd.errors.TryAgainLater`, the rest :class:`~multusd.errors.MultusError`, naming
-the API server URL. Credentials (tokens, kubeconfig contents, keys) never reach a log line or
-an error message: the loader's parse errors are reduced to their type, and every token the
-kubeconfig holds is redacted from the API server's own messages.
-``kubernetes`` and ``urllib3`` are imported inside the functions, so importing this is cheap.
+the API server URL and the fix. Credentials (tokens, kubeconfig contents, keys) never reach a
+log line or an error message: the loader's parse errors are reduced to their type, and every
+token seen is redacted from the API server's own messages.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Optional, Set, Tuple
+from typing import Any, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig, MultusError, TryAgainLater
 from multusd.kube import kubeconfig as kubeconfig_reader
+from multusd.kube.credentials import Credentials, Secrets
 from multusd.kube.identity import CertificateError, node_name_from_certificate
+from multusd.kube.transport import ApiError, Transport
 
 LOG = logging.getLogger(__name__)
-REDACTED = "<redacted>"
+RBAC_FILE = "/usr/share/multusd/rbac.yaml"
 
 
 class WatchError(Exception):
@@ -35,63 +39,57 @@ class WatchError(Exception):
 
 
 class ClientConfig:
-    """A private ``kubernetes`` Configuration loaded from one kubeconfig, and its secrets.
+    """The API server of one kubeconfig: its transport, credentials and secrets.
 
-    :param kubeconfig: path of a kubeconfig (token, tokenFile, client certificate, CA).
+    :param kubeconfig: path of a kubeconfig (token, tokenFile, client certificate, CA, or a
+        credential plugin).
     :raises InvalidNetworkConfig: it cannot be loaded (the message says why, without its
         contents).
     """
 
     def __init__(self, kubeconfig: str) -> None:
         self.kubeconfig = kubeconfig
-        self._secrets: Set[str] = set()
-        self.configuration = self._load(kubeconfig)
-        self.server_url: str = self.configuration.host
-
-    def _load(self, kubeconfig: str) -> Any:
-        """A private client Configuration from the kubeconfig (never the global default).
-
-        :mod:`multusd.kube.kubeconfig` reads it; only a credential plugin (``exec``,
-        ``auth-provider``) needs the package's own loader.
-        """
-        import urllib3
-        from kubernetes import client
-
-        configuration = client.Configuration()
-        configuration.host = ""  # stays empty when the kubeconfig names no server
+        self.secrets = Secrets()
+        self.settings, self.credentials = self._load(kubeconfig)
+        self.server_url: str = self.settings.host
         try:
-            if not kubeconfig_reader.load(kubeconfig, configuration):
-                _load_with_credential_plugin(kubeconfig, configuration)
+            self.transport = Transport(self.settings, self.credentials)
+        except kubeconfig_reader.KubeconfigError as exc:
+            raise self._unusable(str(exc)) from None
+
+    def _unusable(self, reason: str) -> InvalidNetworkConfig:
+        return InvalidNetworkConfig(
+            f"cannot use kubeconfig {self.kubeconfig!r}: {reason}; point 'kubeconfig' in "
+            "daemon-config.json at a kubeconfig with a server and credentials for this node")
+
+    def _load(self, kubeconfig: str) -> Tuple[kubeconfig_reader.Settings, Credentials]:
+        """Settings and credentials; only a credential plugin needs the package's loader."""
+        try:
+            settings = kubeconfig_reader.load(kubeconfig)
+            if settings is None:
+                configuration = _load_with_credential_plugin(kubeconfig)
+                settings = kubeconfig_reader.from_configuration(configuration)
+                credentials = Credentials(
+                    settings, self.secrets,
+                    plugin=(configuration, lambda: _load_with_credential_plugin(kubeconfig)))
+            else:
+                credentials = Credentials(settings, self.secrets)
+            credentials.header()  # a plugin runs now: its failure is a start-up failure
         except kubeconfig_reader.KubeconfigError as exc:
             # Both loaders' messages name keys and files, not values, so they are kept.
             # Nothing is chained (from None): a traceback in the journal must not carry more.
-            reason = str(exc)
-            raise InvalidNetworkConfig(
-                f"cannot use kubeconfig {kubeconfig!r}: {reason}; point 'kubeconfig' in "
-                "daemon-config.json at a kubeconfig with a server and credentials for this node"
-            ) from None
+            raise self._unusable(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - OSError, YAML errors, bad base64 ...
             # parser errors quote the offending line, which may hold the token: type only
             raise InvalidNetworkConfig(
                 f"cannot use kubeconfig {kubeconfig!r}: {type(exc).__name__} while reading it; "
                 "check that the file exists, is readable by root and is a valid kubeconfig"
             ) from None
-        if not configuration.host:
+        if not settings.host:
             raise InvalidNetworkConfig(
                 f"kubeconfig {kubeconfig!r} has no 'server' in the cluster of its current "
                 "context; add the API server's URL (https://<host>:<port>)")
-        for name, value in list(configuration.api_key.items()):
-            # a tokenFile usually ends in a newline, which no HTTP header may carry
-            value = configuration.api_key[name] = value.strip()
-            self._secrets.add(value)
-            self._secrets.add(value.split(" ", 1)[-1])  # the bare token after "Bearer "
-        configuration.debug = False  # http.client would print request headers (the token)
-        # One quick retry covers a pooled keep-alive connection the server already closed;
-        # longer waits are the callers' business (backoff in the watches, TryAgainLater).
-        configuration.retries = urllib3.Retry(total=1, connect=1, read=1, redirect=0, status=0,
-                                              raise_on_status=False)
-        configuration.connection_pool_maxsize = 8
-        return configuration
+        return settings, credentials
 
     def node_identity(self) -> Optional[str]:
         """The node name the client certificate proves (``CN=system:node:<name>``), else None.
@@ -99,7 +97,7 @@ class ClientConfig:
         Reads ``client-certificate`` or ``client-certificate-data`` of the current user (the
         loader has made a file of either); a certificate that cannot be read is logged.
         """
-        path = getattr(self.configuration, "cert_file", None)
+        path = self.settings.cert_file
         if not path:
             return None
         try:
@@ -112,23 +110,17 @@ class ClientConfig:
 
     def redact(self, text: str) -> str:
         """``text`` without any credential of the kubeconfig."""
-        for secret in sorted(self._secrets, key=len, reverse=True):
-            if len(secret) >= 4:
-                text = text.replace(secret, REDACTED)
-        return text
+        return self.secrets.redact(text)
 
     @staticmethod
     def request_errors() -> Tuple[type, ...]:
         """The exceptions a request may raise, for ``except`` clauses before :meth:`failure`."""
         import urllib3
-        from kubernetes.client.exceptions import ApiException
 
-        return (ApiException, WatchError, urllib3.exceptions.HTTPError, OSError, ValueError)
+        return (ApiError, WatchError, urllib3.exceptions.HTTPError, OSError, ValueError)
 
     def failure(self, exc: BaseException, action: str) -> MultusError:
         """The MultusError for a failed request (the one translation point of kube/)."""
-        from kubernetes.client.exceptions import ApiException
-
         where = f"the Kubernetes API server at {self.server_url}"
         if isinstance(exc, json.JSONDecodeError):
             return MultusError(f"cannot {action}: {where} answered with something that is not "
@@ -138,42 +130,50 @@ class ClientConfig:
             return MultusError(f"cannot {action}: the request to {where} could not be built "
                                f"({type(exc).__name__}); check the credentials in kubeconfig "
                                f"{self.kubeconfig!r}")
-        if isinstance(exc, (ApiException, WatchError)):
+        if isinstance(exc, (ApiError, WatchError)):
             status = int(exc.status or 0)
             detail = self.redact(status_detail(exc))
-            if status == 0 and "SSL" in str(exc.reason):
-                return MultusError(
-                    f"cannot {action}: {where} failed the TLS handshake ({detail}); check "
-                    f"'certificate-authority' and the client certificate in {self.kubeconfig!r}")
             if status == 401:
                 return MultusError(
                     f"cannot {action}: {where} rejected multusd's credentials (401 Unauthorized);"
-                    f" check the token or client certificate in kubeconfig {self.kubeconfig!r}")
+                    f" check the token or client certificate in kubeconfig {self.kubeconfig!r}"
+                    " (a token file or rotated certificate is re-read on every 401)")
             if status == 403:
                 return MultusError(
-                    f"cannot {action}: {where} forbids it (403 Forbidden: {detail}); grant the "
-                    "user of kubeconfig the multus ClusterRole rules (pods and pods/status: get, "
-                    "list, watch, update; network-attachment-definitions: get, list, watch; "
-                    "events: create)")
+                    f"cannot {action}: {where} forbids it (403 Forbidden: {detail}); multusd "
+                    "needs pods get/list/watch, pods/status update, events create and "
+                    "network-attachment-definitions get/list/watch: with the node's own "
+                    f"kubeconfig `kubectl apply -f {RBAC_FILE}` (once per cluster) adds what "
+                    "the Node authorizer does not grant; a service account needs upstream's "
+                    "multus ClusterRole")
             if status == 429 or status >= 500:
                 return TryAgainLater(f"cannot {action}: {where} answered {status} ({detail}); "
                                      "it is overloaded or restarting, try again")
             return MultusError(f"cannot {action}: {where} answered {status} ({detail})")
         reason = self.redact(connection_reason(exc))
+        if _is_tls_failure(exc) or "SSL" in reason or "certificate" in reason.lower():
+            return MultusError(
+                f"cannot {action}: {where} failed the TLS handshake ({reason}); check "
+                f"'certificate-authority' and the client certificate in {self.kubeconfig!r}")
         return TryAgainLater(
             f"cannot {action}: {where} is unreachable ({reason}); check that it is running and "
             f"that the 'server' of kubeconfig {self.kubeconfig!r} is right")
 
+    def close(self) -> None:
+        self.transport.close()
 
-def _load_with_credential_plugin(kubeconfig: str, configuration: Any) -> None:
-    """The package's own loader, for ``exec`` and ``auth-provider`` users."""
-    from kubernetes import config
 
+def _load_with_credential_plugin(kubeconfig: str) -> Any:
+    """The package's own loader, for ``exec`` and ``auth-provider`` users: a Configuration."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
     try:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration,
                                 persist_config=False)
     except config.ConfigException as exc:
         raise kubeconfig_reader.KubeconfigError(str(exc)) from None
+    return configuration
 
 
 def status_detail(exc: Any) -> str:
@@ -187,14 +187,23 @@ def status_detail(exc: Any) -> str:
     return text.splitlines()[0][:300] if text else text
 
 
+def _is_tls_failure(exc: BaseException) -> bool:
+    import ssl
+
+    import urllib3
+
+    return isinstance(exc, (urllib3.exceptions.SSLError, ssl.SSLError, ssl.CertificateError))
+
+
 def connection_reason(exc: BaseException) -> str:
     """A short reason for a connection-level failure (the innermost cause of urllib3's error)."""
     import urllib3
 
     if isinstance(exc, urllib3.exceptions.ProtocolError):
         return "the connection was cut"
-    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
-        return "no answer within the read timeout"
+    if isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) or \
+            "timed out" in str(exc):
+        return "no answer within the request's time"
     reason = getattr(exc, "reason", None) or exc
     text = str(reason)
     # urllib3 repeats the connection object's repr; the part after ": " is the OS's words

@@ -1,24 +1,23 @@
-"""Reading a node's kubeconfig into a client Configuration without ``kubernetes.config``.
+"""Reading a node's kubeconfig into :class:`Settings`: the API server, its TLS files, credentials.
 
-``kubernetes.config`` imports google-auth, oauthlib and requests-oauthlib for the credential
-plugins it supports: ~20 ms of a socket-activated daemon's first ADD. A node daemon's
-kubeconfig (the one the multus installer writes, or the kubelet's) uses none of them, so
-:func:`load` reads the forms it does use itself, with the package loader's rules:
+A node daemon's kubeconfig (the one the multus installer writes, or the kubelet's) uses a few
+forms, which :func:`load` reads itself, with client-go's rules:
 
 * the current context's cluster: ``server`` (trailing ``/`` dropped), and for ``https`` only
-  ``certificate-authority`` / ``certificate-authority-data``; ``insecure-skip-tls-verify``;
-* its user: ``token`` or ``tokenFile``, ``client-certificate`` / ``client-key`` (and their
-  ``-data``; loaded for ``https`` only), ``username`` + ``password``;
+  ``certificate-authority`` / ``certificate-authority-data``, ``insecure-skip-tls-verify``,
+  ``tls-server-name``; ``proxy-url`` (``http``/``https`` proxies);
+* its user: ``token`` or ``tokenFile`` (kept as a path: it is re-read when it changes),
+  ``client-certificate`` / ``client-key`` (and their ``-data``; loaded for ``https`` only; the
+  files are named, not read, so a rotated kubelet certificate is picked up),
+  ``username`` + ``password``;
 * file names relative to the kubeconfig's directory; a ``-data`` value wins over its file,
-  unless it is empty (then the file counts, as in client-go; the Python package would then
-  use neither).
+  unless it is empty (then the file counts, as in client-go).
 
-A user with ``exec`` or ``auth-provider`` returns False: the caller uses the package's
-loader. ``-data`` certificates and keys become files (Python's TLS reads only files) named by
-the hash of their content in a root-only directory, so a restart reuses them instead of
-leaving another copy of the private key behind (the package loader's temporary files are
-removed only at interpreter exit, which the daemon skips). Errors name keys and files, never
-values.
+A user with ``exec`` or ``auth-provider`` gives None: the caller hands it to the
+``kubernetes`` package's own loader (:func:`from_configuration` reads its result back).
+``-data`` certificates and keys become files (Python's TLS reads only files) named by the
+hash of their content in a root-only directory, so a restart reuses them instead of leaving
+another copy of the private key behind. Errors name keys and files, never values.
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ import binascii
 import os
 from typing import Any, Dict, Optional
 
+from multusd.store.record import Record
+
 DATA_DIR_NAME = "multusd-kubeconfig"
 _PLUGIN_KEYS = ("exec", "auth-provider")
 
@@ -36,11 +37,30 @@ class KubeconfigError(ValueError):
     """The kubeconfig cannot be used; the message names keys and files, never their values."""
 
 
-def load(path: str, configuration: Any) -> bool:
-    """Fill ``configuration`` (host, api_key, TLS files) from the kubeconfig at ``path``.
+class Settings(Record):
+    """Where the API server is and how to authenticate to it (no secret in ``repr``)."""
 
-    :returns: False, with ``configuration`` untouched, when the current user needs a
-        credential plugin (``exec``, ``auth-provider``): use ``kubernetes.config`` then.
+    host: str
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    verify: bool = True
+    tls_server_name: Optional[str] = None
+    proxy_url: Optional[str] = None
+    token: Optional[str] = None  # the bearer token itself (not the header)
+    token_file: Optional[str] = None  # re-read when it changes
+    basic: Optional[str] = None  # "user:password"
+
+    def __repr__(self) -> str:
+        return (f"Settings(host={self.host!r}, ca_file={self.ca_file!r}, "
+                f"cert_file={self.cert_file!r}, token_file={self.token_file!r})")
+
+
+def load(path: str) -> Optional[Settings]:
+    """The :class:`Settings` of the kubeconfig at ``path``.
+
+    :returns: None when the current user needs a credential plugin (``exec``,
+        ``auth-provider``): use the ``kubernetes`` package's loader then.
     :raises KubeconfigError: the kubeconfig is not usable (the message says why).
     :raises OSError: a file it names cannot be read. YAML errors come from ``yaml``.
     """
@@ -55,23 +75,79 @@ def load(path: str, configuration: Any) -> bool:
     context = _named(document, "contexts", document["current-context"], "context")
     user = _user(document, context)
     if any(key in user for key in _PLUGIN_KEYS):
-        return False
+        return None
     cluster = _named(document, "clusters", context.get("cluster"), "cluster")
-    settings: Dict[str, Any] = {}
-    if "server" in cluster:
-        settings["host"] = str(cluster["server"]).rstrip("/")
-        if settings["host"].startswith("https"):
-            settings["ssl_ca_cert"] = _file(cluster, "certificate-authority", base)
-            settings["cert_file"] = _file(user, "client-certificate", base)
-            settings["key_file"] = _file(user, "client-key", base)
+    settings: Dict[str, Any] = {"host": str(cluster.get("server") or "").rstrip("/")}
+    if settings["host"].startswith("https"):
+        settings["ca_file"] = _file(cluster, "certificate-authority", base)
+        settings["cert_file"] = _file(user, "client-certificate", base)
+        settings["key_file"] = _file(user, "client-key", base)
+        if cluster.get("tls-server-name"):
+            settings["tls_server_name"] = str(cluster["tls-server-name"])
     if "insecure-skip-tls-verify" in cluster:
-        settings["verify_ssl"] = not cluster["insecure-skip-tls-verify"]
-    token = _token(user, base)
-    if token:
-        configuration.api_key["authorization"] = token
-    for key, value in settings.items():
-        setattr(configuration, key, value)
-    return True
+        settings["verify"] = not cluster["insecure-skip-tls-verify"]
+    if cluster.get("proxy-url"):
+        settings["proxy_url"] = str(cluster["proxy-url"])
+    if user.get("token"):
+        settings["token"] = str(user["token"]).strip()
+    elif user.get("tokenFile"):
+        settings["token_file"] = os.path.normpath(os.path.join(base, str(user["tokenFile"])))
+        read_token_file(settings["token_file"])  # a missing file is an error now, not later
+    elif "username" in user and "password" in user:
+        settings["basic"] = f"{user['username']}:{user['password']}"
+    return Settings(**settings)
+
+
+def from_configuration(configuration: Any) -> Settings:
+    """The :class:`Settings` a ``kubernetes.client.Configuration`` holds (the package loader's
+    result, for credential plugins), read from its public attributes only.
+
+    The token is not copied: it is the package's, refreshed by its ``refresh_api_key_hook``
+    (see :func:`configuration_token`).
+    """
+    return Settings(host=str(configuration.host or "").rstrip("/"),
+                    ca_file=configuration.ssl_ca_cert or None,
+                    cert_file=configuration.cert_file or None,
+                    key_file=configuration.key_file or None,
+                    verify=bool(configuration.verify_ssl),
+                    tls_server_name=getattr(configuration, "tls_server_name", None) or None,
+                    proxy_url=getattr(configuration, "proxy", None) or None)
+
+
+def configuration_token(configuration: Any) -> Optional[str]:
+    """The Authorization header value a package Configuration holds now, after its refresh hook.
+
+    The package keys it ``authorization`` up to release 35 and ``BearerToken`` since; both
+    releases' ``refresh_api_key_hook`` (set by the loader for plugin credentials) re-runs the
+    plugin when the credential has expired.
+    """
+    hook = getattr(configuration, "refresh_api_key_hook", None)
+    if hook is not None:
+        hook(configuration)
+    for key in ("BearerToken", "authorization"):
+        value = configuration.api_key.get(key)
+        if value:
+            prefix = configuration.api_key_prefix.get(key)
+            return f"{prefix} {value}" if prefix else str(value).strip()
+    return None
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace and the newline dropped).
+
+    :raises KubeconfigError: the file is empty.
+    :raises OSError: it cannot be read.
+    """
+    with open(path, encoding="utf-8") as handle:
+        token = handle.read().strip()
+    if not token:
+        raise KubeconfigError(f"its 'tokenFile' {path!r} is empty")
+    return token
+
+
+def basic_header(pair: str) -> str:
+    """The Authorization header of ``user:password`` (latin-1, as HTTP basic auth has it)."""
+    return "Basic " + base64.b64encode(pair.encode("latin-1")).decode()
 
 
 def _named(document: Dict[str, Any], section: str, name: Any, field: str) -> Dict[str, Any]:
@@ -94,24 +170,6 @@ def _user(document: Dict[str, Any], context: Dict[str, Any]) -> Dict[str, Any]:
         if isinstance(entry, dict) and entry.get("name") == name:
             return entry.get("user") if isinstance(entry.get("user"), dict) else {}
     return {}
-
-
-def _token(user: Dict[str, Any], base: str) -> Optional[str]:
-    """The Authorization header value: a bearer token, else basic auth, else None."""
-    if "token" in user:
-        token = user["token"]
-    elif "tokenFile" in user:
-        with open(os.path.normpath(os.path.join(base, str(user["tokenFile"]))),
-                  encoding="utf-8") as handle:
-            token = handle.read()
-    else:
-        token = None
-    if token:
-        return f"Bearer {token}"
-    if "username" in user and "password" in user:
-        pair = f"{user['username']}:{user['password']}".encode("latin-1")
-        return "Basic " + base64.b64encode(pair).decode()
-    return None
 
 
 def _file(section: Dict[str, Any], key: str, base: str) -> Optional[str]:

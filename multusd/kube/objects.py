@@ -14,6 +14,13 @@ NAD_GROUP = "k8s.cni.cncf.io"
 NAD_VERSION = "v1"
 NAD_PLURAL = "network-attachment-definitions"
 
+# The API paths multusd sends to ({name} parts are filled by transport.path_of)
+PODS_PATH = "/api/v1/pods"
+POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
+NADS_PATH = f"/apis/{NAD_GROUP}/{NAD_VERSION}/{NAD_PLURAL}"
+NAD_PATH = f"/apis/{NAD_GROUP}/{NAD_VERSION}/namespaces/{{namespace}}/{NAD_PLURAL}/{{name}}"
+
 Key = Tuple[str, str]
 Obj = Dict[str, Any]
 

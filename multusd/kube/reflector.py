@@ -1,12 +1,16 @@
 """List+watch reflectors that keep one cache each, relisting as client-go does on expiry.
 
 A reflector lists, then watches from the list's resourceVersion, forever. The watch is
-resumed from the last version it saw when the server ends it or the connection drops; it
-is replaced by a new LIST when the server says that version is gone: HTTP 410 at the start
-of the watch, an ERROR event with code 410 in the stream (etcd compaction), or "too large
-resource version" (an API server whose history restarted). Until that LIST completes the
-cache counts as not synced: it is known to be stale. Any other ERROR event also leads to a
-LIST, after the backoff, like client-go's ListAndWatch.
+resumed from the last version it saw when the server ends it, the connection drops, or the
+stream stays silent longer than its idle bound (a healthy watch carries a bookmark about
+every minute; a silently dead one is noticed within that bound instead of at the end of
+``timeoutSeconds``). It is replaced by a new LIST when the server says that version is gone:
+HTTP 410 at the start of the watch, an ERROR event with code 410 in the stream (etcd
+compaction), or "too large resource version" (an API server whose history restarted). Until
+that LIST completes the cache counts as not synced: it is known to be stale. Any other ERROR
+event also leads to a LIST, after the backoff, like client-go's ListAndWatch. A failing
+LIST keeps its HTTP status (404: the resource type is not installed, 403: forbidden) for the
+readers to name, and a reader that finds the API working again can cut the backoff short.
 """
 
 from __future__ import annotations
@@ -24,9 +28,13 @@ from multusd.kube.objects import Key, Obj, key_of
 
 LOG = logging.getLogger(__name__)
 
-WATCH_TIMEOUT_SECONDS = 300  # the server ends a watch after this; we resume from its last version
+WATCH_TIMEOUT_SECONDS = (240, 300)  # the server ends a watch after this (random, as client-go)
+WATCH_IDLE = 50.0  # no byte for this long: the stream is dead, resume from its last version
 BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 10.0
+
+# send(query, timeout, read_timeout) -> the open (streaming) urllib3 response of a LIST/WATCH
+Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 
 
 class Expired(Exception):
@@ -57,28 +65,38 @@ class WatchState:
         self.stopping = threading.Event()
         self.synced: Dict[str, bool] = {kind: False for kind in kinds}
         self.errors: Dict[str, Optional[str]] = {kind: None for kind in kinds}
+        self.error_status: Dict[str, Optional[int]] = {kind: None for kind in kinds}
         self.relists: Dict[str, int] = {kind: 0 for kind in kinds}  # after expiry
+        self.idle_restarts: Dict[str, int] = {kind: 0 for kind in kinds}
+        self.wake: Dict[str, threading.Event] = {kind: threading.Event() for kind in kinds}
         self.open_watches: Dict[str, Any] = {}
 
     def all_synced(self) -> bool:
         """Every cache holds a complete, not known stale, list (call with ``cond`` held)."""
         return all(self.synced.values())
 
+    def stop(self) -> None:
+        self.stopping.set()
+        for event in self.wake.values():
+            event.set()
+
 
 class Reflector:
     """List, then watch from the list's resourceVersion, into one cache; forever, until stop.
 
-    :param list_call: sends the LIST (and with ``watch=True`` the WATCH) and returns the open
-        urllib3 response.
+    :param send: sends the LIST (and with ``watch`` in the query the WATCH) and returns the
+        open urllib3 response.
     :param trim: turns an object dict into what the cache holds.
+    :param watch_idle: seconds a watch stream may stay silent before it is resumed anew.
     """
 
-    def __init__(self, state: WatchState, kind: str, what: str, list_call: Callable[..., Any],
+    def __init__(self, state: WatchState, kind: str, what: str, send: Send,
                  trim: Callable[[Obj], Any], store: Dict[Key, Any], config: ClientConfig,
-                 request_timeout: float) -> None:
+                 request_timeout: float, watch_idle: float = WATCH_IDLE) -> None:
         self.state, self.kind, self.what = state, kind, what
-        self.list_call, self.trim, self.store = list_call, trim, store
+        self.send, self.trim, self.store = send, trim, store
         self.config, self.request_timeout = config, request_timeout
+        self.watch_idle = watch_idle
         self.backoff = Backoff()
 
     def run(self) -> None:
@@ -90,8 +108,8 @@ class Reflector:
                 if version is None:
                     version = self._list()
                 opened = time.monotonic()
-                version = self._watch(version)
-                if time.monotonic() - opened > 1.0:
+                version, idle = self._watch(version)
+                if idle or time.monotonic() - opened > 1.0:
                     continue  # the server ended a long watch (timeoutSeconds): resume at once
                 # a watch that ends at once, again and again, must not spin: back off below
             except Expired as exc:
@@ -119,12 +137,18 @@ class Reflector:
                 self._report(exc)
             except Exception:  # noqa: BLE001 - the watch thread must not die
                 LOG.exception("%s watch failed unexpectedly", self.kind)
-            state.stopping.wait(self.backoff.next())
+            self._pause(self.backoff.next())
+
+    def _pause(self, seconds: float) -> None:
+        """Wait out a backoff; :meth:`WatchState.stop` or a reader's wake-up ends it early."""
+        wake = self.state.wake[self.kind]
+        wake.wait(seconds)
+        wake.clear()
 
     def _pause_if_young(self, opened: float) -> None:
         """A server that expires every fresh watch at once must not get a LIST loop."""
         if time.monotonic() - opened < 1.0:
-            self.state.stopping.wait(self.backoff.next())
+            self._pause(self.backoff.next())
 
     def _stale(self) -> None:
         with self.state.cond:
@@ -137,6 +161,8 @@ class Reflector:
         with self.state.cond:
             first = self.state.errors[self.kind] != failure.msg
             self.state.errors[self.kind] = failure.msg
+            self.state.error_status[self.kind] = getattr(exc, "status", None)
+            self.state.cond.notify_all()
         # the same failure again is logged quietly: the backoff already spaces the attempts
         LOG.log(logging.WARNING if first else logging.DEBUG, "%s; retrying", failure.msg)
 
@@ -144,14 +170,11 @@ class Reflector:
         """Forget the last failure (called with the state's lock held)."""
         if self.state.errors[self.kind] is not None:
             self.state.errors[self.kind] = None
+            self.state.error_status[self.kind] = None
             LOG.info("the %s watch is working again", self.kind)
 
-    def _timeout(self, read: float) -> tuple:
-        return (self.request_timeout, read)
-
     def _list(self) -> str:
-        response = self.list_call(_request_timeout=self._timeout(max(30.0,
-                                                                     self.request_timeout)))
+        response = self.send({}, max(30.0, self.request_timeout), None)
         try:
             data = json.loads(response.data)
         finally:
@@ -170,24 +193,33 @@ class Reflector:
         LOG.debug("listed %d %s at version %s", len(fresh), self.kind, version)
         return version
 
-    def _watch(self, version: str) -> str:
-        """Follow one watch stream; returns the last resourceVersion seen."""
+    def _watch(self, version: str) -> tuple:
+        """Follow one watch stream: (the last resourceVersion seen, whether it fell silent)."""
+        import urllib3
+
         state = self.state
-        response = self.list_call(
-            watch=True, resource_version=version, allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_TIMEOUT_SECONDS,
-            _request_timeout=self._timeout(WATCH_TIMEOUT_SECONDS + self.request_timeout))
+        query = {"watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
+                 "timeoutSeconds": random.randint(*WATCH_TIMEOUT_SECONDS)}
+        response = self.send(query, self.request_timeout, self.watch_idle)
         with state.cond:
             state.open_watches[self.kind] = response
             self._recovered()
         if state.stopping.is_set():
             shutdown_response(response)
-        completed = False
+        completed = idle = False
         try:
             for event in watch_events(response):
                 version = self._apply(event, version)
                 self.backoff.reset()
             completed = True
+        except urllib3.exceptions.ReadTimeoutError:
+            if state.stopping.is_set():
+                raise
+            idle = True
+            with state.cond:
+                state.idle_restarts[self.kind] += 1
+            LOG.info("the %s watch sent nothing for %.0fs; resuming it from version %s",
+                     self.kind, self.watch_idle, version)
         finally:
             with state.cond:
                 state.open_watches.pop(self.kind, None)
@@ -195,7 +227,7 @@ class Reflector:
                 response.release_conn()  # a cleanly ended stream leaves a reusable connection
             else:
                 response.close()
-        return version
+        return version, idle
 
     def _apply(self, event: Obj, version: str) -> str:
         etype, obj = event.get("type"), event.get("object") or {}

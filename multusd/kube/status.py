@@ -1,9 +1,13 @@
 """Writes to the API server: the network-status annotation (pods/status) and pod events.
 
 The network-status annotation is one PUT of ``pods/<name>/status`` of the pod as the watch
-delivered it (a GET first only after a conflict): the verbs upstream's ClusterRole grants (a
-PATCH would need a ``patch`` grant that operators' existing RBAC does not have). Events go out from a background thread and never
-fail or slow an ADD.
+delivered it (a GET first only after that was refused): the verbs upstream's ClusterRole
+grants (a PATCH would need a ``patch`` grant that operators' existing RBAC does not have).
+The watch's copy may be behind the server: its resourceVersion makes the server refuse it
+with 409, or, for a node's own credentials, NodeRestriction refuses it with 403 first when
+another client changed the pod's labels since (admission runs before the version check);
+either way a fresh GET and PUT follow, so a concurrent label or status change never fails
+an ADD. Events go out from a background thread and never fail or slow an ADD.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from multusd.errors import PodNotFound, TryAgainLater
 from multusd.kube.clientconfig import ClientConfig
-from multusd.kube.objects import NETWORK_STATUS_ANNOTATION, Obj, Pod, is_static_pod
+from multusd.kube.objects import (EVENTS_PATH, NETWORK_STATUS_ANNOTATION, POD_PATH, Obj, Pod,
+                                  is_static_pod)
+from multusd.kube.transport import path_of
 
 LOG = logging.getLogger(__name__)
 
@@ -28,24 +34,25 @@ STATUS_CONFLICT_PAUSE = 0.01
 EVENT_QUEUE_SIZE = 256
 EVENT_MESSAGE_LIMIT = 1024  # what kube-apiserver accepts in an event message
 
-JsonCall = Callable[..., Obj]  # sends one request, returns the decoded JSON body
+JsonCall = Callable[..., Obj]  # (method, path, body=, deadline=, decode=, action=) -> JSON
 
 
-def set_network_status(send: JsonCall, calls: Any, config: ClientConfig, pod: Pod, status: str,
-                       stopping: threading.Event) -> None:
+def set_network_status(send: JsonCall, config: ClientConfig, pod: Pod, status: str,
+                       stopping: threading.Event, *, deadline: Optional[float] = None) -> None:
     """Write ``status`` as the pod's network-status annotation through pods/status.
 
-    The first PUT sends the pod as the watch (or the ADD's live GET) delivered it: its
-    resourceVersion makes the API server refuse it with 409 if the pod changed since, so it
-    is as safe as a fresh GET and one request fewer. After a conflict, or when that copy
-    already carries the annotation, a fresh GET, then a PUT; a 409 repeats both (up to
-    STATUS_UPDATE_ATTEMPTS in all). A pod that is gone is logged and skipped.
+    The first PUT sends the pod as the watch (or the ADD's live GET) delivered it. After a
+    409 (the pod changed since) or a 403 of that stale copy (NodeRestriction: another client
+    changed its labels), or when that copy already carries the annotation, a fresh GET,
+    then a PUT; a 409 repeats both (up to STATUS_UPDATE_ATTEMPTS in all). A 403 of a fresh
+    copy is a real refusal. A pod that is gone is logged and skipped.
 
     :raises PodNotFound: the pod was replaced (another UID) and is not a static pod.
-    :raises TryAgainLater: unreachable, overloaded, or conflicts on every attempt.
+    :raises TryAgainLater: unreachable, overloaded, out of time, or conflicts on every attempt.
     :raises MultusError: the API server refused the request (401, 403, ...).
     """
     action = f"set the network-status of pod {pod.namespace}/{pod.name}"
+    path = path_of(POD_PATH, namespace=pod.namespace, name=pod.name)
     known = pod.source
     for attempt in range(1, STATUS_UPDATE_ATTEMPTS + 1):
         from_known = bool(known)
@@ -55,14 +62,14 @@ def set_network_status(send: JsonCall, calls: Any, config: ClientConfig, pod: Po
                 current.setdefault("apiVersion", "v1")  # list items come without them
                 current.setdefault("kind", "Pod")
             else:
-                current = send(calls.read_namespaced_pod, pod.name, pod.namespace)
+                current = send("GET", path, deadline=deadline, action=action)
             known = ""
             if not _status_update_needed(pod, current, status):
                 if from_known:
                     continue  # the copy may be behind the server: ask it
                 return
-            send(calls.replace_namespaced_pod_status, pod.name, pod.namespace, current,
-                 decode=False)
+            send("PUT", path + "/status", body=current, deadline=deadline, decode=False,
+                 action=action)
             return
         except config.request_errors() as exc:
             code = getattr(exc, "status", None)
@@ -70,6 +77,10 @@ def set_network_status(send: JsonCall, calls: Any, config: ClientConfig, pod: Po
                 LOG.info("pod %s/%s is gone; its network-status was not written",
                          pod.namespace, pod.name)
                 return
+            if code == 403 and from_known:
+                LOG.debug("the watch's copy of %s/%s was refused (403: %s); writing a fresh "
+                          "copy", pod.namespace, pod.name, config.redact(str(exc)))
+                continue
             if code != 409:
                 raise config.failure(exc, action) from exc
             LOG.debug("conflict writing network-status of %s/%s (attempt %d); retrying",
@@ -99,9 +110,9 @@ def _status_update_needed(pod: Pod, current: Obj, status: str) -> bool:
 class EventSender:
     """A bounded queue of pod events and the thread that creates them (never raises)."""
 
-    def __init__(self, send: JsonCall, calls: Any, config: ClientConfig, node_name: str,
+    def __init__(self, send: JsonCall, config: ClientConfig, node_name: str,
                  stopping: threading.Event) -> None:
-        self._send, self._calls, self._config = send, calls, config
+        self._send, self._config = send, config
         self.node_name = node_name
         self._stopping = stopping
         self._events: "queue.Queue[Optional[Obj]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
@@ -151,8 +162,9 @@ class EventSender:
             if body is None:
                 return
             try:
-                self._send(self._calls.create_namespaced_event, body["metadata"]["namespace"],
-                           body, decode=False)
+                namespace = body["metadata"]["namespace"]
+                self._send("POST", path_of(EVENTS_PATH, namespace=namespace), body=body,
+                           decode=False, action=f"record event {body['reason']!r}")
             except self._config.request_errors() as exc:
                 failure = self._config.failure(exc, f"record event {body['reason']!r}")
                 LOG.warning("%s", failure.msg)

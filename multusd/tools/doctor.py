@@ -12,9 +12,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from multusd.tools import common
 
-RBAC_PATHS = ("/usr/share/multusd/rbac.yaml",
-              os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-                  os.path.abspath(__file__)))), "packaging", "rbac.yaml"))
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
 VERSION_TIMEOUT = 5.0
 
@@ -52,7 +49,8 @@ class Doctor:
         if self.config is None:
             return self.checks
         for check in (self.check_socket, self.check_service, self.check_kubeconfig,
-                      self.check_api, self.check_permissions, self.check_node,
+                      self.check_api, self.check_permissions, self.check_nad_api,
+                      self.check_node,
                       self.check_plugins, self.check_multus_conf, self.check_readiness,
                       self.check_stale):
             self._add(check)
@@ -152,29 +150,46 @@ class Doctor:
     def check_permissions(self) -> Check:
         if not self.api_ok:
             return Check("permissions", SKIP, "the API server is not reachable")
-        path, rules = self._rbac_rules()
-        if rules is None:
-            return Check("permissions", WARN, f"cannot read the RBAC rules ({path})",
-                         "reinstall the package: it ships /usr/share/multusd/rbac.yaml")
         from multusd.errors import MultusError
+        from multusd.kube.access import GRANTED_BY_NODE, PERMISSIONS
+        from multusd.kube.clientconfig import RBAC_FILE
 
-        denied, asked = [], 0
-        for group, resource, verb in rules:
+        rbac = self.rbac_path or RBAC_FILE
+        denied, fixes = [], []
+        for group, resource, verb, granted_by in PERMISSIONS:
             try:
                 allowed, reason = self.probe.can(verb, group, resource)
             except MultusError as exc:
                 return Check("permissions", FAIL, exc.msg, "allow SelfSubjectAccessReview "
                              "(every authenticated user may by default)")
-            asked += 1
-            if not allowed:
-                denied.append(f"{verb} {resource}" + (f".{group}" if group else "")
-                              + (f": {reason}" if reason else ""))
+            if allowed:
+                continue
+            denied.append(f"{verb} {resource}" + (f".{group}" if group else "")
+                          + (f": {reason}" if reason else ""))
+            fix = (f"`kubectl apply -f {rbac}` (once per cluster: NADs for every node)"
+                   if granted_by != GRANTED_BY_NODE else
+                   "the Node authorizer grants pods, pods/status and events to a node's own "
+                   "kubeconfig (kube-apiserver --authorization-mode=Node,RBAC): point "
+                   "\"kubeconfig\" at /etc/kubernetes/kubelet.conf, or bind upstream's multus "
+                   "ClusterRole to this kubeconfig's user")
+            if fix not in fixes:
+                fixes.append(fix)
         if denied:
-            return Check("permissions", FAIL, f"{len(denied)} of {asked} permissions multusd "
-                         "needs are denied", f"`kubectl apply -f {path}` (binds the multusd "
-                         "ClusterRole to system:nodes), or bind it to this kubeconfig's user",
-                         denied)
-        return Check("permissions", OK, f"all {asked} permissions of {path} are granted")
+            return Check("permissions", FAIL, f"{len(denied)} of {len(PERMISSIONS)} "
+                         "permissions multusd uses are denied", "; ".join(fixes), denied)
+        return Check("permissions", OK, f"all {len(PERMISSIONS)} permissions multusd uses "
+                     "are granted")
+
+    def check_nad_api(self) -> Check:
+        if not self.api_ok:
+            return Check("nad-api", SKIP, "the API server is not reachable")
+        problem = self.probe.nad_api()
+        if problem is None:
+            return Check("nad-api", OK, "NetworkAttachmentDefinitions can be listed")
+        condition, message = problem
+        fix = message[message.index("`"):] if "`" in message else "see the verdict"
+        return Check("nad-api", FAIL, f"pods that ask for a NetworkAttachmentDefinition fail "
+                     f"({condition}): {message}", fix)
 
     def check_node(self) -> Check:
         if not self.api_ok:
@@ -312,16 +327,6 @@ class Doctor:
                      "`multusd gc` lists them, `multusd gc --release` releases them", details)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _rbac_rules(self):
-        paths = (self.rbac_path,) if self.rbac_path else RBAC_PATHS
-        for path in paths:
-            if os.path.exists(path):
-                try:
-                    return path, rbac_rules(path)
-                except (OSError, ValueError) as exc:
-                    return f"{path}: {exc}", None
-        return " or ".join(paths) + " not found", None
-
     def _recorded_pods_elsewhere(self) -> List[str]:
         """Recorded (live) sandboxes whose pod the API schedules on another node."""
         from multusd.core import records
@@ -337,26 +342,6 @@ class Doctor:
                 found.append(f"pod {record.pod} (container {common.short(record.container_id)})"
                              f" is on node {node!r}")
         return found
-
-
-def rbac_rules(path: str) -> List[tuple]:
-    """(apiGroup, resource, verb) of every ClusterRole rule in ``path``."""
-    import yaml
-
-    with open(path, encoding="utf-8") as handle:
-        documents = list(yaml.safe_load_all(handle))
-    rules = []
-    for document in documents:
-        if not isinstance(document, dict) or document.get("kind") not in ("ClusterRole", "Role"):
-            continue
-        for rule in document.get("rules") or []:
-            for group in rule.get("apiGroups") or [""]:
-                for resource in rule.get("resources") or []:
-                    for verb in rule.get("verbs") or []:
-                        rules.append((group, resource, verb))
-    if not rules:
-        raise ValueError("it holds no ClusterRole rules")
-    return rules
 
 
 def _plugin_problem(invoke, kind: str, cni_version: str, bin_dirs) -> str:

@@ -131,9 +131,11 @@ def _api_json(config, daemon: Dict[str, Any]) -> Dict[str, Any]:
                           "is not running (`multusd doctor` asks the API server)")
         return doc
     doc.update(kube)
-    state = "caches synced" if kube.get("synced") else "caches NOT synced"
-    doc["summary"] = (f"{kube.get('server')}: {state} ({kube.get('cachedPods')} pods, "
-                      f"{kube.get('cachedNads')} NADs)"
+    state = "pod cache synced" if kube.get("synced") else "pod cache NOT synced"
+    problem = kube.get("nadProblem")
+    nads = (f"NAD API {problem.get('condition')}" if isinstance(problem, dict) else
+            f"{kube.get('cachedNads')} NADs")
+    doc["summary"] = (f"{kube.get('server')}: {state} ({kube.get('cachedPods')} pods, {nads})"
                       + (f"; {kube['lastError']}" if kube.get("lastError") else ""))
     return doc
 
@@ -156,8 +158,12 @@ def _problems(config, daemon: Dict[str, Any], multus_conf: Dict[str, Any],
     info = daemon.get("info") or {}
     kube = info.get("kube")
     if isinstance(kube, dict) and not kube.get("synced"):
-        problems.append(f"the daemon's API caches have not synced ({kube.get('lastError')}): "
+        problems.append(f"the daemon's pod cache has not synced ({kube.get('lastError')}): "
                         "ADD waits; `multusd doctor` checks the API server")
+    problem = kube.get("nadProblem") if isinstance(kube, dict) else None
+    if isinstance(problem, dict):
+        problems.append(f"pods that ask for a NetworkAttachmentDefinition fail: "
+                        f"{problem.get('message')}")
     if multus_conf["state"] not in ("current", "waiting"):
         problems.append(f"{multus_conf['path'] or '00-multus.conf'} is {multus_conf['state']}"
                         f" ({multus_conf['detail']}): {common.REGENERATE}")

@@ -50,7 +50,7 @@ def make_client():
 def client(kube_api, make_client) -> KubeClient:
     """A started client whose caches are in sync with kube_api."""
     made = make_client(kube_api)
-    assert made.wait_synced(10), made.last_error
+    assert made.wait_synced(10, nads=True), made.last_error
     return made
 
 
@@ -62,7 +62,7 @@ def test_caches_sync_with_one_list_and_one_watch_each(kube_api, make_client):
     client = make_client(kube_api, start=False)
     assert not client.synced()
     client.start()
-    assert client.wait_synced(10)
+    assert client.wait_synced(10, nads=True)
     assert client.synced()
     assert kube_api.wait_for_watchers(2)
     assert kube_api.count("GET", "/api/v1/pods", watch=False) == 1
@@ -82,14 +82,14 @@ def test_not_synced_while_the_list_fails(kube_api, make_client):
     assert not client.synced()
     assert "500" in client.last_error and kube_api.url in client.last_error
     kube_api.clear_failures()
-    assert client.wait_synced(15)
+    assert client.wait_synced(15, nads=True)
 
 
 def test_cached_pod_and_nad_cost_no_requests(kube_api, make_client):
     created = kube_api.add_pod(NS, "web", annotations={"k8s.v1.cni.cncf.io/networks": "net1"})
     kube_api.add_nad(NS, "net1", NAD_CONFIG)
     client = make_client(kube_api)
-    assert client.wait_synced(10)
+    assert client.wait_synced(10, nads=True)
     before, sent = len(kube_api.requests), client.api_requests
     pod = client.get_pod(NS, "web")
     nad = client.get_nad(NS, "net1")
@@ -177,7 +177,7 @@ def test_nad_miss_makes_one_live_get(kube_api, make_client):
     kube_api.fail_next("GET", "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions", 503,
                        times=None, watch=True)  # the list works, the watch never does
     client = make_client(kube_api)
-    assert client.wait_synced(10)
+    assert client.wait_synced(10, nads=True)
     kube_api.add_nad("team", "late-net", NAD_CONFIG)
     assert client.cached_nad("team", "late-net") is None
     nad = client.get_nad("team", "late-net")
@@ -302,11 +302,15 @@ def test_set_network_status_of_a_static_pod_ignores_the_uid(kube_api, client):
 def test_set_network_status_forbidden_names_the_missing_permission(kube_api, client):
     kube_api.add_pod(NS, "web")
     pod = client.get_pod(NS, "web", wait=5)
-    kube_api.fail_next("PUT", pod_path("web") + "/status", 403)
+    kube_api.fail_next("PUT", pod_path("web") + "/status", 403, times=None)
     with pytest.raises(MultusError) as info:
         client.set_network_status(pod, STATUS)
-    assert "403" in info.value.msg and "pods/status" in info.value.msg
+    assert "403" in info.value.msg and "pods/status update" in info.value.msg
+    assert "/usr/share/multusd/rbac.yaml" in info.value.msg
     assert not isinstance(info.value, TryAgainLater)
+    # the watch's copy was refused, then a fresh copy: refused too, so it is a real refusal
+    assert [m for m, path, _ in kube_api.requests if path.startswith(pod_path("web"))][-3:] \
+        == ["PUT", "GET", "PUT"]
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -420,7 +424,7 @@ def test_no_credential_reaches_a_log_record(kube_api, make_client, tmp_path, cap
     bad = make_client(kube_api, kubeconfig=kube_api.write_kubeconfig(
         str(tmp_path / "bad.kubeconfig"), token=wrong))
     good = make_client(kube_api)
-    assert good.wait_synced(10)
+    assert good.wait_synced(10, nads=True)
     kube_api.add_pod(NS, "web")
     pod = good.get_pod(NS, "web", wait=5)
     good.set_network_status(pod, STATUS)
@@ -449,13 +453,13 @@ def test_tls_and_token_file(make_kube_api, make_client):
     assert "tokenFile" in kubeconfig["users"][0]["user"]
     assert api.url.startswith("https://")
     client = make_client(api)
-    assert client.wait_synced(10), client.last_error
+    assert client.wait_synced(10, nads=True), client.last_error
     assert client.get_pod(NS, "web").name == "web"
 
 
 def test_stop_ends_the_background_threads(kube_api, make_client):
     client = make_client(kube_api)
-    assert client.wait_synced(10)
+    assert client.wait_synced(10, nads=True)
     assert kube_api.wait_for_watchers(2)
     client.emit_event(Pod(NS, "p", "u", {}, False, "1"), "Normal", "R", "m")
     client.stop()

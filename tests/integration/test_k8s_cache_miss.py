@@ -19,7 +19,7 @@ def make_client(kube_api):
         client = KubeClient(kube_api.kubeconfig_path, node, node_source="nodeName",
                             request_timeout=5.0)
         client.start()
-        assert client.wait_synced(10), client.last_error
+        assert client.wait_synced(10, nads=True), client.last_error
         made.append(client)
         return client
 

@@ -275,7 +275,7 @@ def test_readyz_waits_for_the_api_caches(cluster):
     response = api.http_request(daemon.socket_path, "POST", "/cni", status_body, timeout=30)
     assert response.status == 400
     assert json.loads(response.body)["code"] == 50  # "not available": the spec's STATUS code
-    assert "have not synced" in json.loads(response.body)["msg"]
+    assert "has not synced" in json.loads(response.body)["msg"]
     shim_status = call_shim("STATUS", daemon.shim_conf("1.1.0"))
     assert (shim_status.code, shim_status.output["code"]) == (1, 50)
     cluster.kube.start()

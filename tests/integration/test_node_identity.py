@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from harness import Cluster, NotifyListener
-from testlib import free_port
+from testlib import free_port, wait_for
 
 from multusd.kube import kubeconfig as kubeconfig_reader
 
@@ -94,8 +94,18 @@ def watched_node(kube) -> set:
             if path == "/api/v1/pods"}
 
 
+def cached_pods(cluster: Cluster) -> int:
+    """How many pods the daemon's watch cache holds (its /status)."""
+    from multusd.wire import api
+
+    status = api.http_request(cluster.daemon.socket_path, "GET", "/status", timeout=5)
+    return json.loads(status.body)["kube"]["cachedPods"]
+
+
 def check_node(cluster: Cluster, node: str, source: str) -> None:
     pod = cluster.pod("web-id")
+    # the watch delivers the pod first: an ADD racing that event would pay a live GET
+    wait_for(lambda: cached_pods(cluster) == 1, 10, what="the pod in the daemon's cache")
     add_gets = add_and_del(cluster, pod)
     assert watched_node(cluster.kube) == {f"spec.nodeName={node}"}
     assert f'node name "{node}" from {source}' in cluster.daemon.log()

@@ -213,7 +213,8 @@ def test_doctor_all_green_exits_0(node):
     assert code == 0, [(c["name"], c["verdict"]) for c in doc["checks"] if c["status"] == "fail"]
     by_name = checks(doc)
     assert by_name["permissions"]["status"] == "ok"
-    assert "all 14 permissions" in by_name["permissions"]["verdict"]
+    assert "all 8 permissions" in by_name["permissions"]["verdict"]
+    assert by_name["nad-api"]["status"] == "ok"
     assert by_name["plugins"]["status"] == "ok"
     assert "bridge" in by_name["plugins"]["verdict"] and "host-local" in \
         by_name["plugins"]["verdict"]
@@ -243,7 +244,13 @@ BREAKAGES = {
     "wrong-node": (_wrong_node, "node", "not-this-node", "nodeName"),
     "unreachable-api": (lambda n: n.kube.stop(), "api", "unreachable", "reachable"),
     "permission-denied": (lambda n: n.kube.deny("update", "pods/status"), "permissions",
-                          "update pods/status", "kubectl apply -f"),
+                          "update pods/status", "kubelet.conf"),
+    "nad-permission-denied": (
+        lambda n: n.kube.deny("list", "network-attachment-definitions", "k8s.cni.cncf.io"),
+        "permissions", "list network-attachment-definitions.k8s.cni.cncf.io",
+        "kubectl apply -f"),
+    "nad-crd-missing": (lambda n: setattr(n.kube, "nad_crd_installed", False), "nad-api",
+                        "crd-missing", "network-attachment-definition-crd.yaml"),
     "empty-conf": (_empty_conf, "00-multus.conf", "empty", "multusd generate-config"),
     "missing-conf": (lambda n: os.unlink(n.multus_conf), "00-multus.conf", "missing",
                      "multusd generate-config"),

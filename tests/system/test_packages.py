@@ -35,7 +35,8 @@ def test_deb_metadata_declares_the_runtime_dependencies(packages):
     assert deb_field(deb, "Architecture") == "all"
     depends = [d.strip() for d in deb_field(deb, "Depends").split(",")]
     assert depends == ["python3 (>= 3.9)", "python3-systemd", "python3-pyroute2",
-                       "python3-kubernetes", "python3-prometheus-client"]
+                       "python3-kubernetes (>= 22.6)", "python3-urllib3 (>= 1.26)",
+                       "python3-yaml", "python3-prometheus-client"]
     assert deb_field(deb, "Recommends") == "containernetworking-plugins, python3-grpcio"
 
 
@@ -58,8 +59,18 @@ def test_deb_layout_and_conffile(packages, tmp_path):
 
     rbac = list(yaml.safe_load_all((tmp_path / "usr/share/multusd/rbac.yaml").read_text()))
     assert [doc["kind"] for doc in rbac] == ["ClusterRole", "ClusterRoleBinding"]
-    assert {"network-attachment-definitions"} <= {
-        resource for rule in rbac[0]["rules"] for resource in rule["resources"]}
+    # least privilege: the Node authorizer grants the pod verbs, the file adds NAD reads only
+    assert {(group, resource, verb) for rule in rbac[0]["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]} >= {
+        ("k8s.cni.cncf.io", "network-attachment-definitions", verb)
+        for verb in ("get", "list", "watch")}
+    assert not any(group == "" for rule in rbac[0]["rules"] for group in rule["apiGroups"])
+    assert rbac[1]["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                    "name": "system:nodes"}]
+    crd = yaml.safe_load((tmp_path / "usr/share/multusd/"
+                          "network-attachment-definition-crd.yaml").read_text())
+    assert crd["metadata"]["name"] == "network-attachment-definitions.k8s.cni.cncf.io"
+    assert crd["spec"]["names"]["kind"] == "NetworkAttachmentDefinition"
     assert not list(tmp_path.rglob("__pycache__")), "byte-code must not be shipped"
     installed = json.loads((tmp_path / CONFIG.lstrip("/")).read_text())
     assert installed == json.loads(open(os.path.join(REPO, "etc/daemon-config.json")).read())
@@ -103,8 +114,8 @@ def test_rpm_info_and_requires(packages):
     assert f"Version     : {packages['version']}" in info
     assert "Architecture: noarch" in info
     requires = rpm_query(rpm, "--requires").splitlines()
-    for name in ("python3-systemd", "python3-pyroute2", "python3-kubernetes",
-                 "python3-prometheus_client"):
+    for name in ("python3-systemd", "python3-pyroute2", "python3-kubernetes >= 22.6",
+                 "python3-urllib3 >= 1.26", "python3-pyyaml", "python3-prometheus_client"):
         assert name in requires, requires
     assert "python3 >= 3.9" in requires
     assert rpm_query(rpm, "--recommends").split() == ["containernetworking-plugins", "python3-grpcio"]

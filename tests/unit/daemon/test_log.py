@@ -74,3 +74,19 @@ def test_log_to_stderr_false_suppresses_stderr(monkeypatch, tmp_path):
     assert stream.getvalue() == ""
     assert "[verbose] to the file only" in log_file.read_text()
     log.setup("verbose", to_stderr=False, journal=False)
+
+
+def test_every_line_is_redacted_once_a_client_registers_its_secrets(capsys):
+    from multusd.kube.credentials import Secrets
+
+    secrets = Secrets()
+    secrets.add("Bearer tok-rotated-7f3a9c")
+    log.setup("verbose", to_stderr=True, journal=False)
+    undo = log.redact_with(secrets.redact)
+    try:
+        logging.getLogger("multusd.kube.somewhere").warning("the API said %s",
+                                                            "tok-rotated-7f3a9c")
+    finally:
+        undo()
+    err = capsys.readouterr().err
+    assert "the API said <redacted>" in err and "tok-rotated" not in err

@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client, config
 
 from multusd.kube import kubeconfig
+from multusd.kube.credentials import Credentials, Secrets
 
 TOKEN = "tok-3f9a2c1d8e7b6a5f"
 CA, CERT, KEY = b"-----CA-----\n", b"-----CERT-----\n", b"-----KEY-----\n"
@@ -30,26 +31,37 @@ def write(directory, cluster: dict, user: dict, *, name="kc") -> str:
     return path
 
 
-def fields(configuration) -> dict:
-    """What a loader put in the configuration; files by their content (paths may differ)."""
-    def content(path):
-        if path is None:
-            return None
-        with open(path, "rb") as handle:
-            return handle.read()
-    return {"host": configuration.host, "api_key": dict(configuration.api_key),
-            "verify_ssl": configuration.verify_ssl,
-            "ssl_ca_cert": content(configuration.ssl_ca_cert),
-            "cert_file": content(configuration.cert_file),
-            "key_file": content(configuration.key_file)}
+def content(path):
+    if path is None:
+        return None
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def fields(settings: kubeconfig.Settings, authorization) -> dict:
+    """What a loader found; files by their content (paths may differ)."""
+    return {"host": settings.host, "authorization": authorization, "verify": settings.verify,
+            "ca": content(settings.ca_file), "cert": content(settings.cert_file),
+            "key": content(settings.key_file)}
+
+
+def ours(path) -> dict:
+    settings = kubeconfig.load(path)
+    assert settings is not None
+    return fields(settings, Credentials(settings, Secrets()).header())
+
+
+def theirs(path) -> dict:
+    """The package's loader, read back as multusd reads a credential plugin's result."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=path, client_configuration=configuration,
+                            persist_config=False)
+    return fields(kubeconfig.from_configuration(configuration),
+                  kubeconfig.configuration_token(configuration))
 
 
 def both(path):
-    ours, theirs = client.Configuration(), client.Configuration()
-    assert kubeconfig.load(path, ours) is True
-    config.load_kube_config(config_file=path, client_configuration=theirs,
-                            persist_config=False)
-    return fields(ours), fields(theirs)
+    return ours(path), theirs(path)
 
 
 @pytest.fixture(autouse=True)
@@ -108,33 +120,27 @@ def test_a_kubeconfig_elsewhere_resolves_files_against_its_own_directory(files, 
                  {"tokenFile": "token"})
     monkeypatch.chdir("/")
     ours, theirs = both(path)
-    assert ours == theirs and ours["ssl_ca_cert"] == CA
+    assert ours == theirs and ours["ca"] == CA
 
 
 def test_an_empty_data_value_leaves_its_file_in_force_as_client_go_does(files):
     path = write(files, {"server": "https://api:6443", "certificate-authority-data": "",
                          "certificate-authority": "ca.crt"}, {"token": TOKEN})
-    configuration = client.Configuration()
-    kubeconfig.load(path, configuration)
-    assert fields(configuration)["ssl_ca_cert"] == CA
+    assert content(kubeconfig.load(path).ca_file) == CA
 
 
 def test_a_credential_plugin_is_left_to_the_package_loader(tmp_path):
     path = write(tmp_path, {"server": "https://api:6443"},
                  {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "x"}})
-    configuration = client.Configuration()
-    before = fields(configuration)
-    assert kubeconfig.load(path, configuration) is False
-    assert fields(configuration) == before
+    assert kubeconfig.load(path) is None
 
 
 def test_inline_keys_become_one_private_file_each_reused_on_reload(tmp_path):
     path = write(tmp_path, {"server": "https://api:6443"},
                  {"client-certificate-data": b64(CERT), "client-key-data": b64(KEY)})
-    first, second = client.Configuration(), client.Configuration()
-    kubeconfig.load(path, first)
+    first = kubeconfig.load(path)
     listing = sorted(os.listdir(kubeconfig.data_dir()))
-    kubeconfig.load(path, second)
+    second = kubeconfig.load(path)
     assert (first.cert_file, first.key_file) == (second.cert_file, second.key_file)
     assert sorted(os.listdir(kubeconfig.data_dir())) == listing  # nothing new left behind
     assert stat.S_IMODE(os.stat(first.key_file).st_mode) == 0o600
@@ -152,7 +158,7 @@ def test_an_unusable_kubeconfig_says_which_key(tmp_path, document, words):
     path = tmp_path / "kc"
     path.write_text(json.dumps(document))
     with pytest.raises(kubeconfig.KubeconfigError) as info:
-        kubeconfig.load(str(path), client.Configuration())
+        kubeconfig.load(str(path))
     assert words in str(info.value)
 
 
@@ -160,10 +166,10 @@ def test_errors_name_files_never_values(tmp_path):
     path = write(tmp_path, {"server": "https://api:6443", "certificate-authority": "gone.crt"},
                  {"token": TOKEN})
     with pytest.raises(kubeconfig.KubeconfigError) as info:
-        kubeconfig.load(path, client.Configuration())
+        kubeconfig.load(path)
     assert "gone.crt" in str(info.value) and TOKEN not in str(info.value)
     bad = write(tmp_path, {"server": "https://api:6443"},
                 {"token": TOKEN, "client-key-data": TOKEN + "xy"}, name="bad")
     with pytest.raises(kubeconfig.KubeconfigError) as info:
-        kubeconfig.load(bad, client.Configuration())
+        kubeconfig.load(bad)
     assert "'client-key-data' is not base64" in str(info.value) and TOKEN not in str(info.value)
