@@ -50,6 +50,10 @@ class ApiCalls:
                           {"group": group, "version": version, "namespace": namespace,
                            "plural": plural, "name": name}, kwargs)
 
+    def get(self, path: str, query_params: Dict[str, str], **kwargs: Any) -> Any:
+        """GET of ``path`` as given (already quoted), the query named as the API names it."""
+        return self._call("GET", path, {}, {**query_params, **kwargs})
+
     def _call(self, method: str, path: str, path_params: Dict[str, str],
               kwargs: Dict[str, Any], body: Any = None) -> Any:
         options = {key: kwargs.pop(key) for key in _OPTIONS if key in kwargs}

@@ -23,8 +23,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+from multusd.errors import DeadlineExceeded
+from multusd.kube import dra
 from multusd.kube import status as status_mod
 from multusd.kube.calls import ApiCalls
 from multusd.kube.clientconfig import ClientConfig
@@ -80,6 +83,7 @@ class KubeClient:
         self._empty_misses = 0
         self._mismatch: Optional[Tuple[str, str]] = None
         self._warned_empty = False
+        self._dra_slices = dra.SliceCache()
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -309,3 +313,46 @@ class KubeClient:
     def emit_event(self, pod: Pod, event_type: str, reason: str, message: str) -> None:
         """Queue an event about ``pod`` (sent by a background thread); never raises."""
         self._events.emit(pod, event_type, reason, message)
+
+    # ---- generic reads and DRA devices (issue 22) ----------------------------------------------
+    # get_json is the one request the DRA lookups (kube/dra.py) send; re-seat it on another
+    # transport and they follow. The other two methods only call it.
+
+    def get_json(self, path: str, query: Optional[Dict[str, str]] = None, *,
+                 deadline: Optional[float] = None) -> Obj:
+        """One GET of ``path`` (already quoted) with ``query`` (API names); the decoded JSON.
+
+        :param deadline: ``time.monotonic()`` by which the answer must be in: the request's
+            timeout is cut to what is left of it.
+        :raises DeadlineExceeded: the deadline passed before the request was sent.
+        :raises: what :meth:`ClientConfig.request_errors` lists (``.status`` is the HTTP
+            status), for :meth:`ClientConfig.failure` to translate.
+        """
+        timeout = self.request_timeout
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(f"the request's deadline passed before GET {path} "
+                                       f"could be sent to {self.server_url}")
+            timeout = min(timeout, left)
+        return self._json(self._calls.get, path, dict(query or {}),
+                          _request_timeout=(timeout, timeout))
+
+    def pod_dra_devices(self, pod: Pod, *,
+                        deadline: Optional[float] = None) -> List[dra.AllocatedDevice]:
+        """The DRA devices of ``pod`` a NAD's resourceName can name (see :mod:`multusd.kube.dra`).
+
+        No request for a pod without ResourceClaims; each claim is read once, ResourceSlices
+        come from a cache per (node, driver). Searched on the pod's node (its spec.nodeName;
+        this node's name when it has none).
+
+        :raises MultusError: a claim is missing or unallocated, an extended-resource device
+            does not match, or a request failed.
+        """
+        return dra.pod_devices(pod, self.get_json, self.config, self._dra_slices,
+                               node=pod.node_name or self.node_name, deadline=deadline)
+
+    @property
+    def dra_slice_lists(self) -> int:
+        """ResourceSlice lists sent so far (one per (node, driver), plus refreshes)."""
+        return self._dra_slices.lists

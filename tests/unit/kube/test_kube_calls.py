@@ -54,3 +54,16 @@ def test_query_names_as_the_generated_methods_do():
     assert query({"field_selector": "a", "_continue": "c", "limit": None,
                   "allow_watch_bookmarks": True}) == [
         ("fieldSelector", "a"), ("continue", "c"), ("allowWatchBookmarks", True)]
+
+
+def test_a_generic_get_keeps_the_path_and_query_names():
+    recording = Recording()
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    ApiCalls(recording).get(path, {"fieldSelector": "spec.nodeName=n,spec.driver=d"},
+                            _preload_content=False, _request_timeout=(3, 3))
+    [call] = recording.calls
+    assert (call["path"], call["method"], call["path_params"]) == (path, "GET", {})
+    assert call["query"] == [("fieldSelector", "spec.nodeName=n,spec.driver=d")]
+    assert call["auth"] == ["BearerToken"] and call["timeout"] == (3, 3)
+    assert call["accept"] == "application/json" and call["preload"] is False
+
