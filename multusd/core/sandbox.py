@@ -33,7 +33,7 @@ from multusd.core import delegates as delegates_mod
 from multusd.core.defaultroute import DefaultRoutes
 from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
-from multusd.core import netstatus, parallel, runtimeconf, scratch
+from multusd.core import dra, netstatus, parallel, runtimeconf, scratch
 from multusd import store
 from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
@@ -94,7 +94,7 @@ class Multus:
             log.warning("pod %s/%s not found in the API: returning an empty result",
                         req.pod_namespace, req.pod_name)
             return empty_result(req)
-        delegates = self._resolve(req, pod)
+        delegates = self._resolve(req, pod, deadline)
         cache_path = scratch_path(conf, req.container_id)
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
@@ -170,18 +170,20 @@ class Multus:
                               "was being set up")
         return pod
 
-    def _resolve(self, req: CmdArgs, pod) -> list:
+    def _resolve(self, req: CmdArgs, pod, deadline: float) -> list:
         get_nad = self.kube.get_nad if self.kube is not None else None
         kubelet = str(req.config.get("kubeletRootDir") or DEFAULT_KUBELET_DIR)
         allocator = devices.DeviceAllocator(
             req.pod_namespace, req.pod_name, req.pod_uid,
             pod_resources_socket=os.path.join(kubelet, "pod-resources", "kubelet.sock"),
-            checkpoint=os.path.join(kubelet, "device-plugins", "kubelet_internal_checkpoint"))
+            checkpoint=os.path.join(kubelet, "device-plugins", "kubelet_internal_checkpoint"),
+            extra=dra.device_lookup(self.kube, pod, deadline) if pod is not None else None)
         try:
-            return delegates_mod.build_delegates(
+            return dra.with_origins(delegates_mod.build_delegates(
                 req.config, pod_namespace=req.pod_namespace, pod_name=req.pod_name,
                 annotations=dict(pod.annotations) if pod is not None else {},
-                cni_ifname=req.ifname, get_nad=get_nad, device_id_for=allocator)
+                cni_ifname=req.ifname, get_nad=get_nad, device_id_for=allocator),
+                allocator.origin)
         except MultusError as exc:
             if isinstance(exc, delegates_mod.NadNotFound) and pod is not None:
                 self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
@@ -272,6 +274,8 @@ class Multus:
                 info_file = self.runtime_conf(req, delegate).capability_args.get(
                     "CNIDeviceInfoFile")
                 info = devices.load_device_info(info_file) if info_file else None
+                if info is None and delegate.dra_device is not None:
+                    info = dra.device_info(delegate.device_id)  # ours: upstream has none
             entries.extend(netstatus.status_entries(
                 delegate.name, convert_result(result, WIRE_VERSION), default=delegate.master,
                 device_info=info))
