@@ -67,11 +67,11 @@ class DraStore:
         self._slices: Dict[str, Obj] = {}
 
     def add_resource_claim(self, namespace: str, name: str,
-                           results: Optional[Iterable[Tuple[str, str, str, str]]] = None, *,
+                           results: Optional[Iterable[Any]] = None, *,
                            requests: Iterable[str] = ("req-0",), **result_extra: Any) -> Obj:
-        """Create or replace a ResourceClaim; ``results`` are (request, driver, pool, device) of
-        its allocation (None: not allocated). ``result_extra`` goes into every result
-        (``adminAccess=True``...)."""
+        """Create or replace a ResourceClaim; ``results`` are its allocation's results, each a
+        (request, driver, pool, device) tuple or a result dict (None: not allocated).
+        ``result_extra`` goes into every result (``adminAccess=True``...)."""
         claim: Obj = {
             "apiVersion": DRA_VERSION, "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())},
@@ -82,8 +82,9 @@ class DraStore:
         }
         if results is not None:
             claim["status"] = {"allocation": {"devices": {"results": [
-                dict({"request": r, "driver": d, "pool": p, "device": v}, **result_extra)
-                for r, d, p, v in results]}}}
+                dict(dict(r) if isinstance(r, dict) else dict(zip(
+                    ("request", "driver", "pool", "device"), r)), **result_extra)
+                for r in results]}}}
         with self._cond:  # type: ignore[attr-defined]
             claim["metadata"]["resourceVersion"] = self._bump()  # type: ignore[attr-defined]
             self._claims[(namespace, name)] = claim
@@ -93,17 +94,25 @@ class DraStore:
         with self._cond:  # type: ignore[attr-defined]
             del self._claims[(namespace, name)]
 
-    def add_resource_slice(self, name: str, *, node: str, driver: str, pool: str,
-                           devices: List[Obj], generation: int = 1,
-                           slice_count: int = 1) -> Obj:
-        """Create or replace a ResourceSlice of ``driver`` on ``node`` (pool ``pool``)."""
+    def add_resource_slice(self, name: Any, *, node: str = "", driver: str = "",
+                           pool: str = "", devices: Optional[List[Obj]] = None,
+                           generation: int = 1, slice_count: int = 1) -> Obj:
+        """Create or replace a ResourceSlice of ``driver`` on ``node`` (pool ``pool``); or,
+        given a whole ResourceSlice dict as ``name``, store that."""
+        if isinstance(name, dict):
+            given = copy.deepcopy(name)
+            with self._cond:  # type: ignore[attr-defined]
+                given.setdefault("metadata", {})["resourceVersion"] = \
+                    self._bump()  # type: ignore[attr-defined]
+                self._slices[given["metadata"]["name"]] = given
+                return copy.deepcopy(given)
         obj: Obj = {
             "apiVersion": DRA_VERSION, "kind": "ResourceSlice",
             "metadata": {"name": name, "uid": str(uuid.uuid4())},
             "spec": {"driver": driver, "nodeName": node,
                      "pool": {"name": pool, "generation": generation,
                               "resourceSliceCount": slice_count},
-                     "devices": copy.deepcopy(devices)},
+                     "devices": copy.deepcopy(devices or [])},
         }
         with self._cond:  # type: ignore[attr-defined]
             obj["metadata"]["resourceVersion"] = self._bump()  # type: ignore[attr-defined]

@@ -46,13 +46,6 @@ def claim_pod(kube_api, name: str, *claims: str, extended=None, direct=(), node=
     return pod_from_object(kube_api.add_pod(NS, name, status=status, spec=spec, node=node))
 
 
-def publish(kube_api, node: str = "", **devices_by_driver) -> None:
-    node = node or kube_api.node
-    for driver, devices in devices_by_driver.items():
-        kube_api.add_resource_slice(f"{node}-{driver}", node=node, driver=driver, pool=node,
-                                    devices=devices)
-
-
 def sriov_and_gpu(kube_api) -> None:
     """This node: two VFs and a GPU; node-b: VFs of the same names and pool, other IDs."""
     node = kube_api.node
@@ -294,3 +287,27 @@ def test_a_server_error_is_translated_and_retried_by_the_runtime(kube_api, clien
         client.pod_dra_devices(pod, deadline=soon())
     # nothing half-cached: the next ADD lists again and finds the device
     assert [d.device for d in client.pod_dra_devices(pod, deadline=soon())] == ["vf-0"]
+
+
+def test_objects_given_whole_as_a_driver_and_the_scheduler_write_them(kube_api, client):
+    """The v1 shapes as written by hand: attributes of other types are not strings."""
+    kube_api.add_resource_slice({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-a-sriov-8xk2p", "generateName": "node-a-sriov-"},
+        "spec": {"driver": SRIOV, "nodeName": kube_api.node,
+                 "pool": {"name": kube_api.node, "generation": 3, "resourceSliceCount": 1},
+                 "devices": [
+                     {"name": "0000-03-00-1", "attributes": {
+                         "k8s.cni.cncf.io/deviceID": {"string": "0000:03:00.1"},
+                         "k8s.cni.cncf.io/resourceName": {"string": RESOURCE},
+                         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+                         "sriovnetwork.k8snetworkplumbingwg.io/vfID": {"int": 1}}},
+                     {"name": "0000-03-00-2", "attributes": {
+                         "k8s.cni.cncf.io/deviceID": {"int": 2},
+                         "k8s.cni.cncf.io/resourceName": {"string": RESOURCE}}}]}})
+    kube_api.add_resource_claim(NS, "web-vf-q2w", [
+        {"request": "vf", "driver": SRIOV, "pool": kube_api.node, "device": "0000-03-00-1"},
+        {"request": "vf", "driver": SRIOV, "pool": kube_api.node, "device": "0000-03-00-2"}])
+    pod = claim_pod(kube_api, "web", "web-vf-q2w")
+    assert [(d.device, d.device_id) for d in client.pod_dra_devices(pod, deadline=soon())] == \
+        [("0000-03-00-1", "0000:03:00.1")]
