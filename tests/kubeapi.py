@@ -11,6 +11,8 @@ the real ``kubernetes`` client to work against it:
   409 on a stale resourceVersion or a different UID);
 * NetworkAttachmentDefinitions: list and watch in all namespaces, GET one;
 * events: ``POST`` to core/v1 and events.k8s.io/v1, kept in :attr:`FakeKubeAPI.events`;
+* resource.k8s.io/v1 (DRA): ResourceClaims and ResourceSlices with their field selectors
+  (tests/kubedra.py);
 * nodes: GET one (the server's own node exists from the start; :meth:`add_node`,
   :meth:`delete_node`); SelfSubjectAccessReview (``POST`` to authorization.k8s.io/v1);
 * RBAC in a small way: everything is allowed until :meth:`deny` takes a (verb, resource)
@@ -58,6 +60,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+import kubedra
 import kubeproto
 from kubeauth import Authenticator, ClientCertificates, node_restriction
 
@@ -142,7 +145,7 @@ class _FieldSelector:
         return all((get(obj) == value) == equal for get, value, equal in self.terms)
 
 
-class FakeKubeAPI:
+class FakeKubeAPI(kubedra.DraStore):
     """The fake API server and its test controls. Thread-safe; see the module docstring."""
 
     def __init__(self, workdir: str, *, token: str = DEFAULT_TOKEN, node: str = DEFAULT_NODE,
@@ -166,6 +169,7 @@ class FakeKubeAPI:
         self._pods: Dict[Key, Obj] = {}
         self._nads: Dict[Key, Obj] = {}
         self._history = _History()
+        self._init_dra()
         self._failures: List[Dict[str, Any]] = []
         self._nodes: set = {node}
         self._denied: set = set()  # (verb, group, resource[/subresource])
@@ -318,8 +322,12 @@ class FakeKubeAPI:
 
     def add_pod(self, namespace: str, name: str, uid: Optional[str] = None, *,
                 node: Optional[str] = None, annotations: Optional[Dict[str, str]] = None,
-                static: bool = False, labels: Optional[Dict[str, str]] = None) -> Obj:
-        """Create a pod (scheduled on ``node``, default this server's node); returns a copy."""
+                static: bool = False, labels: Optional[Dict[str, str]] = None,
+                spec: Optional[Obj] = None, status: Optional[Obj] = None) -> Obj:
+        """Create a pod (scheduled on ``node``, default this server's node); returns a copy.
+
+        ``spec`` and ``status`` keys are added to the pod's (``resourceClaims``,
+        ``resourceClaimStatuses``...), so that the pod exists with them from the start."""
         annotations = dict(annotations or {})
         if static:
             annotations.setdefault(CONFIG_SOURCE, "file")
@@ -345,6 +353,8 @@ class FakeKubeAPI:
             },
             "status": {"phase": "Pending", "qosClass": "BestEffort"},
         }
+        pod["spec"].update(copy.deepcopy(spec or {}))
+        pod["status"].update(copy.deepcopy(status or {}))
         with self._cond:
             key = (namespace, name)
             if key in self._pods:
@@ -549,7 +559,7 @@ ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
     ("GET", re.compile(r"/version/?"), "version"),  # the client asks for /version/
     ("GET", re.compile(r"/api/v1/nodes/(?P<name>[^/]+)"), "get_node"),
     ("POST", re.compile(r"/apis/authorization\.k8s\.io/v1/selfsubjectaccessreviews"), "review"),
-]
+] + kubedra.ROUTES
 RBAC_USER = "multusd"
 
 
@@ -576,7 +586,7 @@ def request_attributes(method: str, path: str,
     return verb, group, resource, namespace
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
     """One connection; routes each request to a ``do_route_*`` method."""
 
     protocol_version = "HTTP/1.1"

@@ -7,6 +7,7 @@ import time
 
 from typing import Any, Dict, Optional, Tuple
 
+from multusd.core.dra import DraDevice
 from multusd.core.netconf import conf_object
 from multusd.core.selection import NetworkSelection
 from multusd.store.record import Record
@@ -37,6 +38,7 @@ class Delegate(Record):
     bandwidth: Optional[Dict[str, Any]] = None
     filter_v4_gateway: bool = False
     filter_v6_gateway: bool = False
+    dra_device: Optional[DraDevice] = None  # where device_id came from, when DRA allocated it
 
     @property
     def is_conflist(self) -> bool:

@@ -21,6 +21,7 @@ from multusd.cni import cache as result_cache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
 from multusd.core import scratch
+from multusd.core.dra import DraDevice
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
@@ -48,6 +49,7 @@ class Attachment(Record):
     conf: bytes
     device_id: str = ""
     resource_name: str = ""
+    dra_device: Optional[DraDevice] = None  # the DRA claim and device behind device_id
     cache_file: str = ""               # its libcni result-cache file ('' when there is none)
     result: Optional[dict] = None      # the cached result, at CNI 1.1.0
     capability_args: Mapping[str, Any] = field(default_factory=dict)
@@ -233,7 +235,8 @@ def _read(cni_dir: str, container_id: str, all_entries: List[dict]) -> SandboxRe
         entry = by_key.pop((net_name, delegate.ifname), None)
         attachments.append(_attachment(cni_dir, delegate.name, net_name, delegate.ifname,
                                        delegate.master, plugins, delegate.conf, entry,
-                                       delegate.device_id, delegate.resource_name))
+                                       delegate.device_id, delegate.resource_name,
+                                       delegate.dra_device))
     for (net_name, ifname), entry in sorted(by_key.items(), key=lambda kv: kv[0][1]):
         # no scratch cache (or an entry it does not list): what DEL's fallback would find
         conf = result_cache.decode_config(entry)
@@ -292,7 +295,8 @@ def _describe(conf: bytes, source: str) -> Tuple[str, Tuple[str, ...]]:
 
 def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
                 master: bool, plugins: Tuple[str, ...], conf: bytes, entry: Optional[dict],
-                device_id: str = "", resource_name: str = "") -> Attachment:
+                device_id: str = "", resource_name: str = "",
+                dra_device: Optional[DraDevice] = None) -> Attachment:
     result = None
     cache_file = ""
     capability_args: Dict[str, Any] = {}
@@ -308,7 +312,8 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
             capability_args = dict(entry["capabilityArgs"])
     return Attachment(network=network, net_name=net_name, ifname=ifname, master=master,
                       plugins=plugins, conf=conf, device_id=device_id,
-                      resource_name=resource_name, cache_file=cache_file, result=result,
+                      resource_name=resource_name, dra_device=dra_device,
+                      cache_file=cache_file, result=result,
                       capability_args=capability_args)
 
 

@@ -33,7 +33,7 @@ from multusd.core import delegates as delegates_mod
 from multusd.core.defaultroute import DefaultRoutes
 from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
-from multusd.core import netstatus, parallel, runtimeconf, scratch
+from multusd.core import dra, netstatus, parallel, runtimeconf, scratch
 from multusd import store
 from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
@@ -177,12 +177,14 @@ class Multus:
         allocator = devices.DeviceAllocator(
             req.pod_namespace, req.pod_name, req.pod_uid,
             pod_resources_socket=os.path.join(kubelet, "pod-resources", "kubelet.sock"),
-            checkpoint=os.path.join(kubelet, "device-plugins", "kubelet_internal_checkpoint"))
+            checkpoint=os.path.join(kubelet, "device-plugins", "kubelet_internal_checkpoint"),
+            extra=dra.device_lookup(self.kube, pod, deadline) if pod is not None else None)
         try:
-            return delegates_mod.build_delegates(
+            return dra.with_origins(delegates_mod.build_delegates(
                 req.config, pod_namespace=req.pod_namespace, pod_name=req.pod_name,
                 annotations=dict(pod.annotations) if pod is not None else {},
-                cni_ifname=req.ifname, get_nad=get_nad, device_id_for=allocator)
+                cni_ifname=req.ifname, get_nad=get_nad, device_id_for=allocator),
+                allocator.origin)
         except MultusError as exc:
             if isinstance(exc, delegates_mod.NadNotFound) and pod is not None:
                 self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
@@ -273,6 +275,8 @@ class Multus:
                 info_file = self.runtime_conf(req, delegate).capability_args.get(
                     "CNIDeviceInfoFile")
                 info = devices.load_device_info(info_file) if info_file else None
+                if info is None and delegate.dra_device is not None:
+                    info = dra.device_info(delegate.device_id)  # ours: upstream has none
             entries.extend(netstatus.status_entries(
                 delegate.name, convert_result(result, WIRE_VERSION), default=delegate.master,
                 device_info=info))

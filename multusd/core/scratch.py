@@ -8,6 +8,7 @@ import json
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from multusd.core import dra
 from multusd.core.netconf import conf_object, marshal_raw_map
 from multusd.core.delegate import Delegate, ifname_for
 from multusd.errors import DecodeFailure
@@ -24,7 +25,9 @@ def delegates_to_cache(delegates: Sequence[Delegate]) -> bytes:
     A JSON array of upstream's ``DelegateNetConf``: ``Conf``, ``ConfList``, ``Name``,
     ``ifnameRequest``, ``macRequest``, ``infinibandGUIDRequest``, ``ipRequest``,
     ``default-route``, ``IsFilterV4Gateway``, ``IsFilterV6Gateway``, ``deviceID``,
-    ``resourceName`` and ``Bytes`` (base64 of :attr:`Delegate.conf`).
+    ``resourceName`` and ``Bytes`` (base64 of :attr:`Delegate.conf`); for a device DRA
+    allocated also ``draDevice`` (claim, request, driver, pool, device), which no field of
+    upstream's DelegateNetConf matches, so that upstream's reader skips it.
     """
     return ("[" + ",".join(go_json(_cache_entry(d)) for d in delegates) + "]").encode()
 
@@ -116,6 +119,8 @@ def _cache_entry(delegate: Delegate) -> Dict[str, Any]:
         entry["deviceID"] = delegate.device_id
     if delegate.resource_name:
         entry["resourceName"] = delegate.resource_name
+    if delegate.dra_device is not None:  # ours: upstream's reader ignores the key
+        entry[dra.CACHE_KEY] = delegate.dra_device.to_cache()
     entry["Bytes"] = base64.b64encode(delegate.conf).decode()
     return entry
 
@@ -182,4 +187,5 @@ def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
         infiniband_guid_request=_cached_string(item, "infinibandGUIDRequest", index),
         gateway_request=_cached_strings(item, "default-route", index),
         filter_v4_gateway=item.get("IsFilterV4Gateway") is True,
-        filter_v6_gateway=item.get("IsFilterV6Gateway") is True)
+        filter_v6_gateway=item.get("IsFilterV6Gateway") is True,
+        dra_device=dra.from_cache(item.get(dra.CACHE_KEY)))

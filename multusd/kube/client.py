@@ -31,7 +31,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from multusd.errors import MultusError, TryAgainLater
+from multusd.errors import DeadlineExceeded, MultusError
+from multusd.kube import dra
 from multusd.kube import status as status_mod
 from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
 from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
@@ -91,6 +92,7 @@ class KubeClient:
         self._empty_misses = 0
         self._mismatch: Optional[Tuple[str, str]] = None
         self._warned_empty = False
+        self._dra_slices = dra.SliceCache()
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -106,8 +108,8 @@ class KubeClient:
             return self.request_timeout
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TryAgainLater(f"cannot {action}: the request's deadline passed before the "
-                                f"Kubernetes API server at {self.server_url} was asked")
+            raise DeadlineExceeded(f"cannot {action}: the request's deadline passed before the "
+                                   f"Kubernetes API server at {self.server_url} was asked")
         return min(self.request_timeout, left)
 
     def _raw(self, method: str, path: str, *, query: Query = None, body: Any = None,
@@ -408,6 +410,26 @@ class KubeClient:
         """Queue an event about ``pod`` (sent by a background thread); never raises."""
         self._events.emit(pod, event_type, reason, message)
 
+    # ---- DRA devices (through get_json, the one request kube/dra.py sends) ---------------------
+
+    def pod_dra_devices(self, pod: Pod, *,
+                        deadline: Optional[float] = None) -> List[dra.AllocatedDevice]:
+        """The DRA devices of ``pod`` a NAD's resourceName can name (see :mod:`multusd.kube.dra`).
+
+        No request for a pod without ResourceClaims; each claim is read once, ResourceSlices
+        come from a cache per (node, driver). Searched on the pod's node (its spec.nodeName;
+        this node's name when it has none).
+
+        :raises MultusError: a claim is missing or unallocated, an extended-resource device
+            does not match, or a request failed.
+        """
+        return dra.pod_devices(pod, self.get_json, self.config, self._dra_slices,
+                               node=pod.node_name or self.node_name, deadline=deadline)
+
+    @property
+    def dra_slice_lists(self) -> int:
+        """ResourceSlice lists sent so far (one per (node, driver), plus refreshes)."""
+        return self._dra_slices.lists
 
 def _resource_type_missing(exc: BaseException) -> bool:
     """A 404 for the resource type itself (no such API), not for one object of it.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import types
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd.store.record import Record, field
 
@@ -25,6 +25,15 @@ Key = Tuple[str, str]
 Obj = Dict[str, Any]
 
 
+class ExtendedResourceClaim(Record):
+    """``status.extendedResourceClaimStatus``: the claim the scheduler made for a pod's
+    extended resources, and which of its requests stands for which resource name."""
+
+    claim: str  # resourceClaimName
+    # (containerName, resourceName, requestName) of every requestMappings entry
+    mappings: Tuple[Tuple[str, str, str], ...] = ()
+
+
 class Pod(Record):
     """The part of a pod multusd reads; ``annotations`` is a read-only mapping."""
 
@@ -35,6 +44,11 @@ class Pod(Record):
     is_static: bool
     resource_version: str
     node_name: str = ""  # spec.nodeName: which node the scheduler put it on
+    # DRA: (pod-local name, ResourceClaim name) of each claim the pod holds, from
+    # status.resourceClaimStatuses (claims made from a template) and spec.resourceClaims
+    # (claims named directly); and status.extendedResourceClaimStatus.
+    resource_claims: Tuple[Tuple[str, str], ...] = ()
+    extended_claim: Optional[ExtendedResourceClaim] = None
     # The whole object as the API server sent it (compact JSON): the body of a pods/status
     # PUT, which its resourceVersion makes fail with 409 if the pod changed since.
     source: str = field(default="", repr=False, compare=False)
@@ -68,7 +82,45 @@ def pod_from_object(obj: Obj) -> Pod:
                is_static=is_static_pod(annotations),
                resource_version=str(meta.get("resourceVersion", "")),
                node_name=str((obj.get("spec") or {}).get("nodeName") or ""),
+               resource_claims=resource_claims_of(obj), extended_claim=extended_claim_of(obj),
                source=json.dumps(obj, separators=(",", ":")))
+
+
+def resource_claims_of(obj: Obj) -> Tuple[Tuple[str, str], ...]:
+    """(pod-local name, ResourceClaim name) of every claim a pod dict holds, each claim once.
+
+    ``status.resourceClaimStatuses`` names the claims generated from a
+    ResourceClaimTemplate (an entry without ``resourceClaimName`` needed none);
+    ``spec.resourceClaims[].resourceClaimName`` names an existing claim directly, which
+    never appears in the status. Malformed entries are ignored (a watch must not fail).
+    """
+    found: List[Tuple[str, str]] = []
+    seen = set()
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    for entries in (status.get("resourceClaimStatuses"), spec.get("resourceClaims")):
+        for entry in entries if isinstance(entries, list) else ():
+            claim = entry.get("resourceClaimName") if isinstance(entry, dict) else None
+            if isinstance(claim, str) and claim and claim not in seen:
+                seen.add(claim)
+                found.append((str(entry.get("name") or ""), claim))
+    return tuple(found)
+
+
+def extended_claim_of(obj: Obj) -> Optional[ExtendedResourceClaim]:
+    """``status.extendedResourceClaimStatus`` of a pod dict, None when it has none."""
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    extended = status.get("extendedResourceClaimStatus")
+    if not isinstance(extended, dict) or not isinstance(extended.get("resourceClaimName"), str) \
+            or not extended["resourceClaimName"]:
+        return None
+    mappings = extended.get("requestMappings")
+    return ExtendedResourceClaim(
+        claim=extended["resourceClaimName"],
+        mappings=tuple((str(m.get("containerName") or ""), str(m.get("resourceName") or ""),
+                        str(m.get("requestName") or ""))
+                       for m in (mappings if isinstance(mappings, list) else ())
+                       if isinstance(m, dict)))
 
 
 def nad_from_object(obj: Obj) -> NetworkAttachmentDefinition:

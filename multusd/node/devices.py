@@ -14,7 +14,8 @@ Where the allocations come from, as upstream:
 * else the kubelet device-manager checkpoint, matched by pod UID.
 
 Device IDs are sorted per resource; successive NADs with the same resource take successive
-IDs (:class:`DeviceAllocator`). DRA ResourceClaims (upstream ``draclient``) are not read.
+IDs (:class:`DeviceAllocator`). Devices from DRA ResourceClaims (upstream ``draclient``) are
+looked up elsewhere (the caller hands them in as ``extra``) and merged per resource here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from multusd import store
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, TryAgainLater
@@ -70,24 +71,37 @@ class DeviceAllocator:
 
     Callable as ``delegates.build_delegates(device_id_for=...)`` expects: given a NAD's
     resourceName, the next ID allocated to the pod for it, or "" when none is left. The
-    kubelet is asked once, on the first call, so pods without such NADs cost nothing.
+    kubelet is asked once, on the first call, so pods without such NADs cost nothing; so is
+    ``extra``, which gives (resourceName, deviceID, origin) of devices allocated otherwise
+    (DRA): their IDs join the kubelet's of the same resource, and all are sorted together
+    (upstream appends DRA's to the kubelet's map and sorts each resource).
     """
 
     def __init__(self, namespace: str, name: str, uid: str, *,
                  pod_resources_socket: str = POD_RESOURCES_SOCKET,
                  checkpoint: str = CHECKPOINT_FILE,
-                 timeout: float = _DEFAULT_TIMEOUT) -> None:
+                 timeout: float = _DEFAULT_TIMEOUT,
+                 extra: Optional[Callable[[], Sequence[Tuple[str, str, Any]]]] = None) -> None:
         self._lookup: Callable[[], ResourceMap] = lambda: device_ids_for_pod(
             namespace, name, uid, pod_resources_socket=pod_resources_socket,
             checkpoint=checkpoint, timeout=timeout)
+        self._extra = extra
         self._pod = f"{namespace}/{name}"
         self._resources: Optional[ResourceMap] = None
         self._next: Dict[str, int] = {}
+        self._origins: Dict[Tuple[str, str], Any] = {}
+        self._handed: set = set()
 
     def __call__(self, resource_name: str) -> str:
         if self._resources is None:
-            self._resources = self._lookup()
-            LOG.debug("device-plugin allocations of pod %s: %s", self._pod, self._resources)
+            resources = self._lookup()
+            LOG.debug("device-plugin allocations of pod %s: %s", self._pod, resources)
+            if self._extra is not None:
+                for resource, device_id, origin in self._extra():
+                    resources.setdefault(resource, []).append(device_id)
+                    self._origins[(resource, device_id)] = origin
+                resources = _sorted(resources)
+            self._resources = resources
         ids = self._resources.get(resource_name, [])
         index = self._next.get(resource_name, 0)
         if index >= len(ids):
@@ -95,7 +109,14 @@ class DeviceAllocator:
                         "resourceName (%d allocated)", self._pod, resource_name, len(ids))
             return ""
         self._next[resource_name] = index + 1
+        self._handed.add((resource_name, ids[index]))
         return ids[index]
+
+    def origin(self, resource_name: str, device_id: str) -> Any:
+        """The ``extra`` origin of a device this allocator handed out, None for the kubelet's
+        (or one it did not hand out)."""
+        key = (resource_name, device_id)
+        return self._origins.get(key) if key in self._handed else None
 
 
 # --- kubelet pod-resources API (gRPC) ---------------------------------------------------------

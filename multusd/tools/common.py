@@ -218,6 +218,7 @@ def record_json(record: Any, *, with_conf: bool = False) -> Dict[str, Any]:
             "mac": attachment.mac, "ips": attachment.ips, "gateways": attachment.gateways,
             "plugins": list(attachment.plugins), "deviceID": attachment.device_id,
             "resourceName": attachment.resource_name,
+            "dra": attachment.dra_device.to_cache() if attachment.dra_device else None,
             "deviceInfoFile": attachment.device_info_file,
             "resultFile": attachment.cache_file}
         if with_conf:

@@ -50,7 +50,7 @@ class Doctor:
             return self.checks
         for check in (self.check_socket, self.check_service, self.check_kubeconfig,
                       self.check_api, self.check_permissions, self.check_nad_api,
-                      self.check_node,
+                      self.check_node, self.check_dra,
                       self.check_plugins, self.check_multus_conf, self.check_readiness,
                       self.check_stale):
             self._add(check)
@@ -214,6 +214,46 @@ class Doctor:
                          fix, elsewhere)
         known = "exists" if exists else "cannot be read (forbidden), but its pods can"
         return Check("node", OK, f"node {node!r} {known}; {len(self.pods)} pod(s) scheduled here")
+
+    def check_dra(self) -> Check:
+        """DRA (issue 22): may this node's credentials read ResourceClaims and ResourceSlices?"""
+        if not self.api_ok:
+            return Check("dra", SKIP, "the API server is not reachable")
+        from multusd.errors import MultusError
+        from multusd.kube.clientconfig import RBAC_FILE
+
+        claimed = [f"{p.namespace}/{p.name}" for p in self.pods or []
+                   if p.resource_claims or p.extended_claim is not None]
+        try:
+            self.probe.get_json("/apis/resource.k8s.io/v1")
+        except self.probe.config.request_errors() as exc:
+            if getattr(exc, "status", None) != 404:
+                return Check("dra", FAIL, self.probe.config.failure(
+                    exc, "read the resource.k8s.io/v1 API").msg, "")
+            return Check("dra", FAIL if claimed else SKIP, "the API server does not serve "
+                         "resource.k8s.io/v1 (DRA, Kubernetes 1.34+)" + (
+                             f", yet {len(claimed)} pod(s) here hold claims" if claimed else
+                             ": no pod can get a device from a ResourceClaim"),
+                         "serve resource.k8s.io/v1 (Kubernetes 1.34 or later): multusd reads "
+                         "ResourceClaims at v1 only" if claimed else "", claimed)
+        denied = []
+        for verb, resource in (("get", "resourceclaims"), ("list", "resourceslices")):
+            try:
+                allowed, reason = self.probe.can(verb, "resource.k8s.io", resource)
+            except MultusError as exc:
+                return Check("dra", FAIL, exc.msg, "")
+            if not allowed:
+                denied.append(f"{verb} {resource}.resource.k8s.io" + (f": {reason}"
+                                                                      if reason else ""))
+        if denied:
+            affected = (f"; {len(claimed)} pod(s) on this node hold claims: their ADDs fail"
+                        if claimed else "; ADDs of pods with DRA claims would fail")
+            return Check("dra", FAIL, "this node's credentials may not read the DRA objects "
+                         "that give NADs their devices" + affected, "`kubectl apply -f "
+                         f"{self.rbac_path or RBAC_FILE}` (the multusd ClusterRole grants "
+                         "resourceclaims get and resourceslices list)", denied + claimed)
+        return Check("dra", OK, "resourceclaims (get) and resourceslices (list) of "
+                     f"resource.k8s.io/v1 are readable; {len(claimed)} pod(s) here hold claims")
 
     def check_plugins(self) -> Check:
         from multusd.cni import invoke

@@ -150,6 +150,8 @@ def render(doc: Dict[str, Any]) -> str:
         if a["deviceID"] or a["deviceInfoFile"]:
             lines.append(f"  device {a['deviceID'] or '-'} ({a['resourceName'] or '-'}), "
                          f"device-info {a['deviceInfoFile'] or '-'}")
+        if a.get("dra"):
+            lines.append(_dra_line(a["dra"]))
         lines.append(f"  result cache {a['resultFile'] or '(none)'}")
         lines.append("  config " + _indent(json.dumps(a["config"], indent=2), "  "))
         if a.get("result") is not None:
@@ -157,6 +159,13 @@ def render(doc: Dict[str, Any]) -> str:
     lines.append("")
     lines.append(_api_line(doc["api"]))
     return "\n".join(lines)
+
+
+def _dra_line(dra: Dict[str, Any]) -> str:
+    """Where a DRA-allocated device came from: its claim and request, driver, pool, device."""
+    request = f" request {dra['request']}" if dra.get("request") else ""
+    return (f"  DRA claim {dra['claim']}{request}: driver {dra['driver']}, pool {dra['pool']}, "
+            f"device {dra['device']}")
 
 
 def _api_line(api: Dict[str, Any]) -> str:

@@ -214,7 +214,7 @@ def test_doctor_all_green_exits_0(node):
     by_name = checks(doc)
     assert by_name["permissions"]["status"] == "ok"
     assert "all 8 permissions" in by_name["permissions"]["verdict"]
-    assert by_name["nad-api"]["status"] == "ok"
+    assert by_name["nad-api"]["status"] == by_name["dra"]["status"] == "ok"
     assert by_name["plugins"]["status"] == "ok"
     assert "bridge" in by_name["plugins"]["verdict"] and "host-local" in \
         by_name["plugins"]["verdict"]
@@ -294,6 +294,34 @@ def test_permission_denied_reaches_the_daemon_as_403(node, kube_api):
     assert probe.can("get", "", "pods")[0] is True
     with pytest.raises(MultusError, match="403 Forbidden"):
         probe.pods_on_node()
+
+
+def test_doctor_dra_check_names_the_pods_with_claims_when_dra_reads_are_denied(node):
+    node.start()
+    node.cluster.pod("gpu-user", status={"resourceClaimStatuses": [
+        {"name": "gpu", "resourceClaimName": "gpu-user-gpu-abc"}]})
+    node.kube.deny("list", "resourceslices", group="resource.k8s.io")
+
+    code, doc = node.tool_json("doctor", "--rbac", RBAC)
+
+    assert code == 1
+    dra = checks(doc)["dra"]
+    assert dra["status"] == "fail", dra
+    assert "1 pod(s) on this node hold claims" in dra["verdict"]
+    assert dra["details"] == ["list resourceslices.resource.k8s.io: denied by the fake API "
+                              "server's deny() list", "default/gpu-user"]
+    assert f"kubectl apply -f {RBAC}" in dra["fix"]
+    # the pod permissions are fine: only the DRA check fails, naming the DRA reads
+    assert checks(doc)["permissions"]["status"] == "ok"
+
+
+def test_doctor_dra_check_skips_a_server_without_dra(node, kube_api):
+    node.start()
+    kube_api.serve_dra = False
+    code, doc = node.tool_json("doctor", "--rbac", RBAC)
+    assert code == 0
+    assert checks(doc)["dra"]["status"] == "skip"
+    assert "does not serve resource.k8s.io/v1" in checks(doc)["dra"]["verdict"]
 
 
 # --- gc --------------------------------------------------------------------------------------

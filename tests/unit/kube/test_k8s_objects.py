@@ -106,3 +106,41 @@ def test_kubeconfig_without_server_is_a_config_error(tmp_path):
         KubeClient(str(path), "node-a")
     assert "'server'" in info.value.msg
     assert SECRET not in str(info.value)
+
+
+def test_pod_claims_from_status_and_spec_each_once():
+    obj = full_pod()
+    obj["spec"]["resourceClaims"] = [
+        {"name": "net", "resourceClaimTemplateName": "sriov-template"},  # named in status
+        {"name": "shared", "resourceClaimName": "shared-vfs"},
+        {"name": "again", "resourceClaimName": "web-net-x7k"}, "junk", {"name": "x"}]
+    obj["status"]["resourceClaimStatuses"] = [
+        {"name": "net", "resourceClaimName": "web-net-x7k"},
+        {"name": "none-needed"},  # no claim was generated
+        {"name": "bad", "resourceClaimName": 7}]
+    pod = pod_from_object(obj)
+    assert pod.resource_claims == (("net", "web-net-x7k"), ("shared", "shared-vfs"))
+    assert pod.extended_claim is None
+
+
+def test_pod_extended_resource_claim_status():
+    obj = full_pod()
+    obj["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "web-extended-resources-abc",
+        "requestMappings": [{"containerName": "c", "resourceName": "example.com/vf",
+                             "requestName": "container-0-request-0"}, "junk"]}
+    extended = pod_from_object(obj).extended_claim
+    assert extended.claim == "web-extended-resources-abc"
+    assert extended.mappings == (("c", "example.com/vf", "container-0-request-0"),)
+
+
+@pytest.mark.parametrize("status", [{"resourceClaimStatuses": "junk"},
+                                    {"extendedResourceClaimStatus": {"requestMappings": []}},
+                                    {"extendedResourceClaimStatus": "junk"}])
+def test_malformed_claim_fields_are_ignored(status):
+    obj = full_pod()
+    obj["status"].update(status)
+    obj["spec"]["resourceClaims"] = {"not": "a list"}
+    pod = pod_from_object(obj)
+    assert pod.resource_claims == () and pod.extended_claim is None
+

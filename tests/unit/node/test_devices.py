@@ -110,6 +110,45 @@ def test_allocator_asks_nothing_until_a_resource_is_needed(tmp_path):
         allocate(RESOURCE)
 
 
+def test_allocator_merges_extra_devices_per_resource_and_sorts_them(tmp_path, checkpoint):
+    """DRA's devices join the kubelet's of the same resource, sorted together (upstream)."""
+    asked = []
+
+    def extra():
+        asked.append(True)
+        return [(RESOURCE, "0000:af:06.2", "claim-a"), ("example.com/dra", "d-1", "claim-b")]
+
+    allocate = devices.DeviceAllocator("default", "pod-a", POD_UID,
+                                       pod_resources_socket=no_socket(tmp_path),
+                                       checkpoint=checkpoint, extra=extra)
+    assert [allocate(RESOURCE) for _ in range(3)] == ["0000:af:06.1", "0000:af:06.2",
+                                                      "0000:af:06.3"]
+    assert allocate("example.com/dra") == "d-1" and allocate("example.com/dra") == ""
+    assert asked == [True]  # once, on the first call
+    assert allocate.origin(RESOURCE, "0000:af:06.2") == "claim-a"
+    assert allocate.origin(RESOURCE, "0000:af:06.1") is None  # the kubelet's
+    assert allocate.origin("example.com/dra", "d-1") == "claim-b"
+
+
+def test_allocator_asks_extra_nothing_until_a_resource_is_needed(tmp_path, checkpoint):
+    def extra():
+        raise AssertionError("asked")
+
+    allocate = devices.DeviceAllocator("default", "pod-a", POD_UID,
+                                       pod_resources_socket=no_socket(tmp_path),
+                                       checkpoint=checkpoint, extra=extra)
+    assert allocate.origin(RESOURCE, "0000:af:06.1") is None
+
+
+def test_an_extra_device_not_handed_out_has_no_origin(tmp_path, checkpoint):
+    allocate = devices.DeviceAllocator("default", "pod-a", POD_UID,
+                                       pod_resources_socket=no_socket(tmp_path),
+                                       checkpoint=checkpoint,
+                                       extra=lambda: [(RESOURCE, "0000:af:06.9", "claim")])
+    assert allocate(RESOURCE) == "0000:af:06.1"
+    assert allocate.origin(RESOURCE, "0000:af:06.9") is None
+
+
 class Nad:
     def __init__(self, name: str, config: dict, annotations: dict) -> None:
         self.namespace, self.name = "default", name
