@@ -1,6 +1,6 @@
 """The daemon's Kubernetes client, built (node name, kubeconfig, watches) on a thread of its own.
 
-Reading the kubeconfig and importing the transport (urllib3, ssl, yaml) costs tens of ms,
+Reading the kubeconfig and importing the transport (http.client, ssl, yaml) costs tens of ms,
 and a credential plugin user imports the whole ``kubernetes`` package: building the client
 before serving would hold up ``/healthz`` and every shim queued on a socket-activated
 start. Until it is built the client is not :meth:`BackgroundKube.synced` (``/readyz`` answers 500, as while the first list runs);

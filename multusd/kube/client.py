@@ -1,6 +1,6 @@
 """KubeClient: the daemon's narrow Kubernetes client (pod/NAD caches, lookups, status, events).
 
-The only user of the API server, through :mod:`multusd.kube.transport` (urllib3) and
+The only user of the API server, through :mod:`multusd.kube.transport` (http.client) and
 :mod:`multusd.kube.clientconfig`. What it keeps off the request path (architecture
 invariant 7):
 
@@ -115,7 +115,7 @@ class KubeClient:
     def _raw(self, method: str, path: str, *, query: Query = None, body: Any = None,
              timeout: float, read_timeout: Optional[float] = None,
              stream: bool = False) -> Any:
-        """Send one request; return the open urllib3 response (body read unless ``stream``)."""
+        """Send one request; return the open response (body read unless ``stream``)."""
         with self._count_lock:
             self._request_count += 1
         return self._transport.request(method, path, query=query, body=body, timeout=timeout,

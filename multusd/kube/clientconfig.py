@@ -3,7 +3,7 @@
 :class:`ClientConfig` reads the kubeconfig (:mod:`multusd.kube.kubeconfig`; a credential
 plugin user through the ``kubernetes`` package's own loader) and builds the transport
 (:mod:`multusd.kube.transport`) and its rotating credentials.
-Foreign exceptions (:class:`~multusd.kube.transport.ApiError`, urllib3 and socket errors) are
+Foreign exceptions (:class:`~multusd.kube.transport.ApiError`, socket, TLS and HTTP errors) are
 translated in one place, :meth:`ClientConfig.failure`: 429/5xx and connection errors become
 :class:`~multusd.errors.TryAgainLater`, the rest :class:`~multusd.errors.MultusError`, naming
 the API server URL and the fix. Credentials (tokens, kubeconfig contents, keys) never reach a
@@ -13,15 +13,18 @@ token seen is redacted from the API server's own messages.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import socket
+import ssl
 from typing import Any, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig, MultusError, TryAgainLater
 from multusd.kube import kubeconfig as kubeconfig_reader
 from multusd.kube.credentials import Credentials, Secrets
 from multusd.kube.identity import CertificateError, node_name_from_certificate
-from multusd.kube.transport import ApiError, Transport
+from multusd.kube.transport import ApiError, IdleTimeout, Transport
 
 LOG = logging.getLogger(__name__)
 RBAC_FILE = "/usr/share/multusd/rbac.yaml"
@@ -115,9 +118,8 @@ class ClientConfig:
     @staticmethod
     def request_errors() -> Tuple[type, ...]:
         """The exceptions a request may raise, for ``except`` clauses before :meth:`failure`."""
-        import urllib3
-
-        return (ApiError, WatchError, urllib3.exceptions.HTTPError, OSError, ValueError)
+        return (ApiError, WatchError, IdleTimeout, OSError, http.client.HTTPException,
+                ValueError)
 
     def failure(self, exc: BaseException, action: str) -> MultusError:
         """The MultusError for a failed request (the one translation point of kube/)."""
@@ -126,7 +128,7 @@ class ClientConfig:
             return MultusError(f"cannot {action}: {where} answered with something that is not "
                                "JSON; check that 'server' in kubeconfig "
                                f"{self.kubeconfig!r} points at a Kubernetes API server")
-        if isinstance(exc, ValueError):  # its text may quote a header, that is the token
+        if isinstance(exc, ValueError) and not _is_tls_failure(exc):  # it may quote a header
             return MultusError(f"cannot {action}: the request to {where} could not be built "
                                f"({type(exc).__name__}); check the credentials in kubeconfig "
                                f"{self.kubeconfig!r}")
@@ -188,25 +190,21 @@ def status_detail(exc: Any) -> str:
 
 
 def _is_tls_failure(exc: BaseException) -> bool:
-    import ssl
-
-    import urllib3
-
-    return isinstance(exc, (urllib3.exceptions.SSLError, ssl.SSLError, ssl.CertificateError))
+    return isinstance(exc, (ssl.SSLError, ssl.CertificateError))
 
 
 def connection_reason(exc: BaseException) -> str:
-    """A short reason for a connection-level failure (the innermost cause of urllib3's error)."""
-    import urllib3
-
-    if isinstance(exc, urllib3.exceptions.ProtocolError):
-        return "the connection was cut"
-    if isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) or \
-            "timed out" in str(exc):
+    """A short reason for a connection-level failure, in the OS's or TLS's words."""
+    if isinstance(exc, (socket.timeout, IdleTimeout)) or "timed out" in str(exc):
         return "no answer within the request's time"
-    reason = getattr(exc, "reason", None) or exc
-    text = str(reason)
-    # urllib3 repeats the connection object's repr; the part after ": " is the OS's words
+    if isinstance(exc, (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected,
+                        http.client.IncompleteRead)):
+        return "the connection was cut"
+    if isinstance(exc, http.client.HTTPException):
+        return f"its answer is not HTTP ({type(exc).__name__})"
+    if isinstance(exc, ssl.SSLError):
+        return str(getattr(exc, "verify_message", "") or exc.reason or exc)[:300]
+    text = str(exc)
     if "]" in text and "Errno" in text:
         text = text[text.index("[Errno"):]
     return text[:300]

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from typing import Any, Dict, Optional
 
+from multusd import store
+from multusd.errors import MultusError
 from multusd.store.record import Record
 
 DATA_DIR_NAME = "multusd-kubeconfig"
@@ -63,12 +66,9 @@ def load(path: str) -> Optional[Settings]:
         ``auth-provider``): use the ``kubernetes`` package's loader then.
     :raises KubeconfigError: the kubeconfig is not usable (the message says why).
     :raises OSError: a file it names cannot be read. YAML errors come from ``yaml``.
+        The parsed document is kept for the next start (:func:`read_document`).
     """
-    import yaml
-
-    with open(path, encoding="utf-8") as handle:
-        document = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    document = document if isinstance(document, dict) else {}
+    document = read_document(path)
     base = os.path.abspath(os.path.dirname(path))
     if "current-context" not in document:
         raise KubeconfigError("it has no 'current-context'")
@@ -96,6 +96,52 @@ def load(path: str) -> Optional[Settings]:
     elif "username" in user and "password" in user:
         settings["basic"] = f"{user['username']}:{user['password']}"
     return Settings(**settings)
+
+
+def read_document(path: str) -> Dict[str, Any]:
+    """The kubeconfig at ``path`` as a mapping ({} if it holds something else).
+
+    Parsing YAML (importing ``yaml`` is ~100M instructions, a third of the client's start-up)
+    is done once per content: the result is kept as JSON, named by the hash of the path and
+    of the bytes, in the root-only directory of the ``-data`` files (a tmpfs: gone at boot),
+    so a restarted daemon reads JSON. A changed file has another hash; its old entry goes.
+    """
+    import hashlib
+
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    prefix = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
+    name = f"{prefix}-{hashlib.sha256(raw).hexdigest()[:32]}.json"
+    cached = os.path.join(data_dir(), name)
+    try:
+        with open(cached, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        document = _parse_yaml(raw)
+        _keep(cached, prefix, document)
+    return document if isinstance(document, dict) else {}
+
+
+def _parse_yaml(raw: bytes) -> Any:
+    import yaml
+
+    return yaml.load(raw.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _keep(cached: str, prefix: str, document: Any) -> None:
+    """Write the parsed kubeconfig for the next start; a failure only costs that start time."""
+    try:
+        text = json.dumps(document)
+    except (TypeError, ValueError):  # YAML-only values (dates, ...): not cached
+        return
+    try:
+        directory = private_dir()
+        for old in os.listdir(directory):
+            if old.startswith(prefix + "-") and old.endswith(".json"):
+                os.unlink(os.path.join(directory, old))
+        _write_private(cached, text.encode())
+    except (OSError, KubeconfigError, MultusError):
+        pass
 
 
 def from_configuration(configuration: Any) -> Settings:
@@ -197,11 +243,8 @@ def data_dir() -> str:
     return os.path.join(parent, f"{DATA_DIR_NAME}-{os.geteuid()}")
 
 
-def data_file(content: bytes) -> str:
-    """A file holding ``content`` (mode 0600), named by its SHA-256 and reused if present."""
-    import hashlib
-    import tempfile
-
+def private_dir() -> str:
+    """:func:`data_dir`, made if missing, and refused unless it is this user's alone."""
     directory = data_dir()
     try:
         os.mkdir(directory, 0o700)
@@ -212,14 +255,20 @@ def data_file(content: bytes) -> str:
             info.st_uid != os.geteuid() or info.st_mode & 0o077:
         raise KubeconfigError(f"{directory!r} is not a directory only this user can use; "
                               "remove it so that multusd can create it")
-    path = os.path.join(directory, hashlib.sha256(content).hexdigest()[:32] + ".pem")
+    return directory
+
+
+def data_file(content: bytes) -> str:
+    """A file holding ``content`` (mode 0600), named by its SHA-256 and reused if present."""
+    import hashlib
+
+    path = os.path.join(private_dir(), hashlib.sha256(content).hexdigest()[:32] + ".pem")
     if not os.path.isfile(path):
-        fd, scratch = tempfile.mkstemp(dir=directory, prefix=".new-")  # mode 0600
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(content)
-            os.replace(scratch, path)
-        except BaseException:
-            os.unlink(scratch)
-            raise
+        _write_private(path, content)
     return path
+
+
+def _write_private(path: str, content: bytes) -> None:
+    """Atomically, mode 0600; not fsynced: the directory is a tmpfs, remade at every boot."""
+    store.atomic_write(path, content, mode=0o600, durable=False)
+

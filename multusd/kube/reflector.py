@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from multusd.kube.clientconfig import ClientConfig, WatchError
 from multusd.kube.objects import Key, Obj, key_of
+from multusd.kube.transport import IdleTimeout
 
 LOG = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ WATCH_IDLE = 50.0  # no byte for this long: the stream is dead, resume from its 
 BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 10.0
 
-# send(query, timeout, read_timeout) -> the open (streaming) urllib3 response of a LIST/WATCH
+# send(query, timeout, read_timeout) -> the open (streaming) transport Response of a LIST/WATCH
 Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 
 
@@ -85,7 +86,7 @@ class Reflector:
     """List, then watch from the list's resourceVersion, into one cache; forever, until stop.
 
     :param send: sends the LIST (and with ``watch`` in the query the WATCH) and returns the
-        open urllib3 response.
+        open response (:class:`multusd.kube.transport.Response`).
     :param trim: turns an object dict into what the cache holds.
     :param watch_idle: seconds a watch stream may stay silent before it is resumed anew.
     """
@@ -195,8 +196,6 @@ class Reflector:
 
     def _watch(self, version: str) -> tuple:
         """Follow one watch stream: (the last resourceVersion seen, whether it fell silent)."""
-        import urllib3
-
         state = self.state
         query = {"watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
                  "timeoutSeconds": random.randint(*WATCH_TIMEOUT_SECONDS)}
@@ -212,7 +211,7 @@ class Reflector:
                 version = self._apply(event, version)
                 self.backoff.reset()
             completed = True
-        except urllib3.exceptions.ReadTimeoutError:
+        except IdleTimeout:
             if state.stopping.is_set():
                 raise
             idle = True
@@ -262,7 +261,7 @@ def _too_large(status: Obj) -> bool:
 def watch_events(response: Any) -> Iterator[Obj]:
     """The JSON events of a chunked watch response, one per line, as they arrive."""
     pending = b""
-    for chunk in response.stream(amt=None, decode_content=False):
+    for chunk in response.stream():
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)

@@ -312,45 +312,91 @@ def test_tls_server_name_is_the_name_the_certificate_is_checked_against(
         client.stop()
 
 
-def test_proxy_url_sends_every_request_through_the_proxy(kube_api, tmp_path):
-    import http.server
-    import threading
-    import urllib.request
+class _Proxy:
+    """A forward proxy on loopback: absolute-URI requests forwarded, CONNECT tunnels piped."""
 
-    seen = []
+    def __init__(self) -> None:
+        import http.server
+        import select
+        import socket
+        import threading
+        import urllib.request
 
-    class Forward(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - an absolute-URI request, forwarded as it came
-            seen.append(self.path)
-            request = urllib.request.Request(self.path, headers=dict(self.headers))
-            with urllib.request.urlopen(request, timeout=5) as answer:
-                body = answer.read()
-                self.send_response(answer.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
+        self.seen: list = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - an absolute URI (plain http)
+                proxy.seen.append(("GET", self.path))
+                request = urllib.request.Request(self.path, headers=dict(self.headers))
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    body = answer.read()
+                    self.send_response(answer.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+            def do_CONNECT(self):  # noqa: N802 - a tunnel (https)
+                proxy.seen.append(("CONNECT", self.path))
+                host, port = self.path.rsplit(":", 1)
+                upstream = socket.create_connection((host, int(port)), timeout=5)
+                self.send_response(200, "Connection established")
                 self.end_headers()
-                self.wfile.write(body)
+                ends = [self.connection, upstream]
+                while True:
+                    readable, _, _ = select.select(ends, [], [], 5)
+                    if not readable:
+                        break
+                    data = readable[0].recv(65536)
+                    if not data:
+                        break
+                    (upstream if readable[0] is self.connection else self.connection).sendall(data)
+                upstream.close()
+                self.close_connection = True
 
-        def log_message(self, *args):
-            pass
+            def log_message(self, *args):
+                pass
 
-    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https-through-connect"])
+def test_proxy_url_sends_every_request_through_the_proxy(make_kube_api, tmp_path, tls):
+    api = make_kube_api(tls=tls)
+    proxy = _Proxy()
     try:
-        document = json.loads(open(kube_api.kubeconfig_path).read())
-        document["clusters"][0]["cluster"]["proxy-url"] = \
-            f"http://127.0.0.1:{proxy.server_address[1]}"
+        document = json.loads(open(api.kubeconfig_path).read())
+        document["clusters"][0]["cluster"]["proxy-url"] = proxy.url
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(json.dumps(document))
-        kube_api.add_pod(NS, "web")
-        client = KubeClient(str(kubeconfig), kube_api.node, request_timeout=5.0)
+        api.add_pod(NS, "web")
+        client = KubeClient(str(kubeconfig), api.node, request_timeout=5.0)
         try:
             assert client.get_pod(NS, "web", not_found_wait=0) is not None
         finally:
             client.stop()
-        assert seen == [f"{kube_api.url}/api/v1/namespaces/{NS}/pods/web"]
+        assert proxy.seen == ([("CONNECT", f"127.0.0.1:{api.port}")] if tls else
+                              [("GET", f"{api.url}/api/v1/namespaces/{NS}/pods/web")])
     finally:
-        proxy.shutdown()
-        proxy.server_close()
-        thread.join(timeout=5)
+        proxy.stop()
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced(kube_api):
+    kube_api.add_pod(NS, "web")
+    client = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
+    try:
+        assert client.get_pod(NS, "web", not_found_wait=0) is not None  # kept alive after
+        kube_api.restart()  # cuts every connection: the kept one is dead
+        assert client.get_pod(NS, "web", not_found_wait=0) is not None  # resent on a new one
+    finally:
+        client.stop()

@@ -173,3 +173,26 @@ def test_errors_name_files_never_values(tmp_path):
     with pytest.raises(kubeconfig.KubeconfigError) as info:
         kubeconfig.load(bad)
     assert "'client-key-data' is not base64" in str(info.value) and TOKEN not in str(info.value)
+
+
+def test_the_parsed_kubeconfig_is_kept_once_per_content_for_the_next_start(files):
+    path = write(files, {"server": "https://api:6443", "certificate-authority": "ca.crt"},
+                 {"tokenFile": "token"})
+
+    def kept():
+        return sorted(name for name in os.listdir(kubeconfig.data_dir())
+                      if name.endswith(".json"))
+
+    before = kept()
+    first = kubeconfig.load(path)
+    made = sorted(set(kept()) - set(before))
+    assert len(made) == 1
+    entry = os.path.join(kubeconfig.data_dir(), made[0])
+    assert stat.S_IMODE(os.stat(entry).st_mode) == 0o600
+    with open(path) as handle:
+        assert json.load(open(entry)) == json.load(handle)
+    assert kubeconfig.load(path) == first and kept() == sorted(before + made)  # read back
+    write(files, {"server": "https://other:6443"}, {"token": TOKEN})  # the same path, changed
+    assert kubeconfig.load(path).host == "https://other:6443"
+    now = sorted(set(kept()) - set(before))
+    assert len(now) == 1 and now != made  # the old content's entry is gone
