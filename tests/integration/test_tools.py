@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from harness import Cluster, REPO, netns_addresses
-from testlib import run
+from testlib import run, wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
@@ -386,3 +386,18 @@ def test_status_names_the_node_as_the_daemon_resolves_it_running_and_stopped(nod
                           timeout=120, env=env)
     assert json.loads(proc.stdout)["node"] == {"name": node.kube.node,
                                                "source": "MULTUS_NODE_NAME"}
+
+
+def test_status_names_a_missing_nad_crd_and_its_fix(node):
+    node.kube.nad_crd_installed = False
+    node.start()
+    node.attach("plain")  # pods without NADs are served meanwhile
+    wait_for(lambda: node.tool_json("status")[1]["api"].get("nadProblem"), 15,
+             what="the NAD condition in status")
+    code, doc = node.tool_json("status")
+    assert code == 1 and doc["api"]["nadProblem"]["condition"] == "crd-missing"
+    assert any("network-attachment-definition-crd.yaml" in p for p in doc["problems"])
+    assert "NAD API crd-missing" in doc["api"]["summary"]
+    human = node.tool("status", json_out=False)
+    assert "kubectl apply -f /usr/share/multusd/network-attachment-definition-crd.yaml" in \
+        human.stdout + human.stderr
