@@ -7,9 +7,10 @@ written through k8s.py. The rules it keeps (architecture.md):
 * an ADD for a container that has attachments recorded is refused (DEL must come first), and
   one whose interface names are taken in the netns runs nothing (F37);
 * the scratch cache ``<cniDir>/<containerID>`` is written before the first delegate runs;
-* the master runs first, then the secondaries concurrently where none depends on another
-  (:mod:`multusd.core.parallel`; ``"parallelDelegates": false`` keeps strict order); results,
-  events and network-status keep the delegates' order whatever order they finish in;
+* delegates run in order (libcni's and upstream's rule); with ``"parallelDelegates": true``
+  the master runs first, then the secondaries concurrently where none depends on another
+  (:mod:`multusd.core.parallel`); results, events and network-status keep the delegates'
+  order whatever order they finish in;
 * an ADD that fails part-way deletes, in reverse, everything it added (the failed delegate
   included) and its scratch cache before answering: it never half-succeeds; what its
   rollback could not release keeps the scratch cache, so that the runtime's DEL finishes;
