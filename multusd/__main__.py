@@ -108,8 +108,10 @@ def check_config(path: str) -> int:
         return 1
     for warning in loaded.warnings:
         print(f"  warning: {warning}", file=sys.stderr)
+    plugins = plugin_dirs_report(str(loaded.raw.get("binDir") or ""))
     if not loaded.kubeconfig:
         print(f"{path}: OK (no kubeconfig: the delegates of the config only)")
+        print(plugins)
         return 0
     from multusd.errors import MultusError
     from multusd.kube import lean
@@ -128,7 +130,35 @@ def check_config(path: str) -> int:
     print(f"{path}: OK")
     print(f"  API server: {client_config.server_url} (kubeconfig {loaded.kubeconfig})")
     print(f"  {node.describe()}")
+    print(plugins)
     return 0
+
+
+def plugin_dirs_report(bin_dir: str) -> str:
+    """Where delegate plugins are looked up and what each directory holds; a warning (on
+    stderr) when none of them holds a plugin."""
+    from multusd.cni.invoke import plugins_in, search_path
+
+    dirs = search_path(bin_dir)
+    found = {d: plugins_in(d) for d in dirs}
+    lines = [f"  plugins: binDir {bin_dir}" if bin_dir else
+             "  plugins: binDir is not set; searched in this order:"]
+    for directory in dirs:
+        names = found[directory]
+        if names is None:
+            what = "no such directory"
+        else:
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            what = f"{len(names)} plugin(s)" + (f": {shown}" if names else "")
+        lines.append(f"    {directory}: {what}")
+    if not any(found.values()):
+        print("  warning: binDir: no plugin found in " + ", ".join(dirs) + "; install the "
+              "delegate plugins (containernetworking-plugins) or set binDir to where they "
+              "are", file=sys.stderr)
+    elif not bin_dir:
+        lines.append("    found: " + ", ".join(d for d in dirs if found[d]) + " (each plugin "
+                     "is run from the first directory that has it)")
+    return "\n".join(lines)
 
 
 def serve(path: str) -> int:

@@ -49,10 +49,33 @@ _REAP_TIMEOUT = 2.0
 
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: Where plugins are looked up, in order, when ``binDir`` is not set: upstream's default,
+#: then where Debian's containernetworking-plugins (recommended by the package) installs them,
+#: then Fedora's.
+DEFAULT_BIN_DIRS = ("/opt/cni/bin", "/usr/lib/cni", "/usr/libexec/cni")
+
 #: Told of every plugin execution, after it ends: ``observer(plugin_type, command, seconds,
 #: outcome)``, outcome ``"ok"`` or ``"error"`` (any failure, the plugin's own CNI error
 #: included). Called on the request's thread; whatever it raises is logged and dropped.
 PluginObserver = Callable[[str, str, float, str], None]
+
+
+def search_path(bin_dir: str, extra: Sequence[str] = ()) -> Tuple[str, ...]:
+    """The directories searched for plugins: ``bin_dir`` (:data:`DEFAULT_BIN_DIRS` when it
+    is empty), then ``extra`` (the daemon's own CNI_PATH, as upstream), each once."""
+    dirs = [bin_dir] if bin_dir else list(DEFAULT_BIN_DIRS)
+    dirs += [d for d in extra if d and d not in dirs]
+    return tuple(dirs)
+
+
+def plugins_in(directory: str) -> Optional[Tuple[str, ...]]:
+    """The executable files in ``directory``, sorted; None when it is not a directory."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return None
+    return tuple(n for n in names if os.path.isfile(os.path.join(directory, n))
+                 and os.access(os.path.join(directory, n), os.X_OK))
 
 
 def find_plugin(plugin_type: str, bin_dirs: Sequence[str]) -> str:

@@ -40,7 +40,7 @@ from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
-from multusd.cni.invoke import PluginObserver
+from multusd.cni.invoke import PluginObserver, search_path
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
@@ -51,7 +51,6 @@ from multusd.store.record import replace
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_BIN_DIR = "/opt/cni/bin"
 DEFAULT_CNI_DIR = "/var/lib/cni/multus"
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
@@ -80,8 +79,7 @@ class Multus:
         return handler(req, deadline, log)
 
     def engine(self, conf: Mapping[str, Any]) -> Engine:
-        bin_dir = conf.get("binDir") or DEFAULT_BIN_DIR
-        return Engine([bin_dir] + [p for p in self._daemon_cni_path if p != bin_dir],
+        return Engine(search_path(str(conf.get("binDir") or ""), self._daemon_cni_path),
                       observer=self.plugin_observer)
 
     # -- ADD --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from multusd.cni.args import format_cni_args
+from multusd.cni.invoke import search_path
 from multusd.core import records
 from multusd.tools import common
 
@@ -87,7 +88,7 @@ def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], 
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": record.container_id,
            "CNI_NETNS": record.netns, "CNI_IFNAME": record.master_ifname,
            "CNI_ARGS": format_cni_args(pairs),
-           "CNI_PATH": str(config.raw.get("binDir") or "/opt/cni/bin")}
+           "CNI_PATH": ":".join(search_path(str(config.raw.get("binDir") or "")))}
     return env, common.runtime_conf(config)
 
 
