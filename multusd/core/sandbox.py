@@ -110,7 +110,7 @@ class Multus:
             flush = store.Flush(cache_path)
             for number, wave in enumerate(waves):
                 outcomes = parallel.run_calls(
-                    [functools.partial(self._add_one, engine, req, delegates[i], deadline)
+                    [functools.partial(self._add_one, engine, req, delegates[i], deadline, log)
                      for i in wave], parallel.DEFAULT_LIMIT)
                 for index, (result, exc) in zip(wave, outcomes):
                     delegate = delegates[index]
@@ -186,10 +186,11 @@ class Multus:
                 self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
             raise exc.with_prefix(f"{pod_prefix(req)}: ")
 
-    def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> dict:
+    def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float, log) -> dict:
         net = NetworkConfigList.load(delegate.conf, source=delegate.name)
         if not delegate.master:
-            runtimeconf.check_requested_capabilities(delegate.conf, delegate.selection)
+            for line in runtimeconf.undeclared_requests(delegate):
+                log.warning("%s", line)
         rt = self.runtime_conf(req, delegate)
         info_file = rt.capability_args.get("CNIDeviceInfoFile")
         if delegate.device_id and info_file:
