@@ -1,4 +1,4 @@
-"""The ``multusd`` command: serve, check-config, generate-config, status, show, doctor, gc."""
+"""The ``multusd`` command: serve, check-config, generate-config and the operator tools."""
 
 from __future__ import annotations
 
@@ -44,7 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only list them, change nothing (the default)")
     mode.add_argument("--release", action="store_true",
                       help="release them: DEL each from its own records, as the runtime would")
-    for sub in (serve, check, generate, status, show, doctor, gc):
+    sockcheck = commands.add_parser("socket-check", help="whose socket the shim's path is "
+                                                         "(multusd.socket's, another daemon's, "
+                                                         "none); --repair brings it back")
+    action = sockcheck.add_mutually_exclusive_group()
+    action.add_argument("--repair", action="store_true",
+                        help="restart multusd.socket if the file is gone or dead (never when "
+                             "another daemon listens there)")
+    action.add_argument("--remove-dead", action="store_true",
+                        help="delete the file if nobody listens on it (package removal)")
+    for sub in (serve, check, generate, status, show, doctor, gc, sockcheck):
         sub.add_argument("--config", default=DEFAULT_CONFIG_PATH,
                          help=f"daemon-config.json (default {DEFAULT_CONFIG_PATH})")
     for sub in (status, show, doctor, gc):
@@ -64,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
 
         log.setup("verbose", to_stderr=True, journal=False)  # a oneshot: stderr is the journal
         return run(args.config, remove=args.remove)
+    if args.command == "socket-check":
+        from multusd.tools import sockcheck
+
+        return sockcheck.run(args.config, repair=args.repair, remove_dead=args.remove_dead)
     if args.command in TOOLS:
         return run_tool(args)
     build_parser().print_help()
@@ -171,6 +184,7 @@ def serve(path: str) -> int:
         loaded = config.load(path)
     except ConfigError as exc:
         print(f"multusd: {exc.msg}", file=sys.stderr)
+        _status(f"cannot start: {exc.msg}; fix it: systemd retries every few seconds")
         return 1
     log.setup(loaded.log_level, loaded.log_file, loaded.log_options, loaded.log_to_stderr)
     import logging
@@ -182,7 +196,15 @@ def serve(path: str) -> int:
     except StartupError as exc:
         logging.getLogger("multusd").error("cannot start: %s", exc)
         print(f"multusd: cannot start: {exc}", file=sys.stderr)
+        _status(f"cannot start: {exc}")
         return 3
+
+
+def _status(text: str) -> None:
+    """The reason a failed start shows in ``systemctl status multusd`` (a no-op off systemd)."""
+    from multusd.daemon import systemd
+
+    systemd.notify(f"STATUS={text[:400]}")
 
 
 if __name__ == "__main__":
