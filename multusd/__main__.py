@@ -38,12 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--rbac", default="", metavar="PATH",
                         help="the RBAC rules to check (default /usr/share/multusd/rbac.yaml)")
     gc = commands.add_parser("gc", help="list the sandboxes whose network namespace is gone; "
-                                        "--release runs DEL for them")
+                                        "--release runs DEL for them; --forget drops one "
+                                        "sandbox's records")
     mode = gc.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true",
                       help="only list them, change nothing (the default)")
     mode.add_argument("--release", action="store_true",
                       help="release them: DEL each from its own records, as the runtime would")
+    mode.add_argument("--forget", metavar="CONTAINER_ID", default="",
+                      help="for a sandbox whose DEL cannot succeed (a plugin binary is gone): "
+                           "DEL what can be released, then drop all its records knowingly")
     sockcheck = commands.add_parser("socket-check", help="whose socket the shim's path is "
                                                          "(multusd.socket's, another daemon's, "
                                                          "none); --repair brings it back")
@@ -105,6 +109,8 @@ def run_tool(args: argparse.Namespace) -> int:
         return doctor.run(args.config, as_json=args.json, rbac_path=args.rbac)
     from multusd.tools import gc
 
+    if args.forget:
+        return gc.forget(args.config, args.forget, as_json=args.json)
     return gc.run(args.config, release=args.release, as_json=args.json)
 
 

@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -99,9 +100,27 @@ def find_plugin(plugin_type: str, bin_dirs: Sequence[str]) -> str:
             not_executable.append(candidate)
     hint = (f" ({', '.join(not_executable)} exists but is not executable: chmod +x it)"
             if not_executable else "; install the plugin there or fix 'binDir'")
-    raise InvalidNetworkConfig(
+    error = InvalidNetworkConfig(
         f"failed to find plugin {plugin_type!r} in the plugin directories {list(bin_dirs)!r}"
         f"{hint}")
+    error.missing_plugin = (plugin_type, tuple(bin_dirs))
+    raise error
+
+
+# How libcni (so every Go plugin delegating to IPAM) says that it found no binary.
+_GO_NOT_FOUND = re.compile(r'failed to find plugin "([^"]+)" in path \[([^\]]*)\]')
+
+
+def missing_plugin(exc: BaseException) -> Optional[Tuple[str, Tuple[str, ...]]]:
+    """``(plugin, directories searched)`` when ``exc`` says a plugin binary does not exist:
+    ours (:func:`find_plugin`) or a plugin's own, e.g. bridge not finding host-local."""
+    found = getattr(exc, "missing_plugin", None)
+    if found is not None:
+        return found
+    match = _GO_NOT_FOUND.search(str(getattr(exc, "msg", "")))
+    if match is None:
+        return None
+    return match.group(1), tuple(match.group(2).split())
 
 
 def build_env(command: str, container_id: str, netns: str, ifname: str, cni_args: str,

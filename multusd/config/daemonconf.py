@@ -96,6 +96,11 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
                      "node's kubeconfig (e.g. /etc/kubernetes/kubelet.conf) instead")
     if raw.get("enablePprof"):
         warnings.append("enablePprof: Go profiling does not exist in multusd; ignored")
+    if raw.get("retryDeleteOnError") is False:
+        warnings.append("retryDeleteOnError: false is not followed: multusd keeps a sandbox's "
+                        "records until every delegate's DEL succeeded (what upstream does with "
+                        "true), so a failed DEL is retried instead of leaking; drop a record "
+                        "knowingly with `multusd gc --forget CONTAINER_ID`")
     values = {
         "socket_dir": problems.absolute_path(raw, "socketDir", "/run/multus/"),
         "log_file": problems.string(raw, "logFile", ""),

@@ -40,7 +40,7 @@ from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
-from multusd.cni.invoke import PluginObserver, search_path
+from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
@@ -289,14 +289,43 @@ class Multus:
         delegates = self._delegates_for_del(req, path, log)
         engine = self.engine(conf)
         # best-effort complete: a failed delegate does not stop the others
+        failures = self._delete_all(engine, req, delegates, deadline)
         errors = [f"{delegate.name} ({delegate.ifname}): {_as_cni_error(exc, log).msg}"
-                  for delegate, exc in self._delete_all(engine, req, delegates, deadline)]
+                  for delegate, exc in failures]
         if errors:
+            # kept until every delegate's DEL succeeds: upstream's retryDeleteOnError, always
             raise MultusError(f"{pod_prefix(req)}: DEL failed "
                               f"for {len(errors)} network(s), the runtime will retry: "
-                              + " / ".join(errors))
+                              + " / ".join(errors) + missing_plugin_hint(req, failures))
         store.remove(path)
         log.info("DEL: %d network(s) released", len(delegates))
+
+    def forget(self, req: CmdArgs, deadline: float, log) -> list[tuple[Any, str]]:
+        """DEL every delegate of the sandbox, then drop its records whatever failed.
+
+        For ``multusd gc --forget``: the operator's knowing decision for a sandbox whose DEL
+        cannot succeed (a plugin binary that is gone for good). Returns ``(delegate, "")``
+        for each delegate released and ``(delegate, why not)`` for each that was not.
+        """
+        req = netns_for_del(req, log)
+        conf = req.config
+        path = scratch_path(conf, req.container_id)
+        delegates = self._delegates_for_del(req, path, log)
+        failed = {id(d): _as_cni_error(exc, log).msg
+                  for d, exc in self._delete_all(self.engine(conf), req, delegates, deadline)}
+        for entry in result_cache.list_entries(cni_dir(conf)):
+            if entry.get("containerId") == req.container_id:
+                result_cache.delete(cni_dir(conf), str(entry["networkName"]), req.container_id,
+                                    str(entry["ifName"]))
+        store.remove(path)
+        outcome = [(d, failed.get(id(d), "")) for d in delegates]
+        for delegate, why in outcome:
+            if why:
+                log.warning("gc --forget %s: %s (%s) NOT released, its records dropped: %s",
+                            req.container_id, delegate.name, delegate.ifname, why)
+        log.info("gc --forget %s: %d of %d network(s) released, every record dropped",
+                 req.container_id, sum(1 for _, why in outcome if not why), len(outcome))
+        return outcome
 
     def _delegates_for_del(self, req: CmdArgs, path: str, log) -> list:
         try:
@@ -375,6 +404,19 @@ class Multus:
             req.config, pod_namespace="", pod_name="", annotations=None,
             cni_ifname=req.ifname or "eth0", get_nad=self.kube.get_nad if self.kube is not None else None)
         return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
+
+
+def missing_plugin_hint(req: CmdArgs, failures: Sequence[tuple[Any, BaseException]]) -> str:
+    """The two ways out when a DEL failed because a plugin binary is gone; "" otherwise."""
+    missing = [found for found in (missing_plugin(exc) for _, exc in failures) if found]
+    if not missing:
+        return ""
+    names = ", ".join(sorted({name for name, _ in missing}))
+    dirs = ", ".join(dict.fromkeys(d for _, searched in missing for d in searched))
+    return (f". Plugin {names} is not installed (searched {dirs}), so this sandbox cannot be "
+            f"released and its records stay: install {names} again, or drop the records "
+            f"knowingly with `multusd gc --forget {req.container_id}` (it releases what the "
+            f"other plugins can; what {names} set up stays as it is)")
 
 
 def pod_prefix(req: CmdArgs, network: str = "") -> str:
