@@ -229,8 +229,10 @@ def test_real_upstream_add_then_multusd_check_and_del(sandbox, tls_kube, tmp_pat
     node.released()
 
 
-def test_multusd_add_then_real_upstream_del(sandbox, tls_kube, tmp_path, upstream_bin):
-    node = Node(sandbox, tls_kube, tmp_path)
+@pytest.mark.parametrize("conflist", [False, True], ids=["conf", "conflist"])
+def test_multusd_add_then_real_upstream_del(sandbox, tls_kube, tmp_path, upstream_bin,
+                                            conflist):
+    node = Node(sandbox, tls_kube, tmp_path, conflist=conflist)
     node.multusd()
     add = node.shim("ADD")
     assert add.code == 0, add.output
@@ -266,4 +268,32 @@ def test_multusd_add_then_real_upstream_check_and_del_in_delegates_mode(
         assert upstream_shim(node, upstream, "DEL").code == 0
     finally:
         upstream.stop()
+    node.released()
+
+
+def test_during_the_move_either_shim_works_with_either_daemon(sandbox, tls_kube, tmp_path,
+                                                              upstream_bin):
+    """/opt/cni/bin/multus-shim may still be the other project's while its daemon runs."""
+    node = Node(sandbox, tls_kube, tmp_path)
+    upstream = start_upstream(node, upstream_bin, tmp_path,
+                              clusterNetwork=node.cluster.cluster_path)
+    try:  # multusd's shim, upstream's daemon
+        add = call_shim("ADD", upstream.shim_conf("0.4.0"), container_id=node.cid,
+                        netns=node.ns_path, pod=("default", "mover"), uid=node.uid)
+        assert add.code == 0, add.output
+        assert add.output["ips"][0]["address"].startswith("10.80.0.")
+        assert call_shim("DEL", upstream.shim_conf("0.4.0"), container_id=node.cid,
+                         netns=node.ns_path, pod=("default", "mover"), uid=node.uid).code == 0
+    finally:
+        upstream.stop()
+    node.released()
+
+    daemon = node.multusd()  # upstream's shim, multusd's daemon
+    for command in ("ADD", "CHECK", "DEL"):
+        out = call_shim(command, daemon.shim_conf("0.4.0"), container_id=node.cid,
+                        netns=node.ns_path, pod=("default", "mover"), uid=node.uid,
+                        argv=upstream.shim_argv)
+        assert out.code == 0, (command, out.output)
+        if command == "ADD":
+            assert set(netns_addresses(node.ns_name)) == {"lo", "eth0", "net1"}
     node.released()
