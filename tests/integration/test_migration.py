@@ -24,6 +24,8 @@ import upstreambin
 import upstreamfmt
 from harness import Cluster, call_shim, netns_addresses
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.tools import sockcheck
+from upstreambin import DAEMON
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
@@ -278,6 +280,8 @@ def test_during_the_move_either_shim_works_with_either_daemon(sandbox, tls_kube,
     upstream = start_upstream(node, upstream_bin, tmp_path,
                               clusterNetwork=node.cluster.cluster_path)
     try:  # multusd's shim, upstream's daemon
+        found = sockcheck.probe(os.path.join(upstream.socket_dir, "multus.sock"))
+        assert found.state == sockcheck.FOREIGN and DAEMON in found.command, found.describe()
         add = call_shim("ADD", upstream.shim_conf("0.4.0"), container_id=node.cid,
                         netns=node.ns_path, pod=("default", "mover"), uid=node.uid)
         assert add.code == 0, add.output
