@@ -98,6 +98,7 @@ class UpstreamDaemon:
         try:
             wait_for(self._ready, 60, interval=0.05, what=f"upstream {DAEMON} /healthz")
         except AssertionError as exc:
+            self.stop()  # never left running behind a failed test
             raise AssertionError(f"{exc}; its log:\n{self.log()[-3000:]}") from None
         return self
 
