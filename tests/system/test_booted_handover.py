@@ -216,13 +216,19 @@ def test_5_moving_back_releases_the_kept_sandbox_and_purge_then_deletes_the_reco
     leases = [n for n in os.listdir(box.path(f"{WORK}/ipam/mdtest")) if n[0].isdigit()]
     assert leases == [], leases
 
-    # upstream's daemon rewrites 00-multus.conf in place (same bytes): it is not ours any more
+    # upstream's daemon rewrites 00-multus.conf in place (same bytes): it is not ours any more;
+    # its installer copies its own multus-shim over ours (cp writes in place)
     box.sh(f"cat {GENERATED} > {WORK}/multus.conf && cat {WORK}/multus.conf > {GENERATED} && "
            f"touch -d '2001-01-01' {GENERATED}")
+    box.sh("printf '\\177ELF upstream multus-shim' > /opt/cni/bin/multus-shim")
     content = open(box.path(GENERATED)).read()
     done = box.run("apt-get", "purge", "-y", "multusd", check=False, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert open(box.path(GENERATED)).read() == content, "purge deleted another's 00-multus.conf"
+    assert "leaving /opt/cni/bin/multus-shim" in done.stdout + done.stderr
+    assert box.run("cat", "/opt/cni/bin/multus-shim").stdout == "\x7fELF upstream multus-shim"
+    assert not os.path.exists(box.path("/opt/cni/bin/passthru")), "its own passthru stays"
+    box.run("rm", "-f", "/opt/cni/bin/multus-shim")
     assert not os.path.exists(box.path(CNI_DIR)), "no sandbox recorded: purge deletes them"
     box.run("rm", "-f", GENERATED)
 
