@@ -1,4 +1,4 @@
-"""The ``multusd`` command: serve, check-config, generate-config, status, show, doctor, gc."""
+"""The ``multusd`` command: serve, check-config, generate-config and the operator tools."""
 
 from __future__ import annotations
 
@@ -38,13 +38,26 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--rbac", default="", metavar="PATH",
                         help="the RBAC file a fix names (default /usr/share/multusd/rbac.yaml)")
     gc = commands.add_parser("gc", help="list the sandboxes whose network namespace is gone; "
-                                        "--release runs DEL for them")
+                                        "--release runs DEL for them; --forget drops one "
+                                        "sandbox's records")
     mode = gc.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true",
                       help="only list them, change nothing (the default)")
     mode.add_argument("--release", action="store_true",
                       help="release them: DEL each from its own records, as the runtime would")
-    for sub in (serve, check, generate, status, show, doctor, gc):
+    mode.add_argument("--forget", metavar="CONTAINER_ID", default="",
+                      help="for a sandbox whose DEL cannot succeed (a plugin binary is gone): "
+                           "DEL what can be released, then drop all its records knowingly")
+    sockcheck = commands.add_parser("socket-check", help="whose socket the shim's path is "
+                                                         "(multusd.socket's, another daemon's, "
+                                                         "none); --repair brings it back")
+    action = sockcheck.add_mutually_exclusive_group()
+    action.add_argument("--repair", action="store_true",
+                        help="restart multusd.socket if the file is gone or dead (never when "
+                             "another daemon listens there)")
+    action.add_argument("--remove-dead", action="store_true",
+                        help="delete the file if nobody listens on it (package removal)")
+    for sub in (serve, check, generate, status, show, doctor, gc, sockcheck):
         sub.add_argument("--config", default=DEFAULT_CONFIG_PATH,
                          help=f"daemon-config.json (default {DEFAULT_CONFIG_PATH})")
     for sub in (status, show, doctor, gc):
@@ -64,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
 
         log.setup("verbose", to_stderr=True, journal=False)  # a oneshot: stderr is the journal
         return run(args.config, remove=args.remove)
+    if args.command == "socket-check":
+        from multusd.tools import sockcheck
+
+        return sockcheck.run(args.config, repair=args.repair, remove_dead=args.remove_dead)
     if args.command in TOOLS:
         return run_tool(args)
     build_parser().print_help()
@@ -89,6 +106,8 @@ def run_tool(args: argparse.Namespace) -> int:
         return doctor.run(args.config, as_json=args.json, rbac_path=args.rbac)
     from multusd.tools import gc
 
+    if args.forget:
+        return gc.forget(args.config, args.forget, as_json=args.json)
     return gc.run(args.config, release=args.release, as_json=args.json)
 
 
@@ -105,8 +124,10 @@ def check_config(path: str) -> int:
         return 1
     for warning in loaded.warnings:
         print(f"  warning: {warning}", file=sys.stderr)
+    plugins = plugin_dirs_report(str(loaded.raw.get("binDir") or ""))
     if not loaded.kubeconfig:
         print(f"{path}: OK (no kubeconfig: the delegates of the config only)")
+        print(plugins)
         return 0
     from multusd.errors import MultusError
     from multusd.kube.clientconfig import ClientConfig
@@ -123,7 +144,35 @@ def check_config(path: str) -> int:
     print(f"{path}: OK")
     print(f"  API server: {client_config.server_url} (kubeconfig {loaded.kubeconfig})")
     print(f"  {node.describe()}")
+    print(plugins)
     return 0
+
+
+def plugin_dirs_report(bin_dir: str) -> str:
+    """Where delegate plugins are looked up and what each directory holds; a warning (on
+    stderr) when none of them holds a plugin."""
+    from multusd.cni.invoke import plugins_in, search_path
+
+    dirs = search_path(bin_dir)
+    found = {d: plugins_in(d) for d in dirs}
+    lines = [f"  plugins: binDir {bin_dir}" if bin_dir else
+             "  plugins: binDir is not set; searched in this order:"]
+    for directory in dirs:
+        names = found[directory]
+        if names is None:
+            what = "no such directory"
+        else:
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            what = f"{len(names)} plugin(s)" + (f": {shown}" if names else "")
+        lines.append(f"    {directory}: {what}")
+    if not any(found.values()):
+        print("  warning: binDir: no plugin found in " + ", ".join(dirs) + "; install the "
+              "delegate plugins (containernetworking-plugins) or set binDir to where they "
+              "are", file=sys.stderr)
+    elif not bin_dir:
+        lines.append("    found: " + ", ".join(d for d in dirs if found[d]) + " (each plugin "
+                     "is run from the first directory that has it)")
+    return "\n".join(lines)
 
 
 def serve(path: str) -> int:
@@ -136,6 +185,7 @@ def serve(path: str) -> int:
         loaded = config.load(path)
     except ConfigError as exc:
         print(f"multusd: {exc.msg}", file=sys.stderr)
+        _status(f"cannot start: {exc.msg}; fix it: systemd retries every few seconds")
         return 1
     log.setup(loaded.log_level, loaded.log_file, loaded.log_options, loaded.log_to_stderr)
     import logging
@@ -147,7 +197,15 @@ def serve(path: str) -> int:
     except StartupError as exc:
         logging.getLogger("multusd").error("cannot start: %s", exc)
         print(f"multusd: cannot start: {exc}", file=sys.stderr)
+        _status(f"cannot start: {exc}")
         return 3
+
+
+def _status(text: str) -> None:
+    """The reason a failed start shows in ``systemctl status multusd`` (a no-op off systemd)."""
+    from multusd.daemon import systemd
+
+    systemd.notify(f"STATUS={text[:400]}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,21 @@ from kubeapi import kube_api, make_kube_api  # noqa: F401 - fixtures for every t
 from testlib import PLUGIN_DIR, run, unique
 from harness import STUBS, Sandbox
 
+
+@pytest.fixture(scope="session", autouse=True)
+def state_directory(tmp_path_factory) -> Iterator[str]:
+    """multusd's state directory (what generate-config records it wrote) for every test and
+    every process a test starts: a private one, never the host's /var/lib/multusd."""
+    path = str(tmp_path_factory.mktemp("multusd-state"))
+    before = os.environ.get("STATE_DIRECTORY")
+    os.environ["STATE_DIRECTORY"] = path
+    yield path
+    if before is None:
+        os.environ.pop("STATE_DIRECTORY", None)
+    else:
+        os.environ["STATE_DIRECTORY"] = before
+
+
 KUBE_FIXTURES = {"kube_api", "make_kube_api"}
 
 

@@ -144,6 +144,7 @@ class DaemonProcess:
         full = {"socketDir": self.socket_dir, "cniDir": self.cni_dir, "binDir": PLUGIN_DIR,
                 "logLevel": "debug", "logToStderr": True}
         full.update(config)
+        full = {key: value for key, value in full.items() if value is not None}  # None: unset
         self.config = full
         os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
         with open(self.config_path, "w") as handle:

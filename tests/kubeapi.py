@@ -533,6 +533,16 @@ class FakeKubeAPI(kubedra.DraStore):
         return None
 
 
+def _initial_events_end(kind: str, version: int) -> Obj:
+    """The BOOKMARK that closes a watch-list's initial events (KEP-3157)."""
+    kinds = {"pods": ("Pod", "v1"), "nads": ("NetworkAttachmentDefinition",
+                                              "k8s.cni.cncf.io/v1")}
+    name, api_version = kinds.get(kind, (kind, "v1"))
+    return {"kind": name, "apiVersion": api_version,
+            "metadata": {"resourceVersion": str(version),
+                         "annotations": {"k8s.io/initial-events-end": "true"}}}
+
+
 def _is_watch(query: Dict[str, str]) -> bool:
     return query.get("watch", "").lower() in ("true", "1")
 
@@ -743,6 +753,10 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                     initial = [("ADDED", copy.deepcopy(o)) for o in store.values()
                                if selector.matches(o)]
                     sent = api._rv
+                    if query.get("sendInitialEvents", "").lower() == "true":
+                        # a watch-list (client-go's WatchListClient, e.g. upstream multus
+                        # v4.3): the initial events end with this bookmark
+                        initial.append(("BOOKMARK", _initial_events_end(kind, sent)))
                 elif int(requested) < api._history.compacted:
                     # like kube-apiserver: a 200 stream that carries one ERROR event, then ends
                     expired = status_object(410, "Expired", f"too old resource version: "

@@ -28,7 +28,8 @@ from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion
 from multusd.cni import cache
 from multusd.cni.cache import RuntimeConf  # noqa: F401 (the engine's callers import it here)
 from multusd.cni.args import format_cni_args
-from multusd.cni.invoke import PluginObserver, build_env, exec_plugin, find_plugin
+from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plugin,
+                                missing_plugin)
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.result import convert_result
 from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
@@ -135,7 +136,8 @@ class Engine:
                             net.name, rt.container_id, rt.ifname, _describe(plugin), exc)
                 errors.append(exc)
         if errors:
-            raise errors[0]
+            # a missing binary first: it is what the operator must act on
+            raise next((e for e in errors if missing_plugin(e)), errors[0])
         cache.delete(rt.cache_dir, net.name, rt.container_id, rt.ifname)
 
     def check(self, net: NetworkConfigList, rt: RuntimeConf,

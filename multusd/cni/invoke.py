@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -49,10 +50,33 @@ _REAP_TIMEOUT = 2.0
 
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: Where plugins are looked up, in order, when ``binDir`` is not set: upstream's default,
+#: then where Debian's containernetworking-plugins (recommended by the package) installs them,
+#: then Fedora's.
+DEFAULT_BIN_DIRS = ("/opt/cni/bin", "/usr/lib/cni", "/usr/libexec/cni")
+
 #: Told of every plugin execution, after it ends: ``observer(plugin_type, command, seconds,
 #: outcome)``, outcome ``"ok"`` or ``"error"`` (any failure, the plugin's own CNI error
 #: included). Called on the request's thread; whatever it raises is logged and dropped.
 PluginObserver = Callable[[str, str, float, str], None]
+
+
+def search_path(bin_dir: str, extra: Sequence[str] = ()) -> Tuple[str, ...]:
+    """The directories searched for plugins: ``bin_dir`` (:data:`DEFAULT_BIN_DIRS` when it
+    is empty), then ``extra`` (the daemon's own CNI_PATH, as upstream), each once."""
+    dirs = [bin_dir] if bin_dir else list(DEFAULT_BIN_DIRS)
+    dirs += [d for d in extra if d and d not in dirs]
+    return tuple(dirs)
+
+
+def plugins_in(directory: str) -> Optional[Tuple[str, ...]]:
+    """The executable files in ``directory``, sorted; None when it is not a directory."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return None
+    return tuple(n for n in names if os.path.isfile(os.path.join(directory, n))
+                 and os.access(os.path.join(directory, n), os.X_OK))
 
 
 def find_plugin(plugin_type: str, bin_dirs: Sequence[str]) -> str:
@@ -76,9 +100,27 @@ def find_plugin(plugin_type: str, bin_dirs: Sequence[str]) -> str:
             not_executable.append(candidate)
     hint = (f" ({', '.join(not_executable)} exists but is not executable: chmod +x it)"
             if not_executable else "; install the plugin there or fix 'binDir'")
-    raise InvalidNetworkConfig(
+    error = InvalidNetworkConfig(
         f"failed to find plugin {plugin_type!r} in the plugin directories {list(bin_dirs)!r}"
         f"{hint}")
+    error.missing_plugin = (plugin_type, tuple(bin_dirs))
+    raise error
+
+
+# How libcni (so every Go plugin delegating to IPAM) says that it found no binary.
+_GO_NOT_FOUND = re.compile(r'failed to find plugin "([^"]+)" in path \[([^\]]*)\]')
+
+
+def missing_plugin(exc: BaseException) -> Optional[Tuple[str, Tuple[str, ...]]]:
+    """``(plugin, directories searched)`` when ``exc`` says a plugin binary does not exist:
+    ours (:func:`find_plugin`) or a plugin's own, e.g. bridge not finding host-local."""
+    found = getattr(exc, "missing_plugin", None)
+    if found is not None:
+        return found
+    match = _GO_NOT_FOUND.search(str(getattr(exc, "msg", "")))
+    if match is None:
+        return None
+    return match.group(1), tuple(match.group(2).split())
 
 
 def build_env(command: str, container_id: str, netns: str, ifname: str, cni_args: str,

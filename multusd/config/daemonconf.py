@@ -2,8 +2,8 @@
 
 The file is upstream's (``/etc/cni/net.d/multus.d/daemon-config.json``) with every upstream
 key accepted, plus host keys of ours: ``kubeconfig``, ``nodeName``, ``requestTimeout``,
-``workers``, ``parallelDelegates`` (true: a pod's independent secondary networks are
-attached concurrently), and for device plugins ``kubeletRootDir`` (/var/lib/kubelet) and
+``workers``, ``parallelDelegates`` (an opt-in, default false: with true a pod's independent
+secondary networks are attached concurrently), and for device plugins ``kubeletRootDir`` (/var/lib/kubelet) and
 ``deviceInfoDir`` (/var/run/k8s.cni.cncf.io/devinfo). ``chrootDir`` is refused: multusd runs on the host and executes plugins directly.
 The whole file is also overlaid on every request's config, as upstream does (F09).
 """
@@ -53,7 +53,7 @@ class DaemonConfig(Record):
     node_name: str = ""
     request_timeout: float = 110.0
     workers: int = 16
-    parallel_delegates: bool = True
+    parallel_delegates: bool = False
     warnings: tuple[str, ...] = ()
 
     @property
@@ -96,6 +96,11 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
                      "node's kubeconfig (e.g. /etc/kubernetes/kubelet.conf) instead")
     if raw.get("enablePprof"):
         warnings.append("enablePprof: Go profiling does not exist in multusd; ignored")
+    if raw.get("retryDeleteOnError") is False:
+        warnings.append("retryDeleteOnError: false is not followed: multusd keeps a sandbox's "
+                        "records until every delegate's DEL succeeded (what upstream does with "
+                        "true), so a failed DEL is retried instead of leaking; drop a record "
+                        "knowingly with `multusd gc --forget CONTAINER_ID`")
     values = {
         "socket_dir": problems.absolute_path(raw, "socketDir", "/run/multus/"),
         "log_file": problems.string(raw, "logFile", ""),
@@ -108,7 +113,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         "node_name": problems.string(raw, "nodeName", ""),  # "" = resolved by the daemon
         "request_timeout": problems.positive(raw, "requestTimeout", 110.0, float),
         "workers": problems.positive(raw, "workers", 16, int),
-        "parallel_delegates": problems.boolean(raw, "parallelDelegates", True),
+        "parallel_delegates": problems.boolean(raw, "parallelDelegates", False),
     }
     limit = raw.get("connectionLimit")
     if limit is not None:

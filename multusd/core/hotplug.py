@@ -17,7 +17,7 @@ from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
 from multusd.core.delegate import Delegate, cleanup_deadline
 from multusd.errors import InvalidNetworkConfig, MultusError, PodNotFound
-from multusd.core.runtimeconf import check_requested_capabilities, inject_cni_args
+from multusd.core.runtimeconf import inject_cni_args, undeclared_requests
 from multusd.core.selection import NetworkSelection
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS")
@@ -51,7 +51,8 @@ def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadlin
     if multus.kube is not None and pod is None:
         raise PodNotFound(f"pod not found during Multus GetPod: {req.pod_namespace}/"
                           f"{req.pod_name} does not exist in the API")
-    check_requested_capabilities(delegate.conf, delegate.selection)
+    for line in undeclared_requests(delegate):
+        log.warning("%s", line)
     try:
         result = engine.add(net, rt, deadline)
     except MultusError:

@@ -1,17 +1,20 @@
 """Which of a pod's delegates may run at the same time, and running each group concurrently.
 
-The delegates of one request are split into *waves* (:func:`plan`): the master (the first
-delegate, ``eth0``) alone, then every secondary whose config does not depend on another
-attachment, then the dependent ones, each in a later wave than what it depends on. A
-delegate depends on
+Only with ``"parallelDelegates": true`` (an opt-in; by default every delegate runs in order,
+as libcni and upstream Multus run one container's networks). The delegates of one request
+are then split into *waves* (:func:`plan`): the master (the first delegate, ``eth0``) alone,
+then every secondary whose config does not depend on another attachment, then the dependent
+ones, each in a later wave than what it depends on. A delegate depends on
 
 * the master, on ADD (upstream runs the cluster network first; on DEL the master is
   released together with the secondaries that do not name its interface);
-* every earlier delegate, when its config says ``"linkInContainer": true`` (its master link
-  is one of the pod's interfaces, and which one is the plugin's business), or when it is
-  the ``auxiliaryCNIChainName`` chain (it works on what the others made; a ``passthru``
-  head marks it);
-* the delegate whose interface name it gives as ``master`` or ``link``.
+* every earlier delegate, when its config (or one plugin of its conflist) says
+  ``"linkInContainer": true`` (vlan, macvlan, ipvlan: the master link is one of the pod's
+  interfaces) or ``"linksInContainer": true`` (bond-cni: its ``links`` are pod interfaces),
+  or when it is the ``auxiliaryCNIChainName`` chain (it works on what the others made; a
+  ``passthru`` head marks it);
+* the delegate whose interface name it gives as ``master`` or ``link``, or in ``links``
+  (``[{"name": "net1"}, ...]`` or ``["net1", ...]``), in the config or any plugin of it.
 
 A pod that requests a ``default-route`` runs strictly in order: the route fixup after each
 delegate changes what the next plugin finds in the namespace.
@@ -35,6 +38,10 @@ DEFAULT_LIMIT = 4
 """Delegates of one request running at once (the request's thread included)."""
 
 _LINK_KEYS = ("master", "link")
+"""Keys whose string value names one interface the plugin uses (in the pod or on the host)."""
+
+_IN_CONTAINER_KEYS = ("linkInContainer", "linksInContainer")
+"""Keys that, set to true, say the named links are interfaces of the pod."""
 
 
 def plan(delegates: Sequence[Any], *, parallel: bool = True, auxiliary_chain: str = "",
@@ -43,7 +50,8 @@ def plan(delegates: Sequence[Any], *, parallel: bool = True, auxiliary_chain: st
 
     :param delegates: objects with ``conf`` (bytes), ``ifname``, ``name`` and
         ``gateway_request``, the first being the master.
-    :param parallel: False gives one delegate per wave: the sequential order.
+    :param parallel: False gives one delegate per wave: the sequential order (the daemon's
+        default, ``parallelDelegates`` unset).
     :param auxiliary_chain: the config's ``auxiliaryCNIChainName`` ("" when unset).
     :param master_first: every secondary waits for the master (ADD). DEL passes False:
         releasing the master does not wait for secondaries that do not name it.
@@ -135,8 +143,16 @@ def _after_all(delegate: Any, plugins: Sequence[Mapping[str, Any]], auxiliary_ch
         return True
     if plugins and plugins[0].get("type") == "passthru":
         return True
-    return any(p.get("linkInContainer") is True for p in plugins)
+    return any(p.get(key) is True for p in plugins for key in _IN_CONTAINER_KEYS)
 
 
 def _link_names(plugins: Sequence[Mapping[str, Any]]) -> List[str]:
-    return [p[key] for p in plugins for key in _LINK_KEYS if isinstance(p.get(key), str)]
+    """Every interface name the plugins give as ``master``, ``link`` or in ``links``."""
+    names = [p[key] for p in plugins for key in _LINK_KEYS if isinstance(p.get(key), str)]
+    for plugin in plugins:
+        links = plugin.get("links")
+        for link in links if isinstance(links, list) else ():
+            name = link.get("name") if isinstance(link, dict) else link
+            if isinstance(name, str) and name:
+                names.append(name)
+    return names

@@ -269,8 +269,15 @@ def _scratch_bytes(path: str) -> Tuple[Optional[bytes], str]:
 
 
 def _master_entry(entries: List[dict], master_net: str) -> Optional[dict]:
-    """The entry of the sandbox's first interface (the runtime's CNI_IFNAME, eth0 usually)."""
+    """The entry of the sandbox's first interface (the runtime's CNI_IFNAME, eth0 usually).
+
+    With the scratch cache naming the master's network, only that network's entry: once the
+    master is released (a partly failed DEL), another attachment's interface must not be
+    taken for the runtime's (a DEL sent with it would delete that attachment's interface).
+    """
     candidates = [e for e in entries if master_net and e.get("networkName") == master_net]
+    if master_net and not candidates:
+        return None
     candidates = candidates or entries
     if not candidates:
         return None

@@ -1,5 +1,8 @@
 """What each delegate receives besides its config: capability args, legacy CNI_ARGS, cni-args.
 
+A request the config does not declare as a capability is never refused: it is handed on as
+upstream hands it on, with a warning (:func:`undeclared_requests`).
+
 Upstream: ``types/conf.go:mergeCNIRuntimeConfig``, ``delegateRuntimeConfig``, ``injectCNIArgs``
 and ``multus.go:DelegateAdd``. Every function here returns new objects and never mutates its
 inputs: before upstream's fix 91e4efcd6 one delegate's ``mac``/``ips`` leaked into the next
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig
 from multusd.store import go_json
-from multusd.core.selection import NetworkSelection, parse_ip_or_cidr, parse_mac
+from multusd.core.selection import parse_ip_or_cidr, parse_mac
 
 if TYPE_CHECKING:
     from multusd.core.delegate import Delegate
@@ -29,14 +32,18 @@ DEVINFO_CNI_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
 _CAPABILITY_KEYS = ("portMappings", "bandwidth", "ips", "mac", "infinibandGUID", "deviceID",
                     "CNIDeviceInfoFile")
 
-# NetworkSelection attribute -> (annotation key, capability a plugin must declare) (F63a).
+# NetworkSelection attribute -> (annotation key, the capability that hands it over) (F38).
 _REQUESTED_CAPABILITIES = (
     ("ips", "ips", "ips"),
     ("mac", "mac", "mac"),
     ("infiniband_guid", "infiniband-guid", "infinibandGUID"),
     ("port_mappings", "portMappings", "portMappings"),
     ("bandwidth", "bandwidth", "bandwidth"),
+    ("device_id", "deviceID", "deviceID"),
 )
+
+# Requests upstream also hands on as deprecated CNI_ARGS, declared or not (F39).
+_LEGACY_ARGS = {"ips": "IP", "mac": "MAC"}
 
 
 def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],
@@ -143,28 +150,36 @@ def declared_capabilities(conf: bytes) -> Dict[str, bool]:
     return declared
 
 
-def check_requested_capabilities(conf: bytes, selection: Optional[NetworkSelection]) -> None:
-    """Fail when the selection requests something no plugin of ``conf`` can apply (F63a).
+def undeclared_requests(delegate: "Delegate") -> List[str]:
+    """What becomes of each request of the pod's selection that the delegate's config does
+    not declare as a capability: one log line each (empty when there is none).
 
-    The NPWG spec says an attachment whose ``ips``, ``mac``, ``infiniband-guid``,
-    ``portMappings`` or ``bandwidth`` request cannot be honoured must fail; upstream silently
-    drops the request. This enforces the spec.
-
-    :raises InvalidNetworkConfig: naming the network, the request and the capability.
+    Never a refusal (upstream serves these pods): as upstream, ``ips`` and ``mac`` still
+    reach the plugins as the legacy ``IP=``/``MAC=`` CNI_ARGS (static IPAM, bridge, macvlan
+    and tuning read them), and the other requests are not passed on at all; runtimeConfig
+    carries only what a plugin declares (F38, F39). The NPWG spec's refusal (F63a) would
+    break the many NADs in the field that declare no capabilities.
     """
+    selection = delegate.selection
     if selection is None:
-        return
-    declared = declared_capabilities(conf)
+        return []
+    declared = declared_capabilities(delegate.conf)
+    network = f"{selection.namespace}/{selection.name}"
+    lines = []
     for attribute, annotation_key, capability in _REQUESTED_CAPABILITIES:
         value = getattr(selection, attribute)
-        if (value is not None and value != () and value != "") and capability not in declared:
-            network = f"{selection.namespace}/{selection.name}"
-            raise InvalidNetworkConfig(
-                f"network {network!r}: the pod requests {annotation_key!r} but no plugin of "
-                f"the network-attachment-definition declares "
-                f"\"capabilities\": {{\"{capability}\": true}}; add that capability to the "
-                f"plugin that applies it, or remove {annotation_key!r} from the pod's "
-                "annotation")
+        if attribute == "device_id" and delegate.resource_name:
+            continue  # the device plugin's ID is written into the config itself (F41)
+        if value is None or value == () or value == "" or capability in declared:
+            continue
+        legacy = _LEGACY_ARGS.get(annotation_key)
+        fate = (f"passed on only as the legacy CNI_ARGS {legacy}=, as upstream does"
+                if legacy else "not passed on, as upstream does")
+        lines.append(
+            f"network {network!r}: the pod requests {annotation_key!r} but no plugin of its "
+            f"config declares \"capabilities\": {{\"{capability}\": true}}: {fate}; declare "
+            f"the capability on the plugin that applies it to hand it over as runtimeConfig")
+    return lines
 
 
 # --- internals -------------------------------------------------------------------------------

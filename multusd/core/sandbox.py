@@ -7,9 +7,10 @@ written through k8s.py. The rules it keeps (architecture.md):
 * an ADD for a container that has attachments recorded is refused (DEL must come first), and
   one whose interface names are taken in the netns runs nothing (F37);
 * the scratch cache ``<cniDir>/<containerID>`` is written before the first delegate runs;
-* the master runs first, then the secondaries concurrently where none depends on another
-  (:mod:`multusd.core.parallel`; ``"parallelDelegates": false`` keeps strict order); results,
-  events and network-status keep the delegates' order whatever order they finish in;
+* delegates run in order (libcni's and upstream's rule); with ``"parallelDelegates": true``
+  the master runs first, then the secondaries concurrently where none depends on another
+  (:mod:`multusd.core.parallel`); results, events and network-status keep the delegates'
+  order whatever order they finish in;
 * an ADD that fails part-way deletes, in reverse, everything it added (the failed delegate
   included) and its scratch cache before answering: it never half-succeeds; what its
   rollback could not release keeps the scratch cache, so that the runtime's DEL finishes;
@@ -39,7 +40,7 @@ from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
-from multusd.cni.invoke import PluginObserver
+from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
@@ -50,7 +51,6 @@ from multusd.store.record import replace
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_BIN_DIR = "/opt/cni/bin"
 DEFAULT_CNI_DIR = "/var/lib/cni/multus"
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
@@ -79,8 +79,7 @@ class Multus:
         return handler(req, deadline, log)
 
     def engine(self, conf: Mapping[str, Any]) -> Engine:
-        bin_dir = conf.get("binDir") or DEFAULT_BIN_DIR
-        return Engine([bin_dir] + [p for p in self._daemon_cni_path if p != bin_dir],
+        return Engine(search_path(str(conf.get("binDir") or ""), self._daemon_cni_path),
                       observer=self.plugin_observer)
 
     # -- ADD --------------------------------------------------------------------------------
@@ -111,7 +110,7 @@ class Multus:
             flush = store.Flush(cache_path)
             for number, wave in enumerate(waves):
                 outcomes = parallel.run_calls(
-                    [functools.partial(self._add_one, engine, req, delegates[i], deadline)
+                    [functools.partial(self._add_one, engine, req, delegates[i], deadline, log)
                      for i in wave], parallel.DEFAULT_LIMIT)
                 for index, (result, exc) in zip(wave, outcomes):
                     delegate = delegates[index]
@@ -190,10 +189,11 @@ class Multus:
                 self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
             raise exc.with_prefix(f"{pod_prefix(req)}: ")
 
-    def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float) -> dict:
+    def _add_one(self, engine: Engine, req: CmdArgs, delegate, deadline: float, log) -> dict:
         net = NetworkConfigList.load(delegate.conf, source=delegate.name)
         if not delegate.master:
-            runtimeconf.check_requested_capabilities(delegate.conf, delegate.selection)
+            for line in runtimeconf.undeclared_requests(delegate):
+                log.warning("%s", line)
         rt = self.runtime_conf(req, delegate)
         info_file = rt.capability_args.get("CNIDeviceInfoFile")
         if delegate.device_id and info_file:
@@ -295,14 +295,43 @@ class Multus:
         delegates = self._delegates_for_del(req, path, log)
         engine = self.engine(conf)
         # best-effort complete: a failed delegate does not stop the others
+        failures = self._delete_all(engine, req, delegates, deadline)
         errors = [f"{delegate.name} ({delegate.ifname}): {_as_cni_error(exc, log).msg}"
-                  for delegate, exc in self._delete_all(engine, req, delegates, deadline)]
+                  for delegate, exc in failures]
         if errors:
+            # kept until every delegate's DEL succeeds: upstream's retryDeleteOnError, always
             raise MultusError(f"{pod_prefix(req)}: DEL failed "
                               f"for {len(errors)} network(s), the runtime will retry: "
-                              + " / ".join(errors))
+                              + " / ".join(errors) + missing_plugin_hint(req, failures))
         store.remove(path)
         log.info("DEL: %d network(s) released", len(delegates))
+
+    def forget(self, req: CmdArgs, deadline: float, log) -> list[tuple[Any, str]]:
+        """DEL every delegate of the sandbox, then drop its records whatever failed.
+
+        For ``multusd gc --forget``: the operator's knowing decision for a sandbox whose DEL
+        cannot succeed (a plugin binary that is gone for good). Returns ``(delegate, "")``
+        for each delegate released and ``(delegate, why not)`` for each that was not.
+        """
+        req = netns_for_del(req, log)
+        conf = req.config
+        path = scratch_path(conf, req.container_id)
+        delegates = self._delegates_for_del(req, path, log)
+        failed = {id(d): _as_cni_error(exc, log).msg
+                  for d, exc in self._delete_all(self.engine(conf), req, delegates, deadline)}
+        for entry in result_cache.list_entries(cni_dir(conf)):
+            if entry.get("containerId") == req.container_id:
+                result_cache.delete(cni_dir(conf), str(entry["networkName"]), req.container_id,
+                                    str(entry["ifName"]))
+        store.remove(path)
+        outcome = [(d, failed.get(id(d), "")) for d in delegates]
+        for delegate, why in outcome:
+            if why:
+                log.warning("gc --forget %s: %s (%s) NOT released, its records dropped: %s",
+                            req.container_id, delegate.name, delegate.ifname, why)
+        log.info("gc --forget %s: %d of %d network(s) released, every record dropped",
+                 req.container_id, sum(1 for _, why in outcome if not why), len(outcome))
+        return outcome
 
     def _delegates_for_del(self, req: CmdArgs, path: str, log) -> list:
         try:
@@ -386,6 +415,19 @@ class Multus:
         if self.kube is None:
             return None
         return lambda namespace, name: self.kube.get_nad(namespace, name, deadline=deadline)
+
+
+def missing_plugin_hint(req: CmdArgs, failures: Sequence[tuple[Any, BaseException]]) -> str:
+    """The two ways out when a DEL failed because a plugin binary is gone; "" otherwise."""
+    missing = [found for found in (missing_plugin(exc) for _, exc in failures) if found]
+    if not missing:
+        return ""
+    names = ", ".join(sorted({name for name, _ in missing}))
+    dirs = ", ".join(dict.fromkeys(d for _, searched in missing for d in searched))
+    return (f". Plugin {names} is not installed (searched {dirs}), so this sandbox cannot be "
+            f"released and its records stay: install {names} again, or drop the records "
+            f"knowingly with `multusd gc --forget {req.container_id}` (it releases what the "
+            f"other plugins can; what {names} set up stays as it is)")
 
 
 def pod_prefix(req: CmdArgs, network: str = "") -> str:

@@ -22,12 +22,14 @@ LOG = logging.getLogger(__name__)
 def delegates_to_cache(delegates: Sequence[Delegate]) -> bytes:
     """The scratch-cache content for ``<cniDir>/<containerID>``, in upstream's exact format.
 
-    A JSON array of upstream's ``DelegateNetConf``: ``Conf``, ``ConfList``, ``Name``,
-    ``ifnameRequest``, ``macRequest``, ``infinibandGUIDRequest``, ``ipRequest``,
-    ``default-route``, ``IsFilterV4Gateway``, ``IsFilterV6Gateway``, ``deviceID``,
-    ``resourceName`` and ``Bytes`` (base64 of :attr:`Delegate.conf`); for a device DRA
-    allocated also ``draDevice`` (claim, request, driver, pool, device), which no field of
-    upstream's DelegateNetConf matches, so that upstream's reader skips it.
+    A JSON array of upstream's ``DelegateNetConf``: ``Conf``, ``ConfList``,
+    ``CNINetworkConfigList`` (libcni's list, untagged; upstream fills it only for a conflist
+    it loaded from a file, and reads it nowhere on DEL: written empty, as for every other
+    delegate), ``Name``, ``ifnameRequest``, ``macRequest``, ``infinibandGUIDRequest``,
+    ``ipRequest``, ``default-route``, ``IsFilterV4Gateway``, ``IsFilterV6Gateway``,
+    ``deviceID``, ``resourceName`` and ``Bytes`` (base64 of :attr:`Delegate.conf`); for a
+    device DRA allocated also ``draDevice`` (claim, request, driver, pool, device), which no
+    field of upstream's DelegateNetConf matches, so that upstream's reader skips it.
     """
     return ("[" + ",".join(go_json(_cache_entry(d)) for d in delegates) + "]").encode()
 
@@ -101,6 +103,7 @@ def _cache_entry(delegate: Delegate) -> Dict[str, Any]:
     entry: Dict[str, Any] = {
         "Conf": _plugin_conf_view(data),
         "ConfList": _conflist_view(data) if delegate.is_conflist else {},
+        "CNINetworkConfigList": dict(_EMPTY_NETWORK_CONFIG_LIST),
         "Name": delegate.name,
     }
     if delegate.ifname_request:
@@ -143,7 +146,50 @@ def _cached_strings(item: Mapping[str, Any], key: str, index: int) -> Optional[T
     return tuple(value)
 
 
+# libcni.NetworkConfigList's zero value as Go marshals it (no JSON tags, nil slices as null).
+_EMPTY_NETWORK_CONFIG_LIST = {"Name": "", "CNIVersion": "", "DisableCheck": False,
+                              "DisableGC": False, "LoadOnlyInlinedPlugins": False,
+                              "Plugins": None, "Bytes": None}
+
+
+def _executed_conflist(item: Mapping[str, Any]) -> Optional[bytes]:
+    """The conflist upstream v4.3 executed on ADD, when it recorded one in
+    ``CNINetworkConfigList`` (a conflist loaded from a file: clusterNetwork, defaultNetworks,
+    the auxiliary chain), rebuilt from each plugin's raw bytes; None otherwise.
+
+    Its ``Bytes`` for such a delegate are a re-encoding through Go's ``PluginConf``, which
+    keeps only the standard keys (``bridge``, ``subnet``, ``dataDir`` ... are lost): a DEL run
+    from them would not release what the ADD made.
+    """
+    chain = item.get("CNINetworkConfigList")
+    plugins = chain.get("Plugins") if isinstance(chain, dict) else None
+    if not isinstance(plugins, list) or not plugins:
+        return None
+    raw_plugins = []
+    for plugin in plugins:
+        encoded = plugin.get("Bytes") if isinstance(plugin, dict) else None
+        try:
+            raw = json.loads(base64.b64decode(encoded or "", validate=True))
+        except (binascii.Error, ValueError):
+            return None
+        if not isinstance(raw, dict):
+            return None
+        raw_plugins.append(raw)
+    conf: Dict[str, Any] = {}
+    for key, go_key in (("cniVersion", "CNIVersion"), ("name", "Name")):
+        if isinstance(chain.get(go_key), str) and chain[go_key]:
+            conf[key] = chain[go_key]
+    for key, go_key in (("disableCheck", "DisableCheck"), ("disableGC", "DisableGC")):
+        if chain.get(go_key) is True:
+            conf[key] = True
+    conf["plugins"] = raw_plugins
+    return go_json(conf).encode()
+
+
 def _cached_conf(item: Mapping[str, Any], index: int) -> bytes:
+    executed = _executed_conflist(item)
+    if executed is not None:
+        return executed
     encoded = item.get("Bytes")
     if isinstance(encoded, str) and encoded:
         try:

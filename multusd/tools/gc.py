@@ -1,9 +1,15 @@
-"""``multusd gc [--release]``: list (default) or release the sandboxes whose netns is gone.
+"""``multusd gc [--release | --forget ID]``: list or release stale sandboxes, or drop one's records.
 
-Releasing is a CNI DEL for each, from the sandbox's own records, exactly as the runtime would
-send it: through the daemon's socket when it answers (so its per-sandbox lock holds), else
-by the daemon's own DEL path (:meth:`multusd.core.sandbox.Multus.delete`) in this process.
-A sandbox whose network namespace exists, or cannot be told, is never touched.
+Releasing is a CNI DEL for each sandbox whose netns is gone, from the sandbox's own records,
+exactly as the runtime would send it: through the daemon's socket when it answers (so its
+per-sandbox lock holds), else by the daemon's own DEL path
+(:meth:`multusd.core.sandbox.Multus.delete`) in this process. A sandbox whose network
+namespace exists, or cannot be told, is never touched.
+
+``--forget CONTAINER_ID`` is for the one sandbox whose DEL cannot succeed (a plugin binary
+that is gone for good keeps the runtime's DEL failing, and the pod Terminating): every
+delegate gets its DEL, in this process, and the records are dropped whatever failed; what a
+failed delegate set up is reported and left as it is. It runs only when asked, by exact ID.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from multusd.cni.args import format_cni_args
+from multusd.cni.invoke import search_path
 from multusd.core import records
 from multusd.tools import common
 
@@ -49,6 +56,46 @@ def run(config_path: str, *, release: bool = False, as_json: bool = False) -> in
     else:
         print(render(summary))
     return common.EXIT_PROBLEM if failed else common.EXIT_OK
+
+
+def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int:
+    """``multusd gc --forget CONTAINER_ID``: DEL what can be released, drop every record."""
+    from multusd.core import request as cmdargs
+    from multusd.core.sandbox import Multus
+
+    try:
+        config = common.load_config(config_path)
+        cni_dir = records.cni_dir_of(config.raw)
+        record = records.read_sandbox(cni_dir, container_id)
+    except common.ToolError as exc:
+        print(f"multusd gc: {exc}", file=sys.stderr)
+        return exc.code
+    if record is None:
+        print(f"multusd gc: no sandbox {container_id!r} is recorded in {cni_dir} (give the "
+              "full container ID the DEL error names)", file=sys.stderr)
+        return common.EXIT_NOT_FOUND
+    env, conf = del_request(config, record)
+    req = cmdargs.parse(env, conf, config)
+    outcome = Multus(config, None).forget(req, time.monotonic() + config.request_timeout,
+                                          logging.LoggerAdapter(LOG, {}))
+    left = records.read_sandbox(cni_dir, container_id)
+    doc = {"containerId": container_id,
+           "pod": {"namespace": record.pod_namespace, "name": record.pod_name},
+           "networks": [{"network": d.name, "interface": d.ifname, "released": not why,
+                         **({"error": why} if why else {})} for d, why in outcome],
+           "recordsLeft": left.files if left is not None else []}
+    if as_json:
+        common.emit_json(doc)
+    else:
+        for net in doc["networks"]:
+            print(f"released: {net['network']} ({net['interface']})" if net["released"] else
+                  f"NOT released, record dropped: {net['network']} ({net['interface']}): "
+                  f"{net['error']}")
+        released = sum(1 for n in doc["networks"] if n["released"])
+        print(f"{container_id}: {released} of {len(outcome)} network(s) released; "
+              + ("its records are gone: the runtime's next DEL succeeds" if left is None else
+                 "records left: " + ", ".join(left.files)))
+    return common.EXIT_OK if left is None else common.EXIT_PROBLEM
 
 
 def render(summary: Dict[str, Any]) -> str:
@@ -87,7 +134,7 @@ def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], 
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": record.container_id,
            "CNI_NETNS": record.netns, "CNI_IFNAME": record.master_ifname,
            "CNI_ARGS": format_cni_args(pairs),
-           "CNI_PATH": str(config.raw.get("binDir") or "/opt/cni/bin")}
+           "CNI_PATH": ":".join(search_path(str(config.raw.get("binDir") or "")))}
     return env, common.runtime_conf(config)
 
 

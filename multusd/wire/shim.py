@@ -135,10 +135,12 @@ def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
             last = f"{endpoint} answered {response.status} (multusd is stopping or starting)"
         except OSError as exc:
             last = f"{exc.strerror or exc}"
+            hint = unreachable_hint(exc)
+        else:
+            hint = unreachable_hint(None)
         if time.monotonic() >= deadline:
             raise wire.errors().TryAgainLater(
-                f"timed out after {timeout:.0f}s waiting for multusd on {sock}: {last}; "
-                "check `systemctl status multusd.socket multusd`")
+                f"timed out after {timeout:.0f}s waiting for multusd on {sock}: {last}; {hint}")
         time.sleep(pause)
         pause = min(pause * 2, READY_POLL_INTERVAL)
 
@@ -150,7 +152,17 @@ def check_alive(sock: str) -> None:
     except OSError as exc:
         raise wire.errors().TryAgainLater(
             f"multusd is not reachable on {sock}: {exc.strerror or exc}; "
-            "check `systemctl status multusd.socket multusd`") from None
+            f"{unreachable_hint(exc)}") from None
+
+
+def unreachable_hint(exc: "OSError | None") -> str:
+    """What to do when the socket does not answer; the exact fix when its file is gone."""
+    if isinstance(exc, FileNotFoundError):
+        # systemd still holds the socket, but its file was deleted (upstream's multus-daemon
+        # empties its socket directory when it starts): only a restart of the unit binds anew
+        return ("the socket file is gone (another Multus daemon may have emptied its "
+                "directory); recreate it: `systemctl restart multusd.socket`")
+    return "check `systemctl status multusd.socket multusd`"
 
 
 def post_cni(sock: str, env: "dict[str, str]", stdin: bytes) -> bytes:

@@ -1,6 +1,7 @@
 """Per-attachment runtime config through the real shim and daemon: what each delegate gets.
 
-runtimeConfig (mac, ips) only for the attachment that asked, legacy MAC=/IP= CNI_ARGS,
+runtimeConfig (mac, ips) only for the attachment that asked and declares them, legacy
+MAC=/IP= CNI_ARGS whether declared or not (a real static IPAM reading them),
 cni-args, a macvlan with a static MAC and IP, default-route moved to net1 (routes and
 result caches), ECMP refused, device IDs from the kubelet checkpoint with device-info files.
 """
@@ -78,16 +79,58 @@ def test_only_the_requesting_attachment_gets_its_mac_ips_and_cni_args(cluster, t
     assert set(records(record)["rec-2"]) == {"ADD", "DEL"}
 
 
-def test_a_requested_mac_without_the_capability_fails_clearly(cluster, tmp_path):
+def test_requests_a_nad_does_not_declare_go_on_as_upstream_with_a_warning(cluster, tmp_path):
     record = str(tmp_path / "calls.jsonl")
     recording_nad(cluster, "nocaps", record, capabilities={})
     cluster.start()
-    pod = cluster.pod("nocaps-pod", annotations={
-        NETWORKS_KEY: '[{"name":"nocaps","mac":"c2:11:22:33:44:55"}]'})
-    add, ns_name, _, _ = attach(cluster, pod)
-    assert add.code != 0
-    assert "mac" in add.output["msg"] and "nocaps" in add.output["msg"]
-    assert cluster.sandbox.leases_held() == []
+    selection = [{"name": "nocaps", "mac": "c2:11:22:33:44:55", "ips": ["10.1.1.5/24"],
+                  "infiniband-guid": "c2:11:22:33:44:55:66:77",
+                  "portMappings": [{"hostPort": 8080, "containerPort": 80}]}]
+    pod = cluster.pod("nocaps-pod", annotations={NETWORKS_KEY: json.dumps(selection)})
+    add, _, ns_path, cid = attach(cluster, pod)
+
+    assert add.code == 0, add.output  # upstream serves this pod: so does multusd
+    call = records(record)["nocaps"]["ADD"]
+    args = call["env"]["CNI_ARGS"].split(";")
+    # exactly upstream's CNI_ARGS: the pod's five, then the deprecated MAC= and IP=
+    assert args == ["IgnoreUnknown=true", "K8S_POD_NAMESPACE=default",
+                    "K8S_POD_NAME=nocaps-pod", f"K8S_POD_INFRA_CONTAINER_ID={cid}",
+                    f"K8S_POD_UID={pod['metadata']['uid']}", "MAC=c2:11:22:33:44:55",
+                    "IP=10.1.1.5/24"]
+    assert "runtimeConfig" not in call["stdin"]  # only what a plugin declares
+    log = cluster.daemon.log()
+    for request in ("ips", "mac", "infiniband-guid", "portMappings"):
+        assert f"network 'default/nocaps': the pod requests '{request}' but no plugin" in log
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+
+
+def test_static_ipam_without_capabilities_takes_the_ip_and_mac_from_legacy_args(cluster):
+    """The common NAD in the field: bridge + static IPAM, no "capabilities" at all."""
+    conf = {"cniVersion": "0.4.0", "type": "bridge", "bridge": cluster.sandbox.bridge(),
+            "ipam": {"type": "static", "routes": [{"dst": "10.2.0.0/16"}]}}
+    cluster.kube.add_nad("default", "legacy", json.dumps(conf))
+    cluster.start()
+    pod = cluster.pod("legacy-pod", annotations={NETWORKS_KEY: json.dumps(
+        [{"name": "legacy", "ips": ["10.1.7.5/24"], "mac": "c2:11:22:33:44:77"}])})
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+
+    assert add.code == 0, add.output
+    assert netns_addresses(ns_name)["net1"] == ["10.1.7.5/24"]  # static read IP= (CNI_ARGS)
+    link = subprocess.run(["ip", "-n", ns_name, "-j", "link", "show", "net1"], check=True,
+                          capture_output=True, text=True).stdout
+    assert json.loads(link)[0]["address"] == "c2:11:22:33:44:77"  # bridge read MAC=
+    status = {s["interface"]: s for s in cluster.status("default", "legacy-pod")}
+    assert status["net1"]["ips"] == ["10.1.7.5"] and status["net1"]["mac"] == "c2:11:22:33:44:77"
+    cached = cache.read(cluster.daemon.cni_dir, "legacy", cid, "net1")
+    assert cached["cniArgs"][-2:] == [["MAC", "c2:11:22:33:44:77"], ["IP", "10.1.7.5/24"]]
+    # libcni records the capability args it was handed, declared or not (so does upstream)
+    assert cached["capabilityArgs"] == {"ips": ["10.1.7.5/24"], "mac": "c2:11:22:33:44:77"}
+    assert "the pod requests 'ips' but no plugin" in cluster.daemon.log()
+
+    assert cluster.shim("CHECK", pod, ns_path, cid).code == 0
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid))
 
 
 @pytest.fixture

@@ -282,6 +282,54 @@ def test_remove_deletes_only_what_multusd_wrote(node, tmp_path):
     assert json.loads(node.generated.read_text()) == thin
 
 
+def test_remove_leaves_a_file_rewritten_since_even_with_the_same_bytes(node):
+    """Upstream's daemon writes byte-identical content (in place): it is theirs now."""
+    node.primary("10-mycni.conf")
+    node.configure()
+    assert node.run() == 0
+    ours = node.generated.read_bytes()
+    with open(node.generated, "r+b") as handle:  # os.WriteFile: truncate and write in place
+        handle.truncate(0)
+        handle.write(ours)
+    os.utime(node.generated, ns=(1_000_000_000, 1_000_000_000))  # a write at another time
+    assert node.run() == 0  # the path unit's next run: up to date, and not adopted
+    assert node.generated.stat().st_mtime_ns == 1_000_000_000
+    assert node.run(remove=True) == 0
+    assert node.generated.read_bytes() == ours
+    # multusd writing it again makes it multusd's again (the next trigger of the oneshot)
+    node.generated.write_text("{}")
+    assert node.run() == 0 and node.run(remove=True) == 0
+    assert not node.generated.exists()
+
+
+def test_a_file_with_multusds_bytes_but_no_record_is_adopted(node):
+    """Written by a multusd from before the record: removal still deletes it."""
+    from multusd.config import written
+
+    node.primary("10-mycni.conf")
+    node.configure()
+    assert node.run() == 0
+    written.forget(str(node.generated))
+    assert not written.is_recorded(str(node.generated))
+    assert node.run() == 0 and node.run(remove=True) == 0
+    assert not node.generated.exists()
+
+
+def test_the_record_lives_in_the_state_directory(node, state_directory):
+    from multusd.config import written
+
+    node.primary("10-mycni.conf")
+    node.configure()
+    assert node.run() == 0
+    record = json.loads(open(os.path.join(state_directory, "written.json")).read())
+    entry = record[str(node.generated)]
+    assert entry["sha256"] == __import__("hashlib").sha256(node.generated.read_bytes()).hexdigest()
+    assert written.record_path() == os.path.join(state_directory, "written.json")
+    assert node.run(remove=True) == 0
+    assert str(node.generated) not in json.loads(
+        open(os.path.join(state_directory, "written.json")).read())
+
+
 def test_remove_works_without_a_daemon_config(node, tmp_path):
     node.primary("10-mycni.conf")
     node.configure()

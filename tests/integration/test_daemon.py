@@ -349,6 +349,56 @@ def test_check_config_reports_every_problem(tmp_path):
     assert "chrootDir:" in out.stderr and "logLevel:" in out.stderr
 
 
+def test_check_config_says_where_plugins_are_found_without_bin_dir(tmp_path):
+    from multusd.cni.invoke import DEFAULT_BIN_DIRS, plugins_in
+
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"cniVersion": "0.3.1"}))
+    out = subprocess.run([sys.executable, "-m", "multusd", "check-config", "--config",
+                          str(config)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "binDir is not set; searched in this order:" in out.stdout
+    listed = [line.split(":")[0].strip() for line in out.stdout.splitlines()
+              if line.startswith("    /")]
+    assert listed == list(DEFAULT_BIN_DIRS)
+    having = [d for d in DEFAULT_BIN_DIRS if plugins_in(d)]
+    for directory in DEFAULT_BIN_DIRS:
+        count = len(plugins_in(directory) or ())
+        expected = f"{count} plugin(s)" if plugins_in(directory) is not None else \
+            "no such directory"
+        assert f"    {directory}: {expected}" in out.stdout
+    if having:
+        assert f"    found: {', '.join(having)} (" in out.stdout
+    else:
+        assert "warning: binDir: no plugin found" in out.stderr
+
+
+def test_check_config_warns_when_bin_dir_holds_no_plugin(tmp_path):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"binDir": str(tmp_path / "none")}))
+    out = subprocess.run([sys.executable, "-m", "multusd", "check-config", "--config",
+                          str(config)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"    {tmp_path / 'none'}: no such directory" in out.stdout
+    assert f"warning: binDir: no plugin found in {tmp_path / 'none'}" in out.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/lib/cni/bridge") or
+                    os.path.exists("/opt/cni/bin/bridge"),
+                    reason="needs Debian's plugins in /usr/lib/cni and none in /opt/cni/bin")
+def test_without_bin_dir_plugins_come_from_usr_lib_cni(sandbox):
+    daemon = sandbox.daemon({"binDir": None,
+                             "delegates": [sandbox.net("primary", "10.77.0.0/24")]})
+    assert "binDir" not in json.load(open(daemon.config_path))
+    ns_name, ns_path = sandbox.netns()
+    cid = uuid.uuid4().hex
+    added = call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(cid))
+    assert added.code == 0, added.output  # bridge from /usr/lib/cni, which finds host-local
+    assert "eth0" in netns_addresses(ns_name)
+    assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod_args(cid)).code == 0
+    assert sandbox.leases_held() == []
+
+
 def test_wire_body_is_upstreams_shape():
     body = json.loads(api.encode_request({"CNI_COMMAND": "ADD"}, b'{"a":1}'))
     assert body == {"env": {"CNI_COMMAND": "ADD"},

@@ -262,6 +262,32 @@ def test_hot_plug_adds_and_removes_net5(cluster):
     assert cluster.sandbox.leases_held() == []
 
 
+def test_hot_plug_hands_undeclared_ips_and_mac_on_as_legacy_args(cluster):
+    cluster.start()
+    pod = cluster.pod("web-12")
+    add, ns_name, ns_path, cid = attach(cluster, pod)
+    assert add.code == 0, add.output
+    static = {"cniVersion": "0.4.0", "name": "hotstatic", "type": "bridge",
+              "bridge": cluster.sandbox.bridge(), "ipam": {"type": "static"}}  # no capabilities
+    meta = pod["metadata"]
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": ns_path,
+           "CNI_IFNAME": "net7",
+           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-12;K8S_POD_UID={meta['uid']}"}
+    attributes = {"ips": ["10.1.9.7/24"], "mac": "c2:11:22:33:44:99"}
+    body = api.encode_request(env, json.dumps(static).encode(), attributes)
+    response = api.http_request(cluster.daemon.socket_path, "POST", "/delegate", body, timeout=60)
+
+    assert response.status == 200, response.body
+    assert netns_addresses(ns_name)["net7"] == ["10.1.9.7/24"]
+    assert "network 'default/hotstatic': the pod requests 'ips'" in cluster.daemon.log()
+    env["CNI_COMMAND"] = "DEL"
+    body = api.encode_request(env, json.dumps(static).encode(), attributes)
+    response = api.http_request(cluster.daemon.socket_path, "POST", "/delegate", body, timeout=60)
+    assert response.status == 200, response.body
+    assert "net7" not in netns_addresses(ns_name)
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+
+
 def test_readyz_waits_for_the_api_caches(cluster):
     cluster.kube.stop()
     full = {"cniVersion": "0.4.0", "kubeconfig": cluster.kube.kubeconfig_path,

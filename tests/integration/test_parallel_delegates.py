@@ -1,9 +1,12 @@
-"""A pod's delegates in parallel: the master first, secondaries together, the same outcome.
+"""A pod's delegates in parallel (``"parallelDelegates": true``, an opt-in): the master first,
+secondaries together, what names another attachment's interface after it, the same outcome.
 
 The real daemon and shim and the fake API server. ``stub-timed`` records when each plugin
 call started and ended, and its barrier makes secondaries prove they overlapped: each waits
 for its peers to have started, and fails when they never do (as in a sequential run).
-Real bridge + host-local networks show nothing leaks: links, leases, caches.
+``stub-link`` makes real links in the pod and, bond-style, fails unless the links it
+enslaves already exist there when it runs. Real bridge + host-local networks show nothing
+leaks: links, leases, caches.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def test_secondaries_overlap_after_the_master(cluster, timed):
     peers = ["net1", "net2", "net3"]
     for number, name in enumerate(["sec-a", "sec-b", "sec-c"], start=2):
         timed.nad(name, number, barrier=peers, barrierOn="ADD")
-    cluster.start(clusterNetwork=timed.cluster_network())
+    cluster.start(clusterNetwork=timed.cluster_network(), parallelDelegates=True)
     pod = cluster.pod("par-0", annotations={NETWORKS_KEY: "sec-a,sec-b,sec-c"})
 
     add, ns_path, cid = attach(cluster, pod)
@@ -102,7 +105,8 @@ def test_del_releases_the_master_and_the_secondaries_together(cluster, timed):
     peers = ["eth0", "net1", "net2"]
     for number, name in enumerate(["sec-a", "sec-b"], start=2):
         timed.nad(name, number, barrier=peers, barrierOn="DEL")
-    cluster.start(clusterNetwork=timed.cluster_network(barrier=peers, barrierOn="DEL"))
+    cluster.start(clusterNetwork=timed.cluster_network(barrier=peers, barrierOn="DEL"),
+                  parallelDelegates=True)
     pod = cluster.pod("par-1", annotations={NETWORKS_KEY: "sec-a,sec-b"})
     add, ns_path, cid = attach(cluster, pod)
     assert add.code == 0, add.output
@@ -120,7 +124,7 @@ def test_dependent_delegates_wait_for_what_they_name(cluster, timed):
     timed.nad("sec-b", 3, barrier=["net1", "net2"])
     timed.nad("on-net1", 4, master="net1")         # names net1's interface as its master
     timed.nad("in-pod", 5, linkInContainer=True)   # its link is one of the pod's interfaces
-    cluster.start(clusterNetwork=timed.cluster_network())
+    cluster.start(clusterNetwork=timed.cluster_network(), parallelDelegates=True)
     pod = cluster.pod("par-2", annotations={NETWORKS_KEY: "sec-a,sec-b,on-net1,in-pod"})
 
     add, ns_path, cid = attach(cluster, pod)
@@ -135,6 +139,66 @@ def test_dependent_delegates_wait_for_what_they_name(cluster, timed):
     assert all(dels[i]["start"] >= dels["net4"]["end"] for i in ("net1", "net2", "net3"))
 
 
+class Links:
+    """stub-link networks: ``maker`` NADs create a dummy link, ``needs`` NADs require links."""
+
+    def __init__(self, cluster: Cluster, tmp_path) -> None:
+        self.cluster = cluster
+        self.record = str(tmp_path / "links.jsonl")
+        self.markers = str(tmp_path / "markers")
+        os.makedirs(self.markers)
+
+    def conf(self, name: str, **extra) -> dict:
+        return {"cniVersion": "0.4.0", "name": name, "type": "stub-link",
+                "recordFile": self.record, "markerDir": self.markers, **extra}
+
+    def maker(self, name: str) -> None:
+        self.cluster.kube.add_nad("default", name, json.dumps(self.conf(name, makeLink=True)))
+
+    def needs(self, name: str, **extra) -> None:
+        self.cluster.kube.add_nad("default", name, json.dumps(self.conf(name, **extra)))
+
+    def calls(self, command: str) -> dict:
+        with open(self.record) as handle:
+            lines = [json.loads(line) for line in handle]
+        return {c["ifname"]: c for c in lines if c["command"] == command}
+
+
+def test_a_bond_and_a_vlan_on_pod_links_wait_for_those_links(cluster, tmp_path):
+    links = Links(cluster, tmp_path)
+    for name in ("slave-a", "slave-b", "slave-c"):
+        links.maker(name)
+    # bond-cni's own config shape: links by name, in the pod
+    links.needs("bond", mode="active-backup", linksInContainer=True,
+                links=[{"name": "net1"}, {"name": "net2"}])
+    # vlan style, inside a conflist: the master link is one of the pod's interfaces
+    cluster.kube.add_nad("default", "vlan-on-c", json.dumps({
+        "cniVersion": "0.4.0", "name": "vlan-on-c",
+        "plugins": [dict(links.conf("vlan-on-c"), master="net3", linkInContainer=True)]}))
+    cluster.start(parallelDelegates=True)
+    pod = cluster.pod("par-7", annotations={
+        NETWORKS_KEY: "slave-a,slave-b,slave-c,bond@bond0,vlan-on-c@vlan7"})
+
+    add, ns_path, cid = attach(cluster, pod)
+
+    # stub-link fails the ADD when a link it names is not in the netns yet (a wrong order)
+    assert add.code == 0, add.output
+    ns_name = os.path.basename(ns_path)
+    assert {"net1", "net2", "net3", "bond0", "vlan7"} <= set(netns_addresses(ns_name))
+    calls = links.calls("ADD")
+    makers = ("net1", "net2", "net3")
+    assert max(calls[m]["start"] for m in makers) < min(calls[m]["end"] for m in makers)
+    assert all(calls["bond0"]["start"] >= calls[m]["end"] for m in ("net1", "net2"))
+    assert calls["vlan7"]["start"] >= calls["net3"]["end"]
+
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    dels = links.calls("DEL")
+    assert all(dels[m]["start"] >= dels["bond0"]["end"] for m in ("net1", "net2"))
+    assert dels["net3"]["start"] >= dels["vlan7"]["end"]
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid))
+
+
 def test_the_auxiliary_chain_runs_after_every_other_network(cluster, timed):
     timed.nad("sec-a", 2, barrier=["net1", "net2"])
     timed.nad("sec-b", 3, barrier=["net1", "net2"])
@@ -143,7 +207,8 @@ def test_the_auxiliary_chain_runs_after_every_other_network(cluster, timed):
     os.makedirs(aux_dir)
     with open(os.path.join(aux_dir, "10-timed.conf"), "w") as handle:
         json.dump({"type": "stub-timed", "recordFile": timed.record}, handle)
-    cluster.start(clusterNetwork=cluster_network, auxiliaryCNIChainName="aux")
+    cluster.start(clusterNetwork=cluster_network, auxiliaryCNIChainName="aux",
+                  parallelDelegates=True)
     pod = cluster.pod("par-6", annotations={NETWORKS_KEY: "sec-a,sec-b"})
 
     add, ns_path, cid = attach(cluster, pod)
@@ -157,10 +222,11 @@ def test_the_auxiliary_chain_runs_after_every_other_network(cluster, timed):
     assert all(dels[i]["start"] >= dels["net3"]["end"] for i in ("eth0", "net1", "net2"))
 
 
-def test_parallel_delegates_false_restores_strict_order(cluster, timed):
+@pytest.mark.parametrize("setting", [{}, {"parallelDelegates": False}], ids=["unset", "false"])
+def test_by_default_and_with_false_every_delegate_runs_in_order(cluster, timed, setting):
     for number, name in enumerate(["sec-a", "sec-b", "sec-c"], start=2):
         timed.nad(name, number)
-    cluster.start(clusterNetwork=timed.cluster_network(), parallelDelegates=False)
+    cluster.start(clusterNetwork=timed.cluster_network(), **setting)
     pod = cluster.pod("par-3", annotations={NETWORKS_KEY: "sec-a,sec-b,sec-c"})
 
     add, ns_path, cid = attach(cluster, pod)
@@ -204,7 +270,7 @@ def test_one_failing_secondary_rolls_back_all_others(cluster, tmp_path):
         "cniVersion": "0.4.0", "name": "broken", "type": "stub-timed", "recordFile": record,
         "failOn": "ADD", "error": {"cniVersion": "0.4.0", "code": 7, "msg": "broken by test"}}))
     cluster.nad("real-c", "10.93.0.0/24")
-    cluster.start()
+    cluster.start(parallelDelegates=True)
     pod = cluster.pod("par-5", annotations={NETWORKS_KEY: "real-a,broken,real-c"})
     ns_name, ns_path = cluster.sandbox.netns()
     cid = uuid.uuid4().hex
@@ -223,7 +289,7 @@ def test_one_failing_secondary_rolls_back_all_others(cluster, tmp_path):
 def test_16_pods_with_3_networks_at_once_leave_nothing(cluster):
     cluster.nad("load-a", "10.94.0.0/24")
     cluster.nad("load-b", "10.95.0.0/24")
-    cluster.start()
+    cluster.start(parallelDelegates=True)
     pods = [cluster.pod(f"load-{i}", annotations={NETWORKS_KEY: "load-a,load-b"})
             for i in range(16)]
     namespaces = [cluster.sandbox.netns() for _ in pods]

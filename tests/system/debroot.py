@@ -32,6 +32,8 @@ BASE_PACKAGES = (
     # debootstrap does not resolve virtual packages: python3-cryptography (under
     # python3-kubernetes) needs python3-cffi-backend-api-*, which only this one provides.
     "python3-cffi-backend",
+    # the .rpm's scriptlets run for real too (rpm -i / rpm -e in the booted container)
+    "rpm",
 )
 
 

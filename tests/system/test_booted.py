@@ -9,75 +9,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import uuid
-from typing import Dict, List
+from typing import List
 
 import pytest
 
 from pkgbuild import build_packages
 from testlib import wait_for
 from machine import Machine
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOCKET = "/run/multus/multus.sock"
-CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
-GENERATED = "/etc/cni/net.d/00-multus.conf"
-WORK = "/var/tmp/mdtest"  # on the container's disk, so the host reads it through the root dir
-UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.timer",
-         "multusd-config.service")
-
-# The operator's edit of the conffile: no kubeconfig (delegates mode), plugins from Debian's dir.
-EDITED_CONFIG = {
-    "cniVersion": "0.3.1",
-    "logLevel": "debug",
-    "logToStderr": True,
-    "cniConfigDir": "/etc/cni/net.d",
-    "multusAutoconfigDir": "/etc/cni/net.d",
-    "multusConfigFile": "auto",
-    "socketDir": "/run/multus/",
-    "binDir": "/usr/lib/cni",
-}
-PRIMARY = {
-    "cniVersion": "0.3.1", "name": "mdtest-primary",
-    "plugins": [{"type": "bridge", "bridge": "mdprim0", "isGateway": True,
-                 "ipam": {"type": "host-local", "subnet": "10.88.0.0/24",
-                          "dataDir": f"{WORK}/ipam-primary"}}],
-}
-# What a runtime would hand the shim: delegates mode, one bridge + host-local network.
-SHIM_CONF = {
-    "cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus-shim",
-    "daemonSocketDir": "/run/multus",
-    "delegates": [{"cniVersion": "0.3.1", "name": "mdtest", "type": "bridge",
-                   "bridge": "mdbr0", "isGateway": True,
-                   "ipam": {"type": "host-local", "subnet": "10.89.0.0/24",
-                            "dataDir": f"{WORK}/ipam"}}],
-}
+from nodeops import (CONFIG, EDITED_CONFIG, GENERATED, HERE, PRIMARY, SHIM_CONF, SOCKET, UNITS,
+                     WORK, active_state, netns_addrs, shim, show)
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
-
-
-def shim(box: Machine, command: str, container_id: str, pod: str, netns: str
-         ) -> subprocess.CompletedProcess:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin:/usr/lib/cni",
-           "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};"
-                       f"K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uuid.uuid4()}"}
-    return box.run("/opt/cni/bin/multus-shim", env=env, input=json.dumps(SHIM_CONF),
-                   check=False, timeout=300)
-
-
-def active_state(box: Machine, unit: str) -> str:
-    return box.run("systemctl", "is-active", unit, check=False).stdout.strip()
-
-
-def show(box: Machine, unit: str, prop: str) -> str:
-    return box.run("systemctl", "show", unit, "-p", prop, "--value").stdout.strip()
-
-
-def netns_addrs(box: Machine, name: str) -> Dict[str, List[str]]:
-    out = box.run("ip", "-n", name, "-j", "addr", "show").stdout
-    return {link["ifname"]: [a["local"] for a in link.get("addr_info", [])]
-            for link in json.loads(out)}
 
 
 class Loop:
@@ -130,9 +72,16 @@ def test_1_install_leaves_the_socket_listening_and_the_service_idle(installed, p
     assert active_state(box, "multusd-config.path") == "active"
     assert active_state(box, "multusd-config.timer") == "active"
     assert active_state(box, "multusd.service") == "inactive"
-    for unit in ("multusd.socket", "multusd-config.path", "multusd-config.timer",
-                 "multusd-config.service"):
+    assert active_state(box, "multusd-socket-guard.path") == "active"
+    for unit in ("multusd.socket", "multusd-socket-guard.path", "multusd-config.path",
+                 "multusd-config.timer", "multusd-config.service"):
         assert box.run("systemctl", "is-enabled", unit).stdout.strip() == "enabled"
+    # the CNI plugins are copies in /opt/cni/bin, made by postinst (not files dpkg owns)
+    for name in ("multus-shim", "passthru"):
+        assert box.run("cmp", f"/usr/lib/multusd/bin/{name}", f"/opt/cni/bin/{name}",
+                       check=False).returncode == 0, name
+        assert box.run("stat", "-c", "%a", f"/opt/cni/bin/{name}").stdout.strip() == "755"
+    assert box.run("dpkg", "-S", "/opt/cni/bin/multus-shim", check=False).returncode != 0
     assert box.run("stat", "-c", "%a %F", SOCKET).stdout.strip() == "600 socket"
     assert box.run("stat", "-c", "%a", os.path.dirname(SOCKET)).stdout.strip() == "700"
     verify = box.run("systemd-analyze", "verify", "--man=no",

@@ -12,10 +12,12 @@ import pytest
 
 from pkgbuild import REPO
 
-SHIM = "/opt/cni/bin/multus-shim"
-PASSTHRU = "/opt/cni/bin/passthru"
+# shipped here; the maintainer scripts copy them to /opt/cni/bin (and delete only their own copy)
+SHIM = "/usr/lib/multusd/bin/multus-shim"
+PASSTHRU = "/usr/lib/multusd/bin/passthru"
 CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
-UNITS = ("multusd.socket", "multusd.service", "multusd-config.path", "multusd-config.timer",
+UNITS = ("multusd.socket", "multusd.service", "multusd-socket-guard.path",
+         "multusd-socket-guard.service", "multusd-config.path", "multusd-config.timer",
          "multusd-config.service")
 
 
@@ -72,6 +74,7 @@ def test_deb_layout_and_conffile(packages, tmp_path):
     assert crd["metadata"]["name"] == "network-attachment-definitions.k8s.cni.cncf.io"
     assert crd["spec"]["names"]["kind"] == "NetworkAttachmentDefinition"
     assert not list(tmp_path.rglob("__pycache__")), "byte-code must not be shipped"
+    assert not (tmp_path / "opt").exists(), "nothing is shipped in /opt: postinst copies it"
     installed = json.loads((tmp_path / CONFIG.lstrip("/")).read_text())
     assert installed == json.loads(open(os.path.join(REPO, "etc/daemon-config.json")).read())
     control = tmp_path / "DEBIAN"
@@ -86,9 +89,15 @@ def test_deb_scripts_restart_the_service_never_the_socket(packages, tmp_path):
     postrm = (tmp_path / "postrm").read_text()
     assert "try-restart multusd.service" in postinst
     assert "restart multusd.socket" not in postinst
+    assert "install_cni_plugin multus-shim" in postinst
     # an upgrade stops nothing; only "remove" stops units and deletes 00-multus.conf
     assert "multusd generate-config --remove" in prerm
-    assert "rm -rf /var/lib/cni/multus" in postrm
+    assert "multusd socket-check --remove-dead" in prerm
+    assert "remove_cni_plugin multus-shim" in prerm
+    # the pods' records survive remove; purge deletes them only when there are none
+    remove_branch = postrm.split("    remove)\n")[1].split(";;")[0]
+    assert "/var/lib/cni/multus" not in remove_branch and "CNI_DIR" not in remove_branch
+    assert 'rm -rf "$CNI_DIR"' in postrm.split("purge)")[-1]
     assert "rm -rf /run/multusd-kubeconfig-0" in postrm
     for name in ("postinst", "prerm", "postrm"):
         run("sh", "-n", str(tmp_path / name))
@@ -135,12 +144,17 @@ def test_rpm_file_list_and_noreplace_config(packages):
 def test_rpm_scriptlets(packages):
     scripts = rpm_query(packages["rpm"], "--scripts")
     post = scripts.split("postinstall scriptlet")[1].split("scriptlet")[0]
-    assert "enable --now multusd.socket multusd-config.path" in post
+    assert "enable --now multusd.socket multusd-socket-guard.path multusd-config.path" in post
     assert "try-restart multusd.service" in post
     assert "multusd.socket" not in post.split("else", 1)[1], "upgrade must not touch the socket"
     preun = scripts.split("preuninstall scriptlet")[1].split("scriptlet")[0]
     assert "multusd generate-config --remove" in preun
+    assert "multusd socket-check --remove-dead" in preun
     assert '[ "$1" -eq 0 ]' in preun, "removal steps must not run on upgrade"
+    postun = scripts.split("postuninstall scriptlet")[1].split("scriptlet")[0]
+    assert "rm -rf /var/lib/cni/multus" not in postun, "erase keeps the pods' records"
+    posttrans = scripts.split("posttrans scriptlet")[1].split("scriptlet")[0]
+    assert "/opt/cni/bin/$name" in posttrans
 
 
 def test_rpm_installs_into_a_root(packages, tmp_path):
@@ -148,6 +162,7 @@ def test_rpm_installs_into_a_root(packages, tmp_path):
     run("rpm", "--root", str(root), "--initdb")
     run("rpm", "--root", str(root), "--nodeps", "--noscripts", "-i", packages["rpm"])
     assert os.access(root / SHIM.lstrip("/"), os.X_OK)
+    assert not (root / "opt/cni/bin/multus-shim").exists()  # %posttrans copies it (--noscripts)
     assert os.access(root / "usr/bin/multusd", os.X_OK)
     assert json.loads((root / CONFIG.lstrip("/")).read_text())["socketDir"] == "/run/multus/"
     assert run("rpm", "--root", str(root), "-q", "multusd").stdout.startswith("multusd-")

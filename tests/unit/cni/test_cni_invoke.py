@@ -32,6 +32,23 @@ def test_build_env_sets_all_six_variables():
                    "CNI_ARGS": "A=1;B=2", "CNI_PATH": "/opt/cni/bin"}
 
 
+def test_search_path_defaults_to_opt_then_the_distributions_dirs():
+    assert invoke.search_path("") == ("/opt/cni/bin", "/usr/lib/cni", "/usr/libexec/cni")
+    assert invoke.search_path("", ["/x", "/usr/lib/cni", ""]) == (
+        "/opt/cni/bin", "/usr/lib/cni", "/usr/libexec/cni", "/x")
+    assert invoke.search_path("/srv/cni", ["/opt/cni/bin", "/srv/cni"]) == (
+        "/srv/cni", "/opt/cni/bin")
+
+
+def test_plugins_in_lists_executables_only(tmp_path):
+    (tmp_path / "bridge").write_text("#!/bin/sh\n")
+    (tmp_path / "bridge").chmod(0o755)
+    (tmp_path / "README").write_text("not a plugin\n")
+    (tmp_path / "sub").mkdir()
+    assert invoke.plugins_in(str(tmp_path)) == ("bridge",)
+    assert invoke.plugins_in(str(tmp_path / "missing")) is None
+
+
 def test_find_plugin_takes_the_first_directory_that_has_it(tmp_path, stub_bin):
     assert invoke.find_plugin("stub-record", [str(tmp_path / "nope"), stub_bin]) == \
         os.path.join(stub_bin, "stub-record")

@@ -64,3 +64,13 @@ def test_overlay_replaces_top_level_keys_whole():
     assert merged == {"name": "multus", "runtimeConfig": {"a": 1}, "namespaceIsolation": True}
     assert "readinessindicatorfile" in config.overlay(
         {}, config.from_dict({"multusConfigFile": "/etc/x.conf", "readinessindicatorfile": "/x"}))
+
+
+def test_retry_delete_on_error_false_is_a_warning_saying_what_multusd_does():
+    from multusd.config.daemonconf import from_dict
+
+    warned = from_dict({"retryDeleteOnError": False}).warnings
+    assert len(warned) == 1 and warned[0].startswith("retryDeleteOnError: false is not followed")
+    assert "multusd gc --forget" in warned[0]
+    assert from_dict({"retryDeleteOnError": True}).warnings == ()
+    assert from_dict({}).warnings == ()

@@ -436,12 +436,14 @@ def test_a_broken_nad_is_reported_rather_than_hidden_by_the_file_fallback(conf_d
 
 # What upstream's json.Marshal([]*DelegateNetConf) writes for the delegates built in
 # test_cache_matches_upstream_bytes (derived from the Go struct tags and PluginConf.MarshalJSON).
+EMPTY_LIST = ('"CNINetworkConfigList":{"Name":"","CNIVersion":"","DisableCheck":false,'
+              '"DisableGC":false,"LoadOnlyInlinedPlugins":false,"Plugins":null,"Bytes":null},')
 UPSTREAM_CACHE = (
     '[{"Conf":{"cniVersion":"0.3.1","ipam":{"type":"host-local"},"name":"cbr0","type":"bridge"},'
-    '"ConfList":{},"Name":"cbr0","IsFilterV4Gateway":true,"IsFilterV6Gateway":true,'
-    '"Bytes":"%s"},'
+    '"ConfList":{},' + EMPTY_LIST + '"Name":"cbr0","IsFilterV4Gateway":true,'
+    '"IsFilterV6Gateway":true,"Bytes":"%s"},'
     '{"Conf":{"capabilities":{"mac":true},"cniVersion":"0.3.1","ipam":{},"name":"net1",'
-    '"type":"macvlan"},"ConfList":{},"Name":"test/net1","ifnameRequest":"if1",'
+    '"type":"macvlan"},"ConfList":{},' + EMPTY_LIST + '"Name":"test/net1","ifnameRequest":"if1",'
     '"macRequest":"c2:11:22:33:44:55","ipRequest":["10.1.1.5/24"],'
     '"default-route":["10.1.1.254"],"IsFilterV4Gateway":false,"IsFilterV6Gateway":true,'
     '"Bytes":"%s"}]')
@@ -456,6 +458,23 @@ def test_cache_matches_upstream_bytes(tmp_path):
     expected = UPSTREAM_CACHE % (base64.b64encode(open(primary, "rb").read()).decode(),
                                  base64.b64encode(MACVLAN.encode()).decode())
     assert delegates_to_cache(delegates).decode() == expected
+
+
+def test_an_upstream_v43_conflist_from_a_file_is_read_from_what_it_executed():
+    """v4.3 records a clusterNetwork "*.conflist" with lossy Bytes (only PluginConf's keys)
+    and the plugins it ran in CNINetworkConfigList: DEL must run those."""
+    import upstreamfmt  # tests/: upstream's format from its Go types
+
+    raw = {"cniVersion": "0.4.0", "name": "k8s-pod-network", "plugins": [
+        {"type": "bridge", "bridge": "cni0", "ipam": {"type": "host-local",
+                                                      "subnet": "10.1.0.0/16"}},
+        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True}]}
+    conf = json.dumps(raw).encode()
+    entry = upstreamfmt.delegate_entry(conf, "k8s-pod-network", from_file_conflist=True)
+    assert "subnet" not in base64.b64decode(entry["Bytes"]).decode()  # what v4.3 wrote
+    (delegate,) = delegates_from_cache(upstreamfmt.scratch_cache([entry]))
+    assert json.loads(delegate.conf) == raw
+    assert delegate.master and delegate.name == "k8s-pod-network"
 
 
 def test_cache_round_trip_keeps_what_del_needs(cluster):

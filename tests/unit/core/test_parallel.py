@@ -59,6 +59,62 @@ def test_link_in_container_in_a_conflist_and_the_auxiliary_chain_come_after_all(
     assert parallel.plan(ds)[-1] == [4]
 
 
+def bond(ifname: str, links, in_container: bool = True, **conf) -> SimpleNamespace:
+    """A bond-cni style delegate enslaving ``links``."""
+    return delegate(ifname, type="bond", mode="active-backup", linksInContainer=in_container,
+                    links=links, **conf)
+
+
+def test_a_bond_waits_for_the_links_it_enslaves():
+    ds = [delegate("eth0"), delegate("net1"), delegate("net2"),
+          bond("bond0", [{"name": "net1"}, {"name": "net2"}]), delegate("net4")]
+    assert parallel.plan(ds) == [[0], [1, 2, 4], [3]]
+    assert parallel.reverse_waves(parallel.plan(ds, master_first=False)) == [[3], [4, 2, 1, 0]]
+
+
+def test_links_given_as_strings_or_on_the_host_still_order_by_name():
+    # linksInContainer false: the links are host interfaces; a name that is also one of the
+    # pod's attachments still orders it (waiting is never wrong, running early can be)
+    ds = [delegate("eth0"), delegate("net1"), delegate("net2"),
+          bond("bond0", ["net2"], in_container=False), bond("bond1", ["ens1f0"], False)]
+    assert parallel.plan(ds) == [[0], [1, 2, 4], [3]]
+
+
+def test_links_in_container_without_known_names_waits_for_every_earlier_delegate():
+    ds = [delegate("eth0"), delegate("net1"), bond("bond0", [{"name": "sriov7"}]),
+          delegate("net3")]
+    assert parallel.plan(ds) == [[0], [1, 3], [2]]
+
+
+def test_vlan_macvlan_ipvlan_on_a_pod_interface_wait_for_it():
+    for kind in ("vlan", "macvlan", "ipvlan"):
+        ds = [delegate("eth0"), delegate("net1"), delegate("net2"),
+              delegate("net3", type=kind, master="net2", linkInContainer=True)]
+        assert parallel.plan(ds) == [[0], [1, 2], [3]], kind
+
+
+def test_the_same_fields_inside_a_conflist_plugin():
+    chained = {"cniVersion": "0.4.0", "name": "bonded", "plugins": [
+        {"type": "bond", "linksInContainer": True, "links": [{"name": "net1"}]},
+        {"type": "tuning"}]}
+    ds = [delegate("eth0"), delegate("net1"),
+          SimpleNamespace(ifname="net2", name="bonded", gateway_request=None,
+                          conf=json.dumps(chained).encode()),
+          delegate("net3")]
+    assert parallel.plan(ds) == [[0], [1, 3], [2]]
+    by_name = {"cniVersion": "0.4.0", "name": "vl", "plugins": [
+        {"type": "tuning"}, {"type": "vlan", "link": "net1", "vlanId": 7}]}
+    ds[2] = SimpleNamespace(ifname="net2", name="vl", gateway_request=None,
+                            conf=json.dumps(by_name).encode())
+    assert parallel.plan(ds) == [[0], [1, 3], [2]]
+
+
+def test_malformed_links_are_ignored_not_fatal():
+    ds = [delegate("eth0"), delegate("net1"), bond("bond0", "net1", in_container=False),
+          bond("bond1", [7, None, {"name": 3}, {}], in_container=False)]
+    assert parallel.plan(ds) == [[0], [1, 2, 3]]
+
+
 def test_reverse_waves_keeps_only_what_started():
     assert parallel.reverse_waves([[0], [1, 2, 3], [4]], only=[0, 1, 2, 3]) == [[3, 2, 1], [0]]
 
@@ -102,6 +158,7 @@ def test_parallel_delegates_must_be_a_boolean(raw):
 
     with pytest.raises(ConfigError, match="parallelDelegates"):
         from_dict(raw)
-    assert from_dict({}).parallel_delegates is True
-    assert from_dict({"parallelDelegates": None}).parallel_delegates is True  # null = unset, as Go
-    assert from_dict({"parallelDelegates": False}).parallel_delegates is False
+    # an opt-in: unset runs every delegate in order, as libcni and upstream do
+    assert from_dict({}).parallel_delegates is False
+    assert from_dict({"parallelDelegates": None}).parallel_delegates is False  # null = unset
+    assert from_dict({"parallelDelegates": True}).parallel_delegates is True

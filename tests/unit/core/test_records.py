@@ -77,6 +77,19 @@ def test_without_a_scratch_cache_the_result_cache_still_names_the_attachments(tm
         ("cluster-net", "eth0", True), ("net-a", "net1", False)]
 
 
+def test_a_released_master_leaves_its_interface_name_to_the_runtime_default(tmp_path):
+    # a DEL that released eth0 but not net1 (a plugin binary gone): net1 is not the master
+    cni_dir = _sandbox(tmp_path)
+    cache.delete(cni_dir, "cluster-net", "cid1", "eth0")
+
+    record = records.read_sandbox(cni_dir, "cid1")
+
+    assert record.master_ifname == "eth0"
+    assert [(a.ifname, a.master) for a in record.attachments] == [("eth0", True),
+                                                                  ("net1", False)]
+    assert record.netns == "/proc/self/ns/net" and record.pod_name == "web"
+
+
 def test_a_corrupt_scratch_cache_is_reported_not_fatal(tmp_path):
     cni_dir = _sandbox(tmp_path)
     with open(os.path.join(cni_dir, "cid1"), "w") as handle:

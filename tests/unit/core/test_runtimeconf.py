@@ -1,4 +1,4 @@
-"""Per-delegate runtimeConfig, legacy CNI_ARGS, cni-args injection, capability checks."""
+"""Per-delegate runtimeConfig, legacy CNI_ARGS, cni-args injection, undeclared requests."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import json
 
 import pytest
 
+from multusd.store.record import replace
+
 from multusd.core.delegates import Delegate
 from multusd.errors import InvalidNetworkConfig
-from multusd.core.runtimeconf import (check_requested_capabilities, declared_capabilities,
-                                 delegate_capability_args, device_info_path, inject_cni_args,
-                                 legacy_cni_args)
+from multusd.core.runtimeconf import (declared_capabilities, delegate_capability_args,
+                                     device_info_path, inject_cni_args, legacy_cni_args,
+                                     undeclared_requests)
 from multusd.core.selection import parse_selections
 
 BRIDGE = b'{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}'
@@ -135,17 +137,34 @@ def test_declared_capabilities_of_conf_and_conflist():
     assert declared_capabilities(conflist) == {"ips": True, "mac": True}
 
 
-def test_check_requested_capabilities():
-    (ok,) = parse_selections('[{"name": "m", "mac": "c2:11:22:33:44:55", '
-                             '"ips": ["10.1.1.5/24"]}]', "test")
-    check_requested_capabilities(MACVLAN, ok)
-    check_requested_capabilities(BRIDGE, None)
-    (bad,) = parse_selections('[{"name": "m", "namespace": "x", '
-                              '"portMappings": [{"hostPort": 1, "containerPort": 1}]}]', "test")
-    with pytest.raises(InvalidNetworkConfig) as err:
-        check_requested_capabilities(MACVLAN, bad)
-    assert "'x/m'" in err.value.msg and "'portMappings'" in err.value.msg
-    assert '"capabilities": {"portMappings": true}' in err.value.msg
-    (no_mac,) = parse_selections('[{"name": "b", "mac": "c2:11:22:33:44:55"}]', "test")
-    with pytest.raises(InvalidNetworkConfig, match="'mac'"):
-        check_requested_capabilities(BRIDGE, no_mac)
+def test_declared_requests_need_no_word():
+    assert undeclared_requests(nad_delegate('[{"name": "m", "mac": "c2:11:22:33:44:55", '
+                                            '"ips": ["10.1.1.5/24"]}]')) == []
+    assert undeclared_requests(Delegate(name="cbr0", conf=BRIDGE, ifname="eth0",
+                                        master=True)) == []
+
+
+def test_undeclared_ips_and_mac_go_on_as_legacy_cni_args_with_a_warning():
+    delegate = replace(nad_delegate('[{"name": "b", "namespace": "x", "ips": ["10.1.1.5/24"],'
+                                    ' "mac": "c2:11:22:33:44:55"}]'), conf=BRIDGE)
+    lines = undeclared_requests(delegate)
+    assert len(lines) == 2
+    assert lines[0].startswith("network 'x/b': the pod requests 'ips' but no plugin")
+    assert "legacy CNI_ARGS IP=, as upstream does" in lines[0]
+    assert '"capabilities": {"mac": true}' in lines[1] and "CNI_ARGS MAC=" in lines[1]
+    # never refused: the legacy args are still built, exactly upstream's
+    assert legacy_cni_args(delegate) == [("MAC", "c2:11:22:33:44:55"), ("IP", "10.1.1.5/24")]
+
+
+def test_other_undeclared_requests_are_dropped_with_a_warning():
+    annotation = ('[{"name": "m", "infiniband-guid": "c2:11:22:33:44:55:66:77", '
+                  '"portMappings": [{"hostPort": 1, "containerPort": 1}], '
+                  '"bandwidth": {"ingressRate": 1}, "deviceID": "0000:03:00.1"}]')
+    lines = undeclared_requests(nad_delegate(annotation))
+    assert [line.split("'")[3] for line in lines] == ["infiniband-guid", "portMappings",
+                                                     "bandwidth", "deviceID"]
+    assert all("not passed on, as upstream does" in line for line in lines)
+    # a device plugin's ID is written into the config (F41): nothing is dropped
+    from_resource = replace(nad_delegate('[{"name": "m", "deviceID": "0000:03:00.1"}]'),
+                            resource_name="intel.com/sriov")
+    assert undeclared_requests(from_resource) == []

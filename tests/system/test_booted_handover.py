@@ -1,0 +1,259 @@
+"""The packages on a node that changes hands: a booted Debian 12 systemd (systemd-nspawn).
+
+One container for the module; the tests run in order on the state the previous one left:
+a daemon that cannot start never takes the socket down; the socket file comes back when
+something deletes it (unless another daemon now serves it); removing the .deb keeps the pods'
+records and another installer's files; purge keeps the records while a sandbox is recorded; a
+reinstall releases that sandbox; erasing the .rpm keeps the records too. The stand-in for
+upstream's multus-daemon does what it does to the socket (empties /run/multus, binds its own
+socket 0600, unlinks it on exit); the real one needs an API server the container cannot reach.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Iterator
+
+import pytest
+
+from machine import Machine
+from nodeops import (CONFIG, EDITED_CONFIG, GENERATED, PRIMARY, SHIM_CONF, SOCKET, WORK,
+                     active_state, netns_addrs, shim, shim_env, show)
+from testlib import wait_for
+
+pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
+
+CNI_DIR = "/var/lib/cni/multus"
+PRIMARY_PATH = "/etc/cni/net.d/10-mdtest.conflist"
+# What upstream's multus-daemon does to its socket directory, and nothing else.
+FAKE_UPSTREAM = '''
+import os, shutil, socket, sys
+path, ready, stop = sys.argv[1:4]
+shutil.rmtree(os.path.dirname(path), ignore_errors=True)   # RemoveAll(socketDir)
+os.makedirs(os.path.dirname(path), 0o700)
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+os.chmod(path, 0o600)
+server.listen(16)
+server.settimeout(0.1)
+open(ready, "w").close()
+while not os.path.exists(stop):
+    try:
+        server.accept()[0].close()
+    except socket.timeout:
+        pass
+os.unlink(path)   # Go's UnixListener.Close unlinks the file it bound
+server.close()
+'''
+
+
+def configure(box: Machine) -> None:
+    box.put(CONFIG, json.dumps(EDITED_CONFIG, indent=4) + "\n")
+    box.put(PRIMARY_PATH, json.dumps(PRIMARY, indent=4) + "\n")
+    wait_for(lambda: os.path.exists(box.path(GENERATED)), 60, what=GENERATED)
+
+
+def install_deb(box: Machine, deb: str) -> None:
+    box.copy_in(deb, "/root/" + os.path.basename(deb))
+    done = box.run("apt-get", "install", "-y", "/root/" + os.path.basename(deb), check=False,
+                   timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def socket_owner(box: Machine) -> str:
+    return box.run("multusd", "socket-check", check=False).stdout.strip()
+
+
+def journal(box: Machine, unit: str) -> str:
+    return box.run("journalctl", "--no-pager", "-o", "cat", "-u", unit, check=False).stdout
+
+
+def nrestarts(box: Machine) -> int:
+    return int(show(box, "multusd.service", "NRestarts") or 0)
+
+
+@pytest.fixture(scope="module")
+def node(machine: Machine, packages) -> Iterator[Machine]:
+    install_deb(machine, packages["deb"])
+    configure(machine)
+    machine.run("ip", "netns", "add", "pod-h")
+    yield machine
+
+
+def test_1_a_daemon_that_cannot_start_never_takes_the_socket_down(node):
+    box = node
+    assert show(box, "multusd.service", "Restart") == "on-failure"
+    assert show(box, "multusd.service", "RestartUSec") == "2s"
+    assert show(box, "multusd.service", "StartLimitIntervalUSec") == "0"
+    assert show(box, "multusd.socket", "RemoveOnStop") == "no"
+    box.put(CONFIG, json.dumps(dict(EDITED_CONFIG, logLevel="loud"), indent=4) + "\n")
+    # an operator retrying at once: more starts than systemd's default limit (5 in 10 s) allows,
+    # which would fail the service for good and multusd.socket with it
+    for _ in range(7):
+        assert box.run("systemctl", "restart", "multusd.service", check=False).returncode != 0
+    first = nrestarts(box)
+    # and systemd keeps trying by itself, every RestartSec=
+    wait_for(lambda: nrestarts(box) >= first + 3, 60, interval=0.5, what="3 more failed starts")
+    assert active_state(box, "multusd.socket") == "active"
+    assert show(box, "multusd.socket", "Result") == "success"
+    assert box.run("stat", "-c", "%F", SOCKET).stdout.strip() == "socket"
+    status = box.run("systemctl", "status", "--no-pager", "-n", "30", "multusd",
+                     check=False).stdout
+    assert "logLevel: unknown level 'loud'" in status, status
+
+    # a pod's ADD arriving now waits in the socket's queue ...
+    env = [f"{k}={v}" for k, v in shim_env("ADD", "cid-broken", "pod-h", "/run/netns/pod-h"
+                                           ).items()]
+    box.put(f"{WORK}/shim-conf.json", json.dumps(SHIM_CONF))
+    with open(box.path(f"{WORK}/shim-conf.json")) as stdin:
+        add = subprocess.Popen(box.argv("/usr/bin/env", *env, "/opt/cni/bin/multus-shim"),
+                               stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        waiting = nrestarts(box)
+        wait_for(lambda: nrestarts(box) > waiting, 30, interval=0.2,
+                 what="a failed start while the ADD waits")
+        assert add.poll() is None, add.stdout.read()
+        # ... and is served by the first start after the file is fixed
+        box.put(CONFIG, json.dumps(EDITED_CONFIG, indent=4) + "\n")
+        out, err = add.communicate(timeout=90)
+    finally:
+        if add.poll() is None:
+            add.kill()
+    assert add.returncode == 0, out + err
+    assert json.loads(out)["ips"][0]["address"].startswith("10.89.0.")
+    assert active_state(box, "multusd.service") == "active"
+    assert active_state(box, "multusd.socket") == "active"
+    assert shim(box, "DEL", "cid-broken", "pod-h", "/run/netns/pod-h").returncode == 0
+
+
+def test_2_the_socket_file_comes_back_unless_another_daemon_serves_it(node):
+    box = node
+    assert "held by systemd" in socket_owner(box)
+    box.run("rm", "-rf", "/run/multus")  # what upstream's daemon does first when it starts
+    wait_for(lambda: "held by systemd" in socket_owner(box), 60, interval=0.2,
+             what="multusd-socket-guard to bring the socket back")
+    assert box.run("stat", "-c", "%a", "/run/multus").stdout.strip() == "700"
+    added = shim(box, "ADD", "cid-back", "pod-h", "/run/netns/pod-h")
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert shim(box, "DEL", "cid-back", "pod-h", "/run/netns/pod-h").returncode == 0
+
+    # another Multus daemon takes the path over: the guard leaves it alone and says so
+    box.put(f"{WORK}/fake_upstream.py", FAKE_UPSTREAM)
+    ready, stop = f"{WORK}/upstream.ready", f"{WORK}/upstream.stop"
+    fake = subprocess.Popen(box.argv("python3", f"{WORK}/fake_upstream.py", SOCKET, ready, stop),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: os.path.exists(box.path(ready)), 30, what="the other daemon")
+        inode = box.run("stat", "-c", "%i", SOCKET).stdout
+        wait_for(lambda: "bound by another process" in journal(box,
+                                                              "multusd-socket-guard.service"),
+                 60, interval=0.2, what="the guard noticing the other daemon")
+        log = journal(box, "multusd-socket-guard.service")
+        assert "systemctl disable --now multusd.socket" in log
+        assert "bound by another process" in socket_owner(box)
+        assert box.run("stat", "-c", "%i", SOCKET).stdout == inode, "the guard took it back"
+        box.put(stop, "")
+        fake.wait(timeout=30)
+    finally:
+        if fake.poll() is None:
+            fake.kill()
+    # it exits and unlinks its socket: multusd's comes back and serves
+    wait_for(lambda: "held by systemd" in socket_owner(box), 60, interval=0.2,
+             what="the socket back after the other daemon left")
+    added = shim(box, "ADD", "cid-back2", "pod-h", "/run/netns/pod-h")
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert shim(box, "DEL", "cid-back2", "pod-h", "/run/netns/pod-h").returncode == 0
+    assert active_state(box, "multusd.socket") == "active"
+
+
+def test_3_remove_keeps_the_pods_records_and_another_installers_files(node):
+    box = node
+    box.run("ip", "netns", "add", "pod-keep")
+    kept = shim(box, "ADD", "cid-keep", "pod-keep", "/run/netns/pod-keep")
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    # upstream's installer replaces passthru (temporary file + rename, as CopyFileAtomic does)
+    box.sh("printf '\\177ELF upstream passthru' > /opt/cni/bin/.passthru.tmp && "
+           "chmod 755 /opt/cni/bin/.passthru.tmp && "
+           "mv /opt/cni/bin/.passthru.tmp /opt/cni/bin/passthru")
+
+    done = box.run("apt-get", "remove", "-y", "multusd", check=False, timeout=300)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "leaving /opt/cni/bin/passthru" in done.stdout + done.stderr
+    assert box.run("cat", "/opt/cni/bin/passthru").stdout == "\x7fELF upstream passthru"
+    assert not os.path.exists(box.path("/opt/cni/bin/multus-shim")), "its own shim stays"
+    assert not os.path.exists(box.path(GENERATED)), "its own 00-multus.conf stays"
+    assert not os.path.exists(box.path(SOCKET)), "the dead socket file stays"
+    assert os.path.exists(box.path(f"{CNI_DIR}/cid-keep")), "remove deleted a pod's records"
+    assert [n for n in os.listdir(box.path(f"{CNI_DIR}/results")) if "-cid-keep-" in n]
+    for unit in ("multusd.socket", "multusd.service", "multusd-socket-guard.path"):
+        assert active_state(box, unit) in ("inactive", "unknown"), unit
+
+
+def test_4_purge_keeps_the_records_while_a_sandbox_is_recorded(node):
+    box = node
+    done = box.run("apt-get", "purge", "-y", "multusd", check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"keeping {CNI_DIR}" in done.stdout + done.stderr
+    assert os.path.exists(box.path(f"{CNI_DIR}/cid-keep"))
+    assert not os.path.exists(box.path(CONFIG))
+    assert not os.path.exists(box.path("/var/lib/multusd"))
+
+
+def test_5_moving_back_releases_the_kept_sandbox_and_purge_then_deletes_the_records(
+        node, packages):
+    box = node
+    install_deb(box, packages["deb"])
+    configure(box)
+    # the pod attached before removal is released by the new installation, from its records
+    deleted = shim(box, "DEL", "cid-keep", "pod-keep", "/run/netns/pod-keep")
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    assert "eth0" not in netns_addrs(box, "pod-keep")
+    assert not os.path.exists(box.path(f"{CNI_DIR}/cid-keep"))
+    leases = [n for n in os.listdir(box.path(f"{WORK}/ipam/mdtest")) if n[0].isdigit()]
+    assert leases == [], leases
+
+    # upstream's daemon rewrites 00-multus.conf in place (same bytes): it is not ours any more;
+    # its installer copies its own multus-shim over ours (cp writes in place)
+    box.sh(f"cat {GENERATED} > {WORK}/multus.conf && cat {WORK}/multus.conf > {GENERATED} && "
+           f"touch -d '2001-01-01' {GENERATED}")
+    box.sh("printf '\\177ELF upstream multus-shim' > /opt/cni/bin/multus-shim")
+    content = open(box.path(GENERATED)).read()
+    done = box.run("apt-get", "purge", "-y", "multusd", check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert open(box.path(GENERATED)).read() == content, "purge deleted another's 00-multus.conf"
+    assert "leaving /opt/cni/bin/multus-shim" in done.stdout + done.stderr
+    assert box.run("cat", "/opt/cni/bin/multus-shim").stdout == "\x7fELF upstream multus-shim"
+    assert not os.path.exists(box.path("/opt/cni/bin/passthru")), "its own passthru stays"
+    box.run("rm", "-f", "/opt/cni/bin/multus-shim")
+    assert not os.path.exists(box.path(CNI_DIR)), "no sandbox recorded: purge deletes them"
+    box.run("rm", "-f", GENERATED)
+
+
+def test_6_erasing_the_rpm_keeps_the_pods_records(node, packages):
+    box = node
+    if box.run("sh", "-c", "command -v rpm", check=False).returncode != 0:
+        pytest.skip("no rpm in the container root (tests/system/debroot.py installs it)")
+    rpm = "/root/" + os.path.basename(packages["rpm"])
+    box.copy_in(packages["rpm"], rpm)
+    # Debian's own python3 packages satisfy the dependencies rpm cannot see (--nodeps)
+    done = box.run("rpm", "-i", "--nodeps", "--force-debian", rpm, check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert box.run("cmp", "/usr/lib/multusd/bin/multus-shim", "/opt/cni/bin/multus-shim",
+                   check=False).returncode == 0, "%posttrans did not install the shim"
+    assert active_state(box, "multusd.socket") == "active"
+    configure(box)
+    added = shim(box, "ADD", "cid-rpm", "pod-keep", "/run/netns/pod-keep")
+    assert added.returncode == 0, added.stdout + added.stderr
+
+    done = box.run("rpm", "-e", "multusd", check=False, timeout=300)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert os.path.exists(box.path(f"{CNI_DIR}/cid-rpm")), "erase deleted a pod's records"
+    assert not os.path.exists(box.path("/opt/cni/bin/multus-shim"))
+    assert not os.path.exists(box.path(GENERATED))
+    assert not os.path.exists(box.path("/var/lib/multusd"))
+    assert active_state(box, "multusd.socket") in ("inactive", "unknown")
