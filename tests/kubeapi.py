@@ -643,7 +643,8 @@ class _Handler(BaseHTTPRequestHandler):
             selector.terms.append((_FieldSelector.FIELDS["metadata.namespace"], ns, True))
         api = self.server.api
         if _is_watch(query):
-            self._watch(kind, store, selector, query, generation)
+            self._watch(kind, store, selector, query, generation,
+                        (list_kind[:-len("List")], api_version))
             return
         with api._cond:
             items = [copy.deepcopy(o) for o in store.values() if selector.matches(o)]
@@ -652,8 +653,11 @@ class _Handler(BaseHTTPRequestHandler):
                               "metadata": {"resourceVersion": rv}, "items": items})
 
     def _watch(self, kind: str, store: Dict[Key, Obj], selector: _FieldSelector,
-               query: Dict[str, str], generation: int) -> None:
+               query: Dict[str, str], generation: int, type_meta: Tuple[str, str]) -> None:
         api = self.server.api
+        # WatchList (kube-apiserver 1.32+, client-go 0.35's informers by default): the state
+        # streamed as ADDED events, then a BOOKMARK marking the end of the initial events.
+        stream_list = query.get("sendInitialEvents", "").lower() == "true"
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
         requested = query.get("resourceVersion", "")
@@ -667,11 +671,17 @@ class _Handler(BaseHTTPRequestHandler):
             with api._cond:
                 api._watchers += 1
                 api._cond.notify_all()
-                if requested in ("", "0"):
-                    # "any version": synthetic ADDED events for what exists, then changes
+                if requested in ("", "0") or (stream_list and int(requested) <= api._rv):
+                    # "any version" (or "not older than"): synthetic ADDED events for what
+                    # exists, then changes
                     initial = [("ADDED", copy.deepcopy(o)) for o in store.values()
                                if selector.matches(o)]
                     sent = api._rv
+                    if stream_list:
+                        initial.append(("BOOKMARK", {
+                            "kind": type_meta[0], "apiVersion": type_meta[1],
+                            "metadata": {"resourceVersion": str(sent), "annotations": {
+                                "k8s.io/initial-events-end": "true"}}}))
                 elif int(requested) < api._history.compacted:
                     # like kube-apiserver: a 200 stream that carries one ERROR event, then ends
                     expired = status_object(410, "Expired", f"too old resource version: "
