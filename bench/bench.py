@@ -25,7 +25,7 @@ Measured, in this order:
 
 Each figure of issue 13's table is printed beside upstream's (from that table) with the
 ratio multusd / upstream. With ``--upstream-bin DIR`` (upstream's Go ``multus-daemon`` and
-``multus-shim``, built by the user), bench/upstream.py then runs the same phases against
+``multus-shim`` v4.x), bench/upstream.py then runs the same phases against
 upstream's daemon, and the upstream column is that measurement (the table's figures stay in
 the JSON as ``upstream_table``).
 

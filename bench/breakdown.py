@@ -6,12 +6,12 @@
 
 A daemon as packaged (bench.py's, Kubernetes mode, eth0 + 2 NADs, strict delegates) serves
 ``--pods`` sequential ADDs, then their DELs, through the packaged shim, while ``py-spy record
---idle --threads`` samples every thread (waiting included). Each sample of a request thread
-(the reactor, the workers and the threads they start) is put in one activity by the frames
-on its stack, first match wins (ACTIVITIES), and the table gives each activity's share of the
-request threads' samples and its wall ms per request (samples / rate / requests). The
-reactor's own line shows what reading and answering costs; "waiting for work" is an idle
-worker. One JSON line on stdout, the table on stderr.
+--idle --threads`` samples every thread (waiting included), one recording per command. Each
+sample of a request thread (the reactor, the workers, the netns helper threads) goes to one
+activity by its innermost multusd frame, with the standard library it called (logging and
+json count as themselves, wherever called from); the table gives each activity's wall ms per
+request (samples / rate / requests). An idle worker and the reactor's epoll wait are listed
+apart. One JSON line on stdout, the table on stderr.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -97,18 +97,52 @@ def read_raw(path: str) -> Dict[str, Dict[str, int]]:
     return by_thread
 
 
+class Spy:
+    """``py-spy record`` of one process into a collapsed-stacks file, until :meth:`stop`."""
+
+    def __init__(self, spy: str, pid: int, rate: int, path: str, idle: bool) -> None:
+        self.path = path
+        self.proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate),
+                                      "--format", "raw", "--output", path, "--threads",
+                                      "--nonblocking"] + (["--idle"] if idle else []),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # py-spy attaches
+
+    def stop(self) -> Dict[str, Dict[str, int]]:
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        self.proc.wait(60)
+        return read_raw(self.path)
+
+
+def per_request(by_thread: Dict[str, Dict[str, int]], rate: int, requests: int,
+                threads: Tuple[str, ...] = REQUEST_THREADS) -> Dict[str, float]:
+    totals: Dict[str, int] = {}
+    for name, activities in by_thread.items():
+        if name.startswith(threads):
+            for activity, count in activities.items():
+                totals[activity] = totals.get(activity, 0) + count
+    return {a: round(c / rate / max(requests, 1) * 1000, 2)
+            for a, c in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=60)
     parser.add_argument("--rate", type=int, default=1000)
-    parser.add_argument("--raw", default="", help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--raw", default="", help="keep py-spy's collapsed stacks as "
+                        "RAW.add and RAW.del")
+    parser.add_argument("--cpu", action="store_true",
+                        help="on-CPU samples only (no --idle), of every thread of the daemon "
+                             "(the API client's included): where its CPU goes")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(bench.PYTHON), "py-spy")
     if not os.path.exists(spy):
         parser.error("needs py-spy: .venv/bin/python -m pip install py-spy")
     scratch = bench.Scratch()
     failures: List[str] = []
-    raw = args.raw or os.path.join(scratch.workdir, "profile.txt")
+    raw = args.raw or os.path.join(scratch.workdir, "stacks")
+    report: Dict[str, Any] = {"pods": args.pods, "rate": args.rate, "load_start":
+                              round(os.getloadavg()[0], 2)}
     try:
         kube_api = bench.start_kube_api(scratch)
         cluster = bench.Cluster(scratch, kube_api)
@@ -120,42 +154,38 @@ def main() -> int:
             bench.shim("ADD", daemon.shim_conf(), pod)
             bench.shim("DEL", daemon.shim_conf(), pod)
         cluster.remove_pods(warm)
-        spy_proc = subprocess.Popen([spy, "record", "--pid", str(daemon.proc.pid), "--rate",
-                                     str(args.rate), "--format", "raw", "--output", raw,
-                                     "--idle", "--threads", "--nonblocking"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)  # py-spy attaches
-        started = time.perf_counter()
-        lat = bench.latency(daemon, cluster, args.pods, failures)
-        seconds = time.perf_counter() - started
-        spy_proc.send_signal(signal.SIGINT)
-        spy_proc.wait(60)
-        by_thread = read_raw(raw)
+        pods = cluster.make_pods(args.pods)
+        for command in ("ADD", "DEL"):
+            spy_run = Spy(spy, daemon.proc.pid, args.rate, f"{raw}.{command.lower()}",
+                          idle=not args.cpu)
+            samples: List[float] = []
+            for pod in pods:
+                ms, out = bench.timed(lambda: bench.shim(command, daemon.shim_conf(), pod))
+                if bench.check(out, f"{command} {pod.name}", failures):
+                    samples.append(ms)
+            by_thread = spy_run.stop()
+            report[command] = {"shim_ms": bench.percentiles(samples), "threads": by_thread,
+                               "ms_per_request": per_request(
+                                   by_thread, args.rate, len(pods),
+                                   ("",) if args.cpu else REQUEST_THREADS)}
+        cluster.remove_pods(pods)
     finally:
         scratch.cleanup()
-    requests = 2 * args.pods
-    report = {"pods": args.pods, "rate": args.rate, "seconds": round(seconds, 2),
-              "add_ms": lat["add_ms"], "del_ms": lat["del_ms"], "threads": by_thread,
-              "failures": failures[:5]}
-    totals: Dict[str, int] = {}
-    for name, activities in by_thread.items():
-        if name.startswith(REQUEST_THREADS):
-            for activity, count in activities.items():
-                totals[activity] = totals.get(activity, 0) + count
-    idle = sum(c for a, c in totals.items() if a.startswith(("waiting for work",
-                                                             "reactor: epoll")))
-    busy = sum(totals.values()) - idle
-    report["ms_per_request"] = {a: round(c / args.rate / requests * 1000, 2)
-                                for a, c in sorted(totals.items(), key=lambda kv: -kv[1])}
+    report["failures"] = failures[:5]
     print(json.dumps(report))
     err = sys.stderr
-    print(f"\nprofile: {args.pods} ADDs then their DELs in {seconds:.1f}s, ADD p50 "
-          f"{lat['add_ms'].get('p50')} ms, DEL p50 {lat['del_ms'].get('p50')} ms; py-spy at "
-          f"{args.rate} Hz; wall ms per request (ADD or DEL) of the request threads:", file=err)
-    for activity, ms in report["ms_per_request"].items():
-        share = "" if activity.startswith(("waiting for work", "reactor: epoll")) else \
-            f"{100 * totals[activity] / max(busy, 1):5.1f}%"
-        print(f"  {activity:48} {ms:8.2f} {share}", file=err)
+    print(f"\nbreakdown: {args.pods} sequential ADDs, then their DELs, py-spy at {args.rate} Hz, "
+          f"load {report['load_start']}; " + ("on-CPU ms per request, every thread" if args.cpu
+                                                else "wall ms per request, request threads"),
+          file=err)
+    print(f"  {'activity':48} {'ADD':>8} {'DEL':>8}", file=err)
+    names = list(dict.fromkeys(list(report["ADD"]["ms_per_request"]) +
+                               list(report["DEL"]["ms_per_request"])))
+    for name in names:
+        print(f"  {name:48} {report['ADD']['ms_per_request'].get(name, 0):8.2f} "
+              f"{report['DEL']['ms_per_request'].get(name, 0):8.2f}", file=err)
+    print(f"  {'the shim process, spawn to exit: p50':48} {report['ADD']['shim_ms'].get('p50')!s:>8} "
+          f"{report['DEL']['shim_ms'].get('p50')!s:>8}", file=err)
     return 1 if failures else 0
 
 
