@@ -2,7 +2,7 @@
 """Where an ADD's and a DEL's time goes in the daemon: py-spy samples of its threads, by activity.
 
     .venv/bin/python -m pip install py-spy      # not a project dependency
-    .venv/bin/python bench/breakdown.py [--pods 60] [--rate 1000] [--raw FILE]
+    .venv/bin/python bench/breakdown.py [--pods 60] [--rate 250] [--cpu] [--raw FILE]
 
 A daemon as packaged (bench.py's, Kubernetes mode, eth0 + 2 NADs, strict delegates) serves
 ``--pods`` sequential ADDs, then their DELs, through the packaged shim, while ``py-spy record
@@ -128,7 +128,9 @@ def per_request(by_thread: Dict[str, Dict[str, int]], rate: int, requests: int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=60)
-    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--rate", type=int, default=250,
+                        help="samples per second (py-spy keeps 250 up with the daemon's "
+                             "threads on this machine; check effective_rate in the JSON)")
     parser.add_argument("--raw", default="", help="keep py-spy's collapsed stacks as "
                         "RAW.add and RAW.del")
     parser.add_argument("--cpu", action="store_true",
@@ -159,12 +161,19 @@ def main() -> int:
             spy_run = Spy(spy, daemon.proc.pid, args.rate, f"{raw}.{command.lower()}",
                           idle=not args.cpu)
             samples: List[float] = []
+            started = time.perf_counter()
             for pod in pods:
                 ms, out = bench.timed(lambda: bench.shim(command, daemon.shim_conf(), pod))
                 if bench.check(out, f"{command} {pod.name}", failures):
                     samples.append(ms)
+            seconds = time.perf_counter() - started
+            time.sleep(1.0)  # as before the loop: the recording is the loop plus 2 s idle
             by_thread = spy_run.stop()
+            main_samples = sum(by_thread.get("MainThread", {}).values())
             report[command] = {"shim_ms": bench.percentiles(samples), "threads": by_thread,
+                               "loop_s": round(seconds, 2),
+                               # py-spy falls behind a rate it cannot keep: then this is low
+                               "effective_rate": round(main_samples / (seconds + 2.0)),
                                "ms_per_request": per_request(
                                    by_thread, args.rate, len(pods),
                                    ("",) if args.cpu else REQUEST_THREADS)}
@@ -186,6 +195,11 @@ def main() -> int:
               f"{report['DEL']['ms_per_request'].get(name, 0):8.2f}", file=err)
     print(f"  {'the shim process, spawn to exit: p50':48} {report['ADD']['shim_ms'].get('p50')!s:>8} "
           f"{report['DEL']['shim_ms'].get('p50')!s:>8}", file=err)
+    print(f"  {'loop ms per request (wall, mean)':48} "
+          f"{1000 * report['ADD']['loop_s'] / args.pods:8.1f} "
+          f"{1000 * report['DEL']['loop_s'] / args.pods:8.1f}", file=err)
+    print(f"  {'py-spy effective rate (asked ' + str(args.rate) + ')':48} "
+          f"{report['ADD']['effective_rate']:8} {report['DEL']['effective_rate']:8}", file=err)
     return 1 if failures else 0
 
 
