@@ -9,8 +9,8 @@ After a node reboots or drains, the runtime starts every pod's sandbox at once. 
 per daemon (the order flips each round): a fresh daemon (multusd under systemd-socket-activate
 as packaged, upstream's ``multus-daemon`` as bench/upstream.py runs it) with its own fake API
 server; ``--pods`` pods created there first (``k8s.v1.cni.cncf.io/networks``: two NADs), each
-with a real netns; then all their ADDs at once through the daemon's own shim (a thread per
-shim, released together), then all their DELs at once (a DEL that fails is retried as a
+with a real netns; then all their ADDs at once through the daemon's own shim (every shim
+process started from one thread, then waited for), then all their DELs at once (a DEL that fails is retried as a
 runtime does, every 0.5 s, and counted). Meanwhile a separate process asks ``/healthz`` every
 ``--probe-interval`` s (5 s timeout, as the shim's own probe; at ``--probe-nice``), another asks
 the same of a trivial responder (one Python thread that answers 200: what this machine allows
@@ -42,10 +42,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench  # noqa: E402  (puts tests/ on the path)
+import harness  # noqa: E402
 from multusd.wire import api  # noqa: E402
 
 DEL_RETRIES = 20
-DEL_RETRY_PAUSE = 0.5  # a runtime's retry pace, not synchronisation
+DEL_RETRY_PAUSE = 0.5
 PROBE_TIMEOUT = 5.0  # what the shim allows its /healthz and /readyz probes
 SAMPLE_INTERVAL = 0.2
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -230,17 +231,47 @@ class Side:
         self.rounds: List[Dict[str, Any]] = []
 
 
-def at_once(pods: Sequence[bench.Pod], call) -> Dict[str, Any]:
-    """``call(pod)`` for every pod on its own thread, all released together; wall time."""
-    go = threading.Event()
-    threads = [threading.Thread(target=lambda p=pod: (go.wait(), call(p))) for pod in pods]
+class Shim:
+    """One shim process for ``pod``, as harness.call_shim runs it, started at once (the config
+    written to its stdin then); :meth:`finish` waits for it."""
+
+    def __init__(self, command: str, conf: dict, pod: bench.Pod, argv: Optional[List[str]]):
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+               "CNI_COMMAND": command, "CNI_CONTAINERID": pod.container_id,
+               "CNI_NETNS": pod.netns_path, "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
+               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={bench.NAMESPACE};"
+                           f"K8S_POD_NAME={pod.name};K8S_POD_INFRA_CONTAINER_ID="
+                           f"{pod.container_id};K8S_POD_UID={pod.uid}"}
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(list(argv or bench.SHIM_ARGV or harness.SHIM_ARGV),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env)
+        self.proc.stdin.write(json.dumps(conf).encode())  # far below a pipe's buffer
+        self.proc.stdin.close()
+
+    def finish(self) -> tuple:
+        """(ms from start to exit, exit code, the CNI output or stderr)."""
+        out, err = self.proc.communicate(timeout=bench.SHIM_TIMEOUT)
+        ms = (time.perf_counter() - self.started) * 1000
+        text = out.decode().strip()
+        return ms, self.proc.returncode, (json.loads(text) if text else None) or err.decode()
+
+
+def at_once(pods: Sequence[bench.Pod], command: str, conf: dict,
+            argv: Optional[List[str]], done) -> Dict[str, Any]:
+    """Start ``command``'s shim for every pod from this thread (no GIL contention among the
+    starters: they are all running within moments), then ``done(pod, shim)`` on a thread per
+    pod; the wall time from the first start to the last ``done``."""
+    started = time.perf_counter()
+    shims = [(pod, Shim(command, conf, pod, argv)) for pod in pods]
+    spawned = time.perf_counter() - started
+    threads = [threading.Thread(target=done, args=pair) for pair in shims]
     for thread in threads:
         thread.start()
-    started = time.perf_counter()
-    go.set()
     for thread in threads:
         thread.join()
-    return {"seconds": round(time.perf_counter() - started, 2)}
+    return {"seconds": round(time.perf_counter() - started, 2),
+            "all_started_s": round(spawned, 2)}
 
 
 def links(ns_name: str) -> List[str]:
@@ -287,25 +318,27 @@ def burst(side: Side, scratch: bench.Scratch, count: int, interval: float, nice:
             if len(out["failures"]) < 10:
                 out["failures"].append(what[:400])
 
-    def add(pod: bench.Pod) -> None:
-        ms, result = bench.timed(lambda: bench.shim("ADD", conf, pod, side.argv))
-        if result.code != 0:
-            return fail("add_failed", f"ADD {pod.name}: {result.output or result.stderr}")
+    def add(pod: bench.Pod, shim: Shim) -> None:
+        ms, code, output = shim.finish()
+        if code != 0:
+            return fail("add_failed", f"ADD {pod.name}: {output}")
         with lock:
             add_ms.append(ms)
 
-    def delete(pod: bench.Pod) -> None:
+    def delete(pod: bench.Pod, shim: Shim) -> None:
         for attempt in range(DEL_RETRIES):
-            ms, result = bench.timed(lambda: bench.shim("DEL", conf, pod, side.argv))
-            if result.code == 0:
+            if attempt:
+                time.sleep(DEL_RETRY_PAUSE)  # a runtime's retry pace, not synchronisation
+                shim = Shim("DEL", conf, pod, side.argv)
+            ms, code, output = shim.finish()
+            if code == 0:
                 with lock:
                     del_ms.append(ms)  # the successful attempt's own time
                 return
             if attempt == 0:
-                fail("del_first_failed", f"DEL {pod.name}: {result.output or result.stderr}")
+                fail("del_first_failed", f"DEL {pod.name}: {output}")
             with lock:
                 counters["del_retries"] += 1
-            time.sleep(DEL_RETRY_PAUSE)
         fail("del_failed", f"DEL {pod.name} failed {DEL_RETRIES} times")
 
     pid = daemon.proc.pid
@@ -316,12 +349,12 @@ def burst(side: Side, scratch: bench.Scratch, count: int, interval: float, nice:
     sampler.start()
     try:
         out["load_before"] = round(os.getloadavg()[0], 2)
-        out["add_phase"] = at_once(pods, add)
+        out["add_phase"] = at_once(pods, "ADD", conf, side.argv, add)
         for pod in pods:  # outside the clock: every pod got its three interfaces
             found = sorted(links(pod.netns_name))
             if found != ["eth0", "net1", "net2"]:
                 wrong.append(f"{pod.name}: {found}")
-        out["del_phase"] = at_once(pods, delete)
+        out["del_phase"] = at_once(pods, "DEL", conf, side.argv, delete)
     finally:
         out["healthz_ms"] = prober.stop()
         out["baseline_ms"] = baseline.stop()
@@ -401,6 +434,8 @@ ROWS = [
     ("DEL s p50/p95/p99", lambda r: _pct(r["del_ms"], 1000)),
     ("ADD phase / DEL phase / total s", lambda r: f"{r['add_phase']['seconds']} / "
      f"{r['del_phase']['seconds']} / {r['total_s']}"),
+    ("  all shims of a phase started within s", lambda r: f"{r['add_phase']['all_started_s']} / "
+     f"{r['del_phase']['all_started_s']}"),
     ("pods/s (ADD and DEL)", lambda r: r["pods_per_s"]),
     ("daemon peak RSS MB (VmHWM)", lambda r: r["peak_rss_mb"]),
     ("daemon + plugins + shims peak PSS MB", lambda r: r["peak_tree_pss_mb"]),
