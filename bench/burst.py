@@ -9,8 +9,8 @@ After a node reboots or drains, the runtime starts every pod's sandbox at once. 
 per daemon (the order flips each round): a fresh daemon (multusd under systemd-socket-activate
 as packaged, upstream's ``multus-daemon`` as bench/upstream.py runs it) with its own fake API
 server; ``--pods`` pods created there first (``k8s.v1.cni.cncf.io/networks``: two NADs), each
-with a real netns; then all their ADDs at once through the daemon's own shim (every shim
-process started from one thread, then waited for), then all their DELs at once (a DEL that fails is retried as a
+with a real netns; then all their ADDs at once through the daemon's own shim (a thread per
+shim, released together), then all their DELs at once (a DEL that fails is retried as a
 runtime does, every 0.5 s, and counted). Meanwhile a separate process asks ``/healthz`` every
 ``--probe-interval`` s (5 s timeout, as the shim's own probe; at ``--probe-nice``), another asks
 the same of a trivial responder (one Python thread that answers 200: what this machine allows
@@ -248,6 +248,7 @@ class Shim:
                                      stderr=subprocess.PIPE, env=env)
         self.proc.stdin.write(json.dumps(conf).encode())  # far below a pipe's buffer
         self.proc.stdin.close()
+        self.proc.stdin = None  # written: communicate() only reads
 
     def finish(self) -> tuple:
         """(ms from start to exit, exit code, the CNI output or stderr)."""
@@ -259,19 +260,27 @@ class Shim:
 
 def at_once(pods: Sequence[bench.Pod], command: str, conf: dict,
             argv: Optional[List[str]], done) -> Dict[str, Any]:
-    """Start ``command``'s shim for every pod from this thread (no GIL contention among the
-    starters: they are all running within moments), then ``done(pod, shim)`` on a thread per
-    pod; the wall time from the first start to the last ``done``."""
-    started = time.perf_counter()
-    shims = [(pod, Shim(command, conf, pod, argv)) for pod in pods]
-    spawned = time.perf_counter() - started
-    threads = [threading.Thread(target=done, args=pair) for pair in shims]
+    """``command``'s shim for every pod, started by a thread per pod, all released together
+    (as a runtime's goroutines start them), then ``done(pod, shim)`` on that thread; the wall
+    time from the release to the last ``done``, and until the last shim had started."""
+    go = threading.Event()
+    starts: List[float] = []
+
+    def run(pod: bench.Pod) -> None:
+        go.wait()
+        shim = Shim(command, conf, pod, argv)
+        starts.append(shim.started)
+        done(pod, shim)
+
+    threads = [threading.Thread(target=run, args=(pod,)) for pod in pods]
     for thread in threads:
         thread.start()
+    started = time.perf_counter()
+    go.set()
     for thread in threads:
         thread.join()
     return {"seconds": round(time.perf_counter() - started, 2),
-            "all_started_s": round(spawned, 2)}
+            "all_started_s": round(max(starts, default=started) - started, 2)}
 
 
 def links(ns_name: str) -> List[str]:
