@@ -17,6 +17,8 @@ the real ``kubernetes`` client to work against it:
   away, after which reviews answer ``allowed: false`` and real requests 403 Forbidden;
 * one increasing resourceVersion shared by every object (like etcd's revision); watches resume
   from a resourceVersion and answer an ERROR event with 410 Gone once it was compacted away;
+  a watch with ``sendInitialEvents=true`` (WatchList, what client-go 0.35's informers open)
+  streams the objects as ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``;
 * bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``;
 * request bodies in JSON, or in Kubernetes' protobuf (``Content-Type:
   application/vnd.kubernetes.protobuf``, what client-go clients such as upstream Multus's
