@@ -13,6 +13,9 @@ in-cluster config requires), and alternates them phase by phase, ``--rounds`` ti
 * ``overhead_add_ms``: the paced ADD minus the same three plugins run alone one after the
   other (``plugins_add_ms``, through multusd.cni.conflist.Engine, right before that side's
   paced phase): everything each Multus adds, shim included;
+* ``paired_overhead_ms``: the same without the machine's drift between phases: per pod, the
+  plugins alone, then multusd's ADD and upstream's (order flipping), each minus that plugins
+  run; the p50 over the pods;
 * ``direct_add_ms``: the shim's /cni body POSTed straight to the daemon's socket;
 * ``cold_add_ms``: a fresh daemon's first ADD (multusd socket-activated by it; upstream
   started, then asked once /healthz answers, timed from its exec);
@@ -45,11 +48,12 @@ import lifecycle
 import upstream
 
 FIGURES = ("add_ms", "del_ms", "plugins_add_ms", "paced_add_ms", "overhead_add_ms",
-           "direct_add_ms",
+           "paired_overhead_ms", "direct_add_ms",
            "pods_per_s", "cold_add_ms", "shim_add_ms", "rss_after_round_mb")
 LABELS = {"add_ms": "sequential ADD p50 ms", "del_ms": "sequential DEL p50 ms",
           "paced_add_ms": "paced ADD p50 ms (ADD, DEL, next)",
           "overhead_add_ms": "overhead per ADD ms (paced - plugins)",
+          "paired_overhead_ms": "overhead per ADD ms, paired per pod",
           "direct_add_ms": "daemon only ADD p50 ms (direct POST)",
           "pods_per_s": "pods/s at C=N (ADD then DEL)",
           "cold_add_ms": "first ADD after a cold start ms", "shim_add_ms": "shim ADD, instant daemon ms",
@@ -133,6 +137,31 @@ def theirs(scratch: bench.Scratch, bin_dir: str, run: Dict[str, Any],
     return Side("upstream", daemon, cluster, cold, shim)
 
 
+def paired_overhead(sides: Sequence[Side], scratch: bench.Scratch, count: int,
+                    failures: List[str]) -> Dict[str, Optional[float]]:
+    """The overhead per ADD without the machine's drift: per pod, the three plugins alone,
+    then each side's ADD (and DEL) of a pod of its own, the order flipping pod by pod; the
+    p50 over the pods of (ADD - plugins alone, measured moments before)."""
+    pods = {side.name: side.cluster.make_pods(count) for side in sides}
+    diffs: Dict[str, List[float]] = {side.name: [] for side in sides}
+    try:
+        for index in range(count):
+            alone = bench.plugins_direct(scratch, 1, failures)["add_ms"].get("p50")
+            for side in sides if index % 2 == 0 else list(reversed(sides)):
+                pod, conf = pods[side.name][index], side.daemon.shim_conf()
+                argv = getattr(side.daemon, "shim_argv", None)
+                ms, out = bench.timed(lambda: bench.shim("ADD", conf, pod, argv))
+                ok = bench.check(out, f"{side.name} paired ADD {pod.name}", failures)
+                bench.check(bench.shim("DEL", conf, pod, argv),
+                            f"{side.name} paired DEL {pod.name}", failures)
+                if ok and alone is not None:
+                    diffs[side.name].append(ms - alone)
+    finally:
+        for side in sides:
+            side.cluster.remove_pods(pods[side.name])
+    return {name: bench.percentiles(values).get("p50") for name, values in diffs.items()}
+
+
 def warm_up(side: Side) -> None:
     argv = getattr(side.daemon, "shim_argv", None)
     pods = side.cluster.make_pods(2)
@@ -198,6 +227,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for number in range(args.rounds):
             for side in sides if number % 2 == 0 else reversed(sides):  # neither always first
                 side.round(scratch, args.pods, args.concurrency, failures)
+            paired = paired_overhead(sides, scratch, args.pods, failures)
+            for side in sides:
+                if paired[side.name] is not None:
+                    side.figures["paired_overhead_ms"].append(paired[side.name])
+            bench.log(f"paired overhead per ADD: {paired}")
         report["figures"] = summary(sides)
     finally:
         for daemon in run["daemons"]:
