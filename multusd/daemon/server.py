@@ -44,6 +44,7 @@ READY_HOLD = 0.5
 READY_CHECK = 0.005
 PROBE_BODY = 65536  # a probe's body is read before the answer up to this size (upstream's
 #                     shim POSTs "null" to /readyz), beyond it read away after the answer
+PROBE_ROOM = 64  # connection slots CNI requests leave free (probes, idle ones, answers)
 LINGER_TIMEOUT = 5.0
 LINGER_BYTES = 16 * MAX_BODY
 MAX_BUFFERED = 64 * 1024 * 1024
@@ -106,9 +107,11 @@ class Server:
         self.head_timeout = head_timeout or HEAD_TIMEOUT
         self.max_connections = max_connections or max(512, 8 * workers)
         self.max_buffered = max_buffered or MAX_BUFFERED
-        self.lanes = Lanes(self._run_job, workers=workers,
-                           fast_workers=del_workers or max(2, workers // 4),
-                           max_queued=max_queued or max(256, 4 * workers))
+        fast_workers = del_workers or max(2, workers // 4)
+        # CNI requests, running or waiting, never hold the connection slots probes need
+        room = self.max_connections - workers - fast_workers - PROBE_ROOM
+        self.lanes = Lanes(self._run_job, workers=workers, fast_workers=fast_workers,
+                           max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
         self.sandbox_locks = KeyedLocks()
         self.ready = True
         self.counts = {"ok": 0, "failed": 0}

@@ -317,3 +317,25 @@ def test_the_daemon_answers_a_probe_and_a_del_beside_64_idle_connections(sandbox
     finally:
         for conn in idle:
             conn.close()
+
+
+def test_cni_requests_never_take_the_slots_probes_need(served):
+    recorder = Recorder()
+    # 70 connections: 1 + 1 workers, 64 kept for probes and the like, so 4 may wait
+    server = served(handler=recorder, workers=1, del_workers=1, max_connections=70)
+    assert server.server.lanes.max_queued == 4
+    recorder.hold[("ADD", "a")] = threading.Event()
+    server.post("a", "ADD", "a")
+    wait_for(lambda: recorder.started == [("ADD", "a")], 10, what="the first ADD running")
+    for number in range(10):
+        server.post(f"add{number}", "ADD", f"c{number}")
+    wait_for(lambda: server.server.lanes.queued + len(server.answers) == 10, 10,
+             what="ten ADDs waiting or answered")
+    assert server.get("/healthz") == 200
+    busy = [name for name, (status, _) in server.answers.items() if status == 400]
+    assert len(busy) == 6 and server.server.lanes.queued == 4
+    recorder.hold[("ADD", "a")].set()
+    for number in range(10):
+        status, body = server.answered(f"add{number}")
+        assert (status, f"add{number}" in busy) in ((200, False), (400, True)), body
+    assert len(recorder.finished) == 5
