@@ -147,7 +147,11 @@ class Server:
                     elif key.data is self.listener:
                         accept = True  # after reading: a connection read is no longer idle
                     else:
-                        self._ready_io(key.data, mask)
+                        try:
+                            self._ready_io(key.data, mask)
+                        except Exception:  # one connection's bug must not stop the server
+                            LOG.exception("a connection failed in the reactor")
+                            self._close(key.data)
                 if accept and self._accepting:
                     self._accept()
                 now = time.monotonic()
