@@ -15,7 +15,7 @@ KUBERNETES_NEWEST := 37.0.2
 NEWEST  := .venv-newest
 NEWEST_STAMP := $(NEWEST)/.installed
 
-.PHONY: all setup setup-newest run test test-newest bench soak packages clean
+.PHONY: all setup setup-newest run test test-newest bench soak burst packages clean
 
 all: test
 
@@ -68,6 +68,15 @@ C ?= 16
 R ?= 5
 soak: setup
 	$(PYTHON) bench/soak.py -n $(N) -c $(C) -r $(R)
+
+# The reboot burst: BURST_N pods ADDed by as many shims at once, then DELed (bench/burst.py);
+# UPSTREAM_BIN=DIR (upstream's v4.x multus-daemon and multus-shim) bursts upstream beside it.
+BURST_N ?= 200
+ROUNDS ?= 1
+UPSTREAM_BIN ?=
+burst: setup
+	$(PYTHON) bench/burst.py --pods $(BURST_N) --rounds $(ROUNDS) \
+		$(if $(UPSTREAM_BIN),--upstream-bin $(UPSTREAM_BIN))
 
 # dist/multusd_<version>_all.deb and dist/multusd-<version>.noarch.rpm (version: pyproject.toml)
 packages: setup

@@ -10,13 +10,26 @@ in-cluster config requires), and alternates them phase by phase, ``--rounds`` ti
 * ``paced_add_ms``: ADD then DEL of each pod, one pod at a time (its DEL lets upstream's
   rate limit refill: the daemons' own work);
 * ``pods_per_s``: ``--pods`` pods at ``--concurrency``, each ADD then DEL;
+* ``overhead_add_ms``: the paced ADD minus the same three plugins run alone one after the
+  other (``plugins_add_ms``, through multusd.cni.conflist.Engine, right before that side's
+  paced phase): everything each Multus adds, shim included;
+* ``paired_overhead_ms``: the same without the machine's drift between phases: per pod, the
+  plugins alone, then multusd's ADD and upstream's (order flipping), each minus that plugins
+  run; the p50 over the pods;
+* ``direct_add_ms``: the shim's /cni body POSTed straight to the daemon's socket;
 * ``cold_add_ms``: a fresh daemon's first ADD (multusd socket-activated by it; upstream
   started, then asked once /healthz answers, timed from its exec);
-* ``shim_add_ms``: each shim's ADD against bench.py's instant daemon.
+* ``shim_add_ms``: each shim's ADD against bench.py's instant daemon;
+* ``rss_after_round_mb`` (and the idle RSS after start, once): the daemon under test.
+
+Delegates run strictly one after the other for multusd (``"parallelDelegates": false`` in
+bench.py's config) as they always do for upstream. Upstream's column is whatever
+``--upstream-bin`` holds (v4.2.x or v4.3.x: v4.3's client-go streams its informers' lists with
+WatchList, which tests/kubeapi.py serves).
 
 Prints the medians over the rounds and the ratio multusd / upstream (a JSON line on stdout,
 a table on stderr), and removes everything it made. Needs ``--upstream-bin DIR``
-(bench/README.md says how to build it).
+(upstream's v4.x ``multus-daemon`` and ``multus-shim``).
 
     .venv/bin/python bench/alternate.py --upstream-bin DIR [--rounds 3] [--pods 60]
 """
@@ -34,7 +47,18 @@ import bench
 import lifecycle
 import upstream
 
-FIGURES = ("add_ms", "del_ms", "paced_add_ms", "pods_per_s", "cold_add_ms", "shim_add_ms")
+FIGURES = ("add_ms", "del_ms", "plugins_add_ms", "paced_add_ms", "overhead_add_ms",
+           "paired_overhead_ms", "direct_add_ms",
+           "pods_per_s", "cold_add_ms", "shim_add_ms", "rss_after_round_mb")
+LABELS = {"add_ms": "sequential ADD p50 ms", "del_ms": "sequential DEL p50 ms",
+          "paced_add_ms": "paced ADD p50 ms (ADD, DEL, next)",
+          "overhead_add_ms": "overhead per ADD ms (paced - plugins)",
+          "paired_overhead_ms": "overhead per ADD ms, paired per pod",
+          "direct_add_ms": "daemon only ADD p50 ms (direct POST)",
+          "pods_per_s": "pods/s at C=N (ADD then DEL)",
+          "cold_add_ms": "first ADD after a cold start ms", "shim_add_ms": "shim ADD, instant daemon ms",
+          "rss_after_round_mb": "daemon RSS MB after the round",
+          "plugins_add_ms": "plugins alone ADD p50 ms (just before)"}
 
 
 class Side:
@@ -46,14 +70,23 @@ class Side:
         self.cold, self.shim = cold, shim
         self.figures: Dict[str, List[float]] = {key: [] for key in FIGURES}
 
-    def round(self, pods: int, concurrency: int, failures: List[str]) -> None:
+    def round(self, scratch: bench.Scratch, pods: int, concurrency: int,
+              failures: List[str]) -> None:
         latency = bench.latency(self.daemon, self.cluster, pods, failures)
+        # the plugins alone right before the paced ADDs: the pair shares the machine's minute
+        plugins_ms = bench.plugins_direct(scratch, pods, failures)["add_ms"].get("p50")
         paced = bench.throughput(self.daemon, self.cluster, 1, pods, failures)
+        direct = bench.direct_post(self.daemon, self.cluster, pods, failures)
         loaded = bench.throughput(self.daemon, self.cluster, concurrency, pods, failures)
+        paced_ms = paced["add_ms"].get("p50")
         values = {"add_ms": latency["add_ms"].get("p50"), "del_ms": latency["del_ms"].get("p50"),
-                  "paced_add_ms": paced["add_ms"].get("p50"),
+                  "plugins_add_ms": plugins_ms, "paced_add_ms": paced_ms,
+                  "overhead_add_ms": (round(paced_ms - plugins_ms, 1)
+                                      if None not in (paced_ms, plugins_ms) else None),
+                  "direct_add_ms": direct["add_ms"].get("p50"),
                   "pods_per_s": loaded["pods_per_s"], "cold_add_ms": self.cold(),
-                  "shim_add_ms": self.shim()}
+                  "shim_add_ms": self.shim(),
+                  "rss_after_round_mb": lifecycle.rss_mb(self.daemon.proc.pid)}
         for key, value in values.items():
             if value is not None:
                 self.figures[key].append(value)
@@ -104,6 +137,31 @@ def theirs(scratch: bench.Scratch, bin_dir: str, run: Dict[str, Any],
     return Side("upstream", daemon, cluster, cold, shim)
 
 
+def paired_overhead(sides: Sequence[Side], scratch: bench.Scratch, count: int,
+                    failures: List[str]) -> Dict[str, Optional[float]]:
+    """The overhead per ADD without the machine's drift: per pod, the three plugins alone,
+    then each side's ADD (and DEL) of a pod of its own, the order flipping pod by pod; the
+    p50 over the pods of (ADD - plugins alone, measured moments before)."""
+    pods = {side.name: side.cluster.make_pods(count) for side in sides}
+    diffs: Dict[str, List[float]] = {side.name: [] for side in sides}
+    try:
+        for index in range(count):
+            alone = bench.plugins_direct(scratch, 1, failures)["add_ms"].get("p50")
+            for side in sides if index % 2 == 0 else list(reversed(sides)):
+                pod, conf = pods[side.name][index], side.daemon.shim_conf()
+                argv = getattr(side.daemon, "shim_argv", None)
+                ms, out = bench.timed(lambda: bench.shim("ADD", conf, pod, argv))
+                ok = bench.check(out, f"{side.name} paired ADD {pod.name}", failures)
+                bench.check(bench.shim("DEL", conf, pod, argv),
+                            f"{side.name} paired DEL {pod.name}", failures)
+                if ok and alone is not None:
+                    diffs[side.name].append(ms - alone)
+    finally:
+        for side in sides:
+            side.cluster.remove_pods(pods[side.name])
+    return {name: bench.percentiles(values).get("p50") for name, values in diffs.items()}
+
+
 def warm_up(side: Side) -> None:
     argv = getattr(side.daemon, "shim_argv", None)
     pods = side.cluster.make_pods(2)
@@ -129,12 +187,17 @@ def print_table(report: Dict[str, Any]) -> None:
     err = sys.stderr
     print(f"\nmultusd and upstream alternating, {report['rounds']} rounds of {report['pods']} "
           f"pods (C={report['concurrency']}), load {report['load_start']} -> "
-          f"{report['load_end']}; medians over the rounds", file=err)
-    print(f"  {'figure':16} {'multusd':>9} {'upstream':>9} {'ratio':>6}   rounds (multusd | "
+          f"{report['load_end']}; upstream: {report['upstream_bin']} ({report['upstream_version']}"
+          f"); strict delegates; medians over the rounds", file=err)
+    print(f"  {'figure':40} {'multusd':>9} {'upstream':>9} {'ratio':>6}   rounds (multusd | "
           "upstream)", file=err)
     for key, row in report["figures"].items():
-        print(f"  {key:16} {row['multusd']!s:>9} {row['upstream']!s:>9} {row['ratio']!s:>6}   "
+        label = LABELS.get(key, key).replace("C=N", f"C={report['concurrency']}")
+        print(f"  {label:40} {row['multusd']!s:>9} {row['upstream']!s:>9} {row['ratio']!s:>6}   "
               f"{row['multusd_all']} | {row['upstream_all']}", file=err)
+    idle = report.get("rss_idle_mb", {})
+    print(f"  {'idle RSS MB after start':40} {idle.get('multusd')!s:>9} "
+          f"{idle.get('upstream')!s:>9}", file=err)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -155,11 +218,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "load_start": round(os.getloadavg()[0], 2)}
     try:
         sides = [ours(scratch, failures), theirs(scratch, args.upstream_bin, run, failures)]
+        report["upstream_bin"] = args.upstream_bin
+        report["upstream_version"] = upstream.version(args.upstream_bin)
+        report["rss_idle_mb"] = {side.name: lifecycle.rss_mb(side.daemon.proc.pid)
+                                 for side in sides}
         for side in sides:
             warm_up(side)
         for number in range(args.rounds):
             for side in sides if number % 2 == 0 else reversed(sides):  # neither always first
-                side.round(args.pods, args.concurrency, failures)
+                side.round(scratch, args.pods, args.concurrency, failures)
+            paired = paired_overhead(sides, scratch, args.pods, failures)
+            for side in sides:
+                if paired[side.name] is not None:
+                    side.figures["paired_overhead_ms"].append(paired[side.name])
+            bench.log(f"paired overhead per ADD: {paired}")
         report["figures"] = summary(sides)
     finally:
         for daemon in run["daemons"]:

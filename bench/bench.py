@@ -25,7 +25,7 @@ Measured, in this order:
 
 Each figure of issue 13's table is printed beside upstream's (from that table) with the
 ratio multusd / upstream. With ``--upstream-bin DIR`` (upstream's Go ``multus-daemon`` and
-``multus-shim``, built by the user), bench/upstream.py then runs the same phases against
+``multus-shim`` v4.x), bench/upstream.py then runs the same phases against
 upstream's daemon, and the upstream column is that measurement (the table's figures stay in
 the JSON as ``upstream_table``).
 
@@ -269,10 +269,17 @@ class Cluster:
                 self.kube_api.delete_pod(NAMESPACE, pod.name)
 
 
+# The shim exactly as the package installs it: packaging/multus-shim.launcher, which
+# `make setup` writes to .venv/bin/multus-shim (#!/usr/bin/python3 -IS).
+SHIM_LAUNCHER = os.path.join(REPO, ".venv", "bin", "multus-shim")
+SHIM_ARGV = [SHIM_LAUNCHER] if os.access(SHIM_LAUNCHER, os.X_OK) else None
+
+
 def shim(command: str, conf: dict, pod: Pod, argv: Optional[List[str]] = None) -> ShimOutput:
     """The shim's call for ``pod``; ``argv``: another shim (upstream's, bench/upstream.py)."""
     return call_shim(command, conf, container_id=pod.container_id, netns=pod.netns_path,
-                     pod=(NAMESPACE, pod.name), uid=pod.uid, timeout=SHIM_TIMEOUT, argv=argv)
+                     pod=(NAMESPACE, pod.name), uid=pod.uid, timeout=SHIM_TIMEOUT,
+                     argv=argv or SHIM_ARGV)
 
 
 def check(output: ShimOutput, what: str, failures: List[str]) -> bool:
@@ -287,7 +294,10 @@ def check(output: ShimOutput, what: str, failures: List[str]) -> bool:
 # ---- the daemon under test ------------------------------------------------------------------
 
 def daemon_config(scratch: Scratch, kube_api, log_level: str) -> dict:
-    config: Dict[str, Any] = {"cniVersion": CNI_VERSION, "logLevel": log_level}
+    # Strict (sequential) delegates, said explicitly: the default is becoming false (drop-in
+    # defaults) and the figures must not depend on which default the checkout has.
+    config: Dict[str, Any] = {"cniVersion": CNI_VERSION, "logLevel": log_level,
+                              "parallelDelegates": False}
     networks = scratch.networks()
     if kube_api is None:
         config["delegates"] = networks

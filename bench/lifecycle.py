@@ -66,8 +66,8 @@ DAEMON_ARGV = _launcher_argv(LAUNCHER) or [
 IMPORT_STEPS = [
     ("python3 -IS, package directories", ""),
     ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.sandbox"),
-    ("+ multusd.kube.client (urllib3, ssl)", "import multusd.kube.client"),
-    ("+ yaml (reading the kubeconfig)", "import yaml"),
+    ("+ multusd.kube.client (http.client, ssl)", "import multusd.kube.client"),
+    ("+ yaml (a kubeconfig not parsed before)", "import yaml"),
     ("+ systemd.journal", "import systemd.journal, systemd.daemon"),
     ("+ pyroute2 (default-route only)", "import pyroute2"),
     ("+ prometheus_client (metricsPort only)", "import prometheus_client"),

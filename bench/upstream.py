@@ -1,8 +1,8 @@
 """Upstream Multus thick (the Go ``multus-daemon`` + ``multus-shim``), measured as bench.py
 measures multusd: ``bench.py --upstream-bin DIR`` runs these phases after its own.
 
-DIR holds binaries built from upstream's source (bench/README.md says how); nothing of
-upstream is part of this repository. The daemon runs on the host (no container, no chroot)
+DIR holds upstream's v4.x ``multus-daemon`` and ``multus-shim`` binaries; nothing of upstream
+is part of this repository. The daemon runs on the host (no container, no chroot)
 with a daemon-config.json whose directories are in the benchmark's scratch directory, the
 same real plugins (testlib.PLUGIN_DIR), the same bridges and leases, the same pod shapes (eth0
 from a cluster-network conf file + the NADs bench-net1 and bench-net2) and an instance of the

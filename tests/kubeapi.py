@@ -19,6 +19,8 @@ the real ``kubernetes`` client to work against it:
   away, after which reviews answer ``allowed: false`` and real requests 403 Forbidden;
 * one increasing resourceVersion shared by every object (like etcd's revision); watches resume
   from a resourceVersion and answer an ERROR event with 410 Gone once it was compacted away;
+  a watch with ``sendInitialEvents=true`` (WatchList, what client-go 0.35's informers open)
+  streams the objects as ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``;
 * bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``;
 * request bodies in JSON, or in Kubernetes' protobuf (``Content-Type:
   application/vnd.kubernetes.protobuf``, what client-go clients such as upstream Multus's
@@ -533,12 +535,9 @@ class FakeKubeAPI(kubedra.DraStore):
         return None
 
 
-def _initial_events_end(kind: str, version: int) -> Obj:
+def _initial_events_end(type_meta: Tuple[str, str], version: int) -> Obj:
     """The BOOKMARK that closes a watch-list's initial events (KEP-3157)."""
-    kinds = {"pods": ("Pod", "v1"), "nads": ("NetworkAttachmentDefinition",
-                                              "k8s.cni.cncf.io/v1")}
-    name, api_version = kinds.get(kind, (kind, "v1"))
-    return {"kind": name, "apiVersion": api_version,
+    return {"kind": type_meta[0], "apiVersion": type_meta[1],
             "metadata": {"resourceVersion": str(version),
                          "annotations": {"k8s.io/initial-events-end": "true"}}}
 
@@ -724,7 +723,8 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             selector.terms.append((_FieldSelector.FIELDS["metadata.namespace"], ns, True))
         api = self.server.api
         if _is_watch(query):
-            self._watch(kind, store, selector, query, generation)
+            self._watch(kind, store, selector, query, generation,
+                        (list_kind[:-len("List")], api_version))
             return
         with api._cond:
             items = [copy.deepcopy(o) for o in store.values() if selector.matches(o)]
@@ -733,8 +733,11 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                               "metadata": {"resourceVersion": rv}, "items": items})
 
     def _watch(self, kind: str, store: Dict[Key, Obj], selector: _FieldSelector,
-               query: Dict[str, str], generation: int) -> None:
+               query: Dict[str, str], generation: int, type_meta: Tuple[str, str]) -> None:
         api = self.server.api
+        # WatchList (kube-apiserver 1.32+, client-go 0.35's informers by default): the state
+        # streamed as ADDED events, then a BOOKMARK marking the end of the initial events.
+        stream_list = query.get("sendInitialEvents", "").lower() == "true"
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
         requested = query.get("resourceVersion", "")
@@ -748,15 +751,14 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             with api._cond:
                 api._watchers += 1
                 api._cond.notify_all()
-                if requested in ("", "0"):
-                    # "any version": synthetic ADDED events for what exists, then changes
+                if requested in ("", "0") or (stream_list and int(requested) <= api._rv):
+                    # "any version" (or "not older than"): synthetic ADDED events for what
+                    # exists, then changes
                     initial = [("ADDED", copy.deepcopy(o)) for o in store.values()
                                if selector.matches(o)]
                     sent = api._rv
-                    if query.get("sendInitialEvents", "").lower() == "true":
-                        # a watch-list (client-go's WatchListClient, e.g. upstream multus
-                        # v4.3): the initial events end with this bookmark
-                        initial.append(("BOOKMARK", _initial_events_end(kind, sent)))
+                    if stream_list:
+                        initial.append(("BOOKMARK", _initial_events_end(type_meta, sent)))
                 elif int(requested) < api._history.compacted:
                     # like kube-apiserver: a 200 stream that carries one ERROR event, then ends
                     expired = status_object(410, "Expired", f"too old resource version: "

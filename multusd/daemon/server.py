@@ -1,114 +1,87 @@
-"""The HTTP server on the unix socket: routing, limits, worker pool, per-sandbox locks, deadlines.
+"""The HTTP server on the unix socket: one reactor reads every request, workers run CNI work.
 
-One thread per connection (reused, :class:`ConnectionThreads`) parses the HTTP request
-(cheap); the CNI work itself runs only
-while holding a slot of a bounded pool and the lock of its container ID, so that one
-sandbox's ADD/DEL/CHECK never interleave and a burst of pods queues instead of exhausting
-memory. Every request carries a deadline; time spent waiting for a slot counts against it.
-Every failure is answered 400 with CNI error JSON, as upstream's daemon does, and the
-server keeps serving. ``/healthz``, ``/readyz`` and ``/status`` never wait for the pool.
+One thread (the reactor: non-blocking sockets on epoll) accepts connections and reads every
+request head and body as its bytes arrive, so a connection that sends nothing or trickles
+holds no thread and no worker: it is closed when its head has not arrived within
+``head_timeout`` (5 s), or its whole request within ``read_timeout``. The reactor itself
+answers ``/healthz``, ``/readyz`` and ``/status`` (they never wait behind CNI work) and every
+refusal; a complete ``/cni`` or ``/delegate`` request goes to :class:`~multusd.daemon.lanes.Lanes`
+(a DEL lane beside the general one, one sandbox's requests in order), whose worker answers it.
+Bounded: open connections (at the cap the oldest idle one is closed for a new one), waiting
+requests, bytes of request buffered in all, each request's head and body. A refused request
+is answered 400 with CNI error JSON, then what the client still sends is read away (bounded)
+before the close, so that it reads the answer instead of a broken pipe.
 """
 
 from __future__ import annotations
 
+import errno
+import heapq
+import itertools
 import json
 import logging
 import os
-import queue
-import select
+import selectors
 import socket
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from collections import OrderedDict
+from typing import Any, Callable, List, Mapping, Optional
 
+from multusd.daemon import httpreq
+from multusd.daemon.lanes import Job, KeyedLocks, Lanes
+from multusd.errors import (DecodeFailure, MultusError, TryAgainLater, from_exception)
 from multusd.wire import api
-from multusd.errors import (DecodeFailure, InvalidEnvironment, MultusError, TryAgainLater,
-                     from_exception)
 
 LOG = logging.getLogger(__name__)
 
-MAX_BODY = 4 * 1024 * 1024
-READ_TIMEOUT = 30.0
+MAX_BODY = httpreq.MAX_BODY
+READ_TIMEOUT = 30.0  # the whole request, and each answer's writes
+HEAD_TIMEOUT = 5.0  # a connection's request head; a shim sends it at once
 # A /readyz asked while the daemon starts is answered when it becomes ready, or after this
 # long: the shim then does not sleep between polls through a cold start.
 READY_HOLD = 0.5
 READY_CHECK = 0.005
+PROBE_BODY = 65536  # a probe's body is read before the answer up to this size (upstream's
+#                     shim POSTs "null" to /readyz), beyond it read away after the answer
+PROBE_ROOM = 64  # connection slots CNI requests leave free (probes, idle ones, answers)
+LINGER_TIMEOUT = 5.0
+LINGER_BYTES = 16 * MAX_BODY
+MAX_BUFFERED = 64 * 1024 * 1024
+SWEEP_INTERVAL = 1.0  # how often waiting requests are checked against their deadline
 
 # handler(endpoint, body, deadline, request_id) -> response object (dict) or None
 Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
 
-
-class KeyedLocks:
-    """One lock per key (container ID), created on demand and dropped when unused."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, list] = {}
-
-    def acquire(self, key: str, deadline: float) -> bool:
-        with self._guard:
-            entry = self._locks.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        acquired = entry[0].acquire(timeout=max(0.0, deadline - time.monotonic()))
-        if not acquired:
-            self._release_ref(key)
-        return acquired
-
-    def release(self, key: str) -> None:
-        with self._guard:
-            self._locks[key][0].release()
-        self._release_ref(key)
-
-    def _release_ref(self, key: str) -> None:
-        with self._guard:
-            entry = self._locks[key]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._locks[key]
-
-    def __len__(self) -> int:
-        return len(self._locks)
+_READING, _READY_WAIT, _WRITING, _LINGER = "reading", "ready-wait", "writing", "linger"
 
 
-class ConnectionThreads:
-    """The threads that serve connections, reused: one is started only when none is idle,
-    and up to KEEP_IDLE wait for the next connection instead of ending (a new thread costs
-    ~0.1 ms and a round of the GIL for every one of a pod's requests)."""
+class _Conn:
+    """A connection while the reactor owns it."""
 
-    KEEP_IDLE = 16
+    __slots__ = ("sock", "fd", "parser", "phase", "deadline", "read_deadline", "out",
+                 "linger", "eof", "charged", "discarded", "events", "serial")
 
-    def __init__(self, serve: Callable[[socket.socket], None]) -> None:
-        self._serve = serve
-        self._waiting: "queue.SimpleQueue[Optional[socket.socket]]" = queue.SimpleQueue()
-        self._idle = 0
-        self._lock = threading.Lock()
+    def __init__(self, sock: socket.socket, now: float, head_timeout: float,
+                 read_timeout: float) -> None:
+        self.sock, self.fd = sock, sock.fileno()
+        self.parser = httpreq.RequestParser()
+        self.phase = _READING
+        self.read_deadline = now + read_timeout
+        self.deadline = now + min(head_timeout, read_timeout)
+        self.out = b""
+        self.linger = False
+        self.eof = False
+        self.charged = 0
+        self.discarded = 0
+        self.events = selectors.EVENT_READ
+        self.serial = -1
 
-    def submit(self, conn: socket.socket) -> None:
-        with self._lock:
-            start = self._idle == 0
-            if not start:
-                self._idle -= 1  # that thread takes this connection off the queue
-        if start:
-            threading.Thread(target=self._run, args=(conn,), name="multusd-conn",
-                             daemon=True).start()
-        else:
-            self._waiting.put(conn)
-
-    def close(self) -> None:
-        """End the idle threads (the busy ones end after their connection)."""
-        with self._lock:
-            idle, self._idle = self._idle, 0
-        for _ in range(idle):
-            self._waiting.put(None)
-
-    def _run(self, conn: Optional[socket.socket]) -> None:
-        while conn is not None:
-            self._serve(conn)
-            with self._lock:
-                if self._idle >= self.KEEP_IDLE:
-                    return
-                self._idle += 1
-            conn = self._waiting.get()
+    @property
+    def idle(self) -> bool:
+        """Nothing of value would be lost by closing it: no request yet, or answered."""
+        return self.phase == _LINGER or (self.phase == _READING
+                                         and self.parser.state == httpreq.HEAD)
 
 
 class Server:
@@ -120,136 +93,480 @@ class Server:
                  after_request: Callable[[], None] = lambda: None,
                  observe_http: Callable[[str, str, int], None] = lambda *answer: None,
                  describe: Callable[[], Mapping[str, Any]] = dict,
-                 max_connections: int = 0, read_timeout: float = 0.0) -> None:
+                 max_connections: int = 0, read_timeout: float = 0.0,
+                 head_timeout: float = 0.0, del_workers: int = 0, max_queued: int = 0,
+                 max_buffered: int = 0) -> None:
         self.listener = listener
-        self.read_timeout = read_timeout or READ_TIMEOUT
-        self.max_connections = max_connections or max(64, 4 * workers)
-        self._connection_slots = threading.BoundedSemaphore(self.max_connections)
-        self.readiness = readiness
-        self.describe = describe
-        self.after_request = after_request
-        self.observe_http = observe_http  # (path, method, status) of every answer: metrics
-        self._counts_lock = threading.Lock()
         self.handler = handler
         self.request_timeout = request_timeout
-        self.pool = threading.BoundedSemaphore(workers)
+        self.readiness = readiness
+        self.after_request = after_request
+        self.observe_http = observe_http  # (path, method, status) of every answer: metrics
+        self.describe = describe
+        self.read_timeout = read_timeout or READ_TIMEOUT
+        self.head_timeout = head_timeout or HEAD_TIMEOUT
+        self.max_connections = max_connections or max(512, 8 * workers)
+        self.max_buffered = max_buffered or MAX_BUFFERED
+        fast_workers = del_workers or max(2, workers // 4)
+        # CNI requests, running or waiting, never hold the connection slots probes need
+        room = self.max_connections - workers - fast_workers - PROBE_ROOM
+        self.lanes = Lanes(self._run_job, workers=workers, fast_workers=fast_workers,
+                           max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
         self.sandbox_locks = KeyedLocks()
         self.ready = True
         self.counts = {"ok": 0, "failed": 0}
-        self._in_flight = 0
+        self._counts_lock = threading.Lock()
+        self._open = 0  # connections accepted and not yet closed, reactor's or a worker's
+        self._buffered = 0
         self._idle = threading.Condition()
-        self._stop_r, self._stop_w = os.pipe()
+        self._conns: "OrderedDict[int, _Conn]" = OrderedDict()  # the reactor's, oldest first
+        self._timers: List[tuple] = []  # (deadline, sequence, conn) heap, stale entries skipped
+        self._sequence = itertools.count()
+        self._ready_waiters: List[tuple] = []  # (conn, hold deadline)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector: Optional[selectors.BaseSelector] = None
+        self._accepting = False
         self._stopped = False
         self._family = listener.family
-        self._threads = ConnectionThreads(self._serve_connection)
 
     # -- life cycle -------------------------------------------------------------------------
     def serve_forever(self) -> None:
-        """Accept connections until :meth:`stop`; each one is served on its own thread.
-
-        At most ``max_connections`` at once: the rest wait in the socket's backlog (where
-        systemd's socket keeps them across restarts), not in threads of ours.
-        """
+        """Accept and read connections until :meth:`stop`, then until the accepted ones are
+        handed on or closed (connections not yet accepted stay queued in the socket)."""
         self.listener.setblocking(False)
-        while True:
-            if not self._connection_slots.acquire(timeout=0.5):
-                if self._stopped:
-                    return
-                continue
-            readable, _, _ = select.select([self.listener, self._stop_r], [], [])
-            if self._stop_r in readable:
-                self._connection_slots.release()
-                return
-            try:
-                # _accept + a socket of the known family: socket.accept() converts the
-                # family and type to enums for every connection (~0.1 ms of GIL each)
-                conn = socket.socket(self._family, socket.SOCK_STREAM, 0,
-                                     self.listener._accept()[0])
-            except (BlockingIOError, InterruptedError):
-                self._connection_slots.release()
-                continue
-            except OSError as exc:
-                self._connection_slots.release()
-                LOG.error("accept failed on the multusd socket: %s", exc)
-                continue
-            conn.setblocking(True)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._listen(True)
+        next_sweep = time.monotonic() + SWEEP_INTERVAL
+        try:
+            while not (self._stopped and not self._conns):
+                accept = False
+                for key, mask in self._selector.select(self._timeout()):
+                    if key.data is None:
+                        self._woken()
+                    elif key.data is self.listener:
+                        accept = True  # after reading: a connection read is no longer idle
+                    else:
+                        try:
+                            self._ready_io(key.data, mask)
+                        except Exception:  # one connection's bug must not stop the server
+                            LOG.exception("a connection failed in the reactor")
+                            self._close(key.data)
+                if accept and self._accepting:
+                    self._accept()
+                now = time.monotonic()
+                self._expire(now)
+                if self._ready_waiters:
+                    self._answer_ready_waiters(now)
+                if now >= next_sweep:
+                    next_sweep = now + SWEEP_INTERVAL
+                    for job in self.lanes.take_expired(now):
+                        self._answer_expired(job)
+        finally:
+            self.lanes.close()
+            self._selector.close()
             with self._idle:
-                self._in_flight += 1
-            self._threads.submit(conn)
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
 
     def stop(self) -> None:
         """Stop accepting; connections not yet accepted stay queued in the socket."""
         if not self._stopped:
             self._stopped = True
-            os.write(self._stop_w, b"x")
-            self._threads.close()
+            self._wake()
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no request is in flight; False if some still are after ``timeout``."""
+        """Wait until no connection is open; False if some still are after ``timeout``."""
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._in_flight:
+            while self._open:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._idle.wait(remaining)
         return True
 
-    def wait_ready(self, timeout: float) -> bool:
-        """Ready to serve ADD; while starting, wait up to ``timeout`` s for it (never while
-        stopping), so that a shim polling /readyz learns it the moment it happens."""
-        deadline = time.monotonic() + timeout
-        while self.ready:
-            if self.readiness():
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(READY_CHECK)  # readiness is a cache flag set on another thread
-        return False
-
     @property
     def in_flight(self) -> int:
-        return self._in_flight
-
-    # -- one connection ---------------------------------------------------------------------
-    def _serve_connection(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(READ_TIMEOUT)  # the answer's writes; reads have their own deadline
-            _Connection(conn, self).handle()
-        except Exception:  # a broken client must never take a thread's error further
-            LOG.debug("connection ended with an error", exc_info=True)
-        finally:
-            try:
-                conn.close()
-            except OSError:
-                pass
-            with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
-            self._connection_slots.release()
+        return self._open
 
     def status(self) -> dict:
         """What ``GET /status`` answers: request counts and in flight, plus :attr:`describe`."""
         with self._counts_lock:
             counts = dict(self.counts)
-        info = {"requests": counts, "inFlight": max(0, self._in_flight - 1),  # not this one
+        info = {"requests": counts, "inFlight": max(0, self._open - 1),  # not this one
+                "queued": self.lanes.queued, "running": self.lanes.running,
                 "ready": bool(self.ready and self.readiness())}
         info.update(self.describe())
         return info
 
-    def _count(self, outcome: str) -> None:
-        with self._counts_lock:
-            self.counts[outcome] += 1
-        self.after_request()
+    # -- the reactor ------------------------------------------------------------------------
+    def _wake(self) -> None:
+        with self._idle:
+            self._wake_locked()
 
-    def run_cni(self, endpoint: str, body: bytes) -> tuple[int, bytes]:
-        """Run one /cni or /delegate request through the pool; (status, body) to answer."""
-        request_id = os.urandom(8).hex()  # not uuid: it imports platform
-        deadline = time.monotonic() + self.request_timeout
-        if not self.pool.acquire(timeout=self.request_timeout):
-            return _error_response(TryAgainLater(
+    def _wake_locked(self) -> None:
+        if self._wake_w < 0:
+            return  # the reactor has ended
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already pending
+
+    def _woken(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            pass
+        if self._stopped:
+            self._listen(False)
+            for conn in [c for c in self._conns.values()
+                         if c.idle and not c.parser.received]:
+                self._close(conn)
+        elif not self._accepting and self._open < self.max_connections:
+            self._listen(True)
+
+    def _listen(self, on: bool) -> None:
+        if on and not self._accepting and not self._stopped:
+            self._selector.register(self.listener, selectors.EVENT_READ, self.listener)
+            self._accepting = True
+        elif not on and self._accepting:
+            self._selector.unregister(self.listener)
+            self._accepting = False
+
+    def _timeout(self) -> float:
+        if self._ready_waiters:
+            return READY_CHECK
+        while self._timers and self._timers[0][2].deadline != self._timers[0][0]:
+            heapq.heappop(self._timers)  # a conn closed, handed on or given a new deadline
+        if not self._timers:
+            return SWEEP_INTERVAL
+        return min(SWEEP_INTERVAL, max(0.0, self._timers[0][0] - time.monotonic()))
+
+    def _set_deadline(self, conn: _Conn, deadline: float) -> None:
+        conn.deadline = deadline
+        heapq.heappush(self._timers, (deadline, next(self._sequence), conn))
+
+    def _accept(self) -> None:
+        batch = next(self._sequence)  # connections accepted from here on are not evicted now
+        for _ in range(64):  # then let the connections already accepted be read
+            if self._open >= self.max_connections and not self._evict(batch):
+                if not any(conn.idle for conn in self._conns.values()):
+                    self._listen(False)  # until one closes: the rest wait in the backlog
+                return
+            try:
+                # _accept + a socket of the known family: socket.accept() converts the
+                # family and type to enums for every connection (~0.1 ms of GIL each)
+                sock = socket.socket(self._family, socket.SOCK_STREAM, 0,
+                                     self.listener._accept()[0])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._evict(batch):
+                    continue
+                LOG.error("accept failed on the multusd socket: %s", exc)
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock, time.monotonic(), self.head_timeout, self.read_timeout)
+            conn.serial = next(self._sequence)
+            with self._idle:
+                self._open += 1
+            self._conns[conn.fd] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._set_deadline(conn, conn.deadline)
+
+    def _evict(self, batch: int) -> bool:
+        """Close the oldest idle connection accepted before ``batch`` for a new one; False
+        if there is none (one accepted since may have its request waiting to be read)."""
+        for conn in self._conns.values():
+            if conn.serial >= batch:
+                return False
+            if conn.idle:
+                LOG.debug("%d connections open: closing an idle one for a new one",
+                          self._open)
+                self._close(conn)
+                return True
+        return False
+
+    def _ready_io(self, conn: _Conn, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE and conn.phase == _WRITING:
+            self._flush(conn)
+        elif mask & selectors.EVENT_READ:
+            if conn.phase == _LINGER:
+                self._discard(conn)
+            elif conn.phase == _READING:
+                self._read(conn)
+
+    def _expire(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            deadline, _, conn = heapq.heappop(self._timers)
+            if conn.deadline != deadline or self._conns.get(conn.fd) is not conn:
+                continue
+            if conn.phase == _READING and conn.parser.received:
+                LOG.debug("a client did not send its request in time")
+                limit = (self.read_timeout if conn.parser.state != httpreq.HEAD
+                         else min(self.head_timeout, self.read_timeout))
+                self._answer(conn, 408, _error(TryAgainLater(
+                    f"the request was not received within {limit:.0f}s"))[1])
+            else:  # sent nothing, did not read its answer, or lingered long enough
+                self._close(conn)
+
+    # -- reading ----------------------------------------------------------------------------
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return self._close(conn)
+        parser = conn.parser
+        try:
+            if not data:
+                conn.eof = True
+                parser.at_eof()
+                return self._close(conn)  # nothing sent, or nothing more expected
+            self._charge(conn, len(data))
+            before = parser.state
+            parser.feed(data)
+            if parser.parse() != httpreq.HEAD and before == httpreq.HEAD:
+                self._set_deadline(conn, conn.read_deadline)
+                self._route(conn)
+            if conn.phase == _READING and parser.state == httpreq.DONE:
+                self._complete(conn)
+        except httpreq.BadRequest as exc:
+            LOG.debug("malformed HTTP request: %s", exc)
+            self._answer(conn, *_error(DecodeFailure(f"malformed HTTP request: {exc}")))
+        except MultusError as exc:
+            self._answer(conn, *_error(exc))
+
+    def _route(self, conn: _Conn) -> None:
+        """The head is in: answer at once, or say which body to read."""
+        parser = conn.parser
+        path, method = parser.path, parser.method
+        if path in (api.HEALTH_ENDPOINT, api.READY_ENDPOINT):
+            if method not in ("GET", "POST"):
+                return self._answer(conn, 405, b"Method not allowed\n", "text/plain")
+            try:
+                length = parser.body_length(required=False) or 0
+            except MultusError:
+                length = 0  # a probe is answered whatever its framing; the rest read away
+            if 0 <= length <= PROBE_BODY:
+                self._continue(conn)
+                parser.expect_body(length)
+            else:
+                self._complete(conn)  # answered now, its body read away after
+        elif path == api.STATUS_ENDPOINT:
+            if method != "GET":
+                return self._answer(conn, 405, b"Method not allowed\n", "text/plain")
+            self._no_body(conn)
+            self._answer(conn, 200, json.dumps(self.status()).encode())
+        elif path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT):
+            if method != "POST":
+                return self._answer(conn, 405, b"Method not allowed\n", "text/plain")
+            length = parser.body_length()
+            if length > MAX_BODY:
+                raise DecodeFailure(f"request body of {length} bytes is over the limit of "
+                                    f"{MAX_BODY} bytes; a CNI config should be far smaller")
+            if self._buffered + max(length, 0) > self.max_buffered:
+                raise TryAgainLater(f"multusd is busy: {self._buffered >> 20} MiB of requests "
+                                    "are waiting to be served; retry")
+            self._continue(conn)
+            parser.expect_body(length)
+        else:
+            self._no_body(conn)
+            self._answer(conn, 404, b"")
+
+    @staticmethod
+    def _no_body(conn: _Conn) -> None:
+        """A request answered without reading a body: finished unless it declared one."""
+        try:
+            if not conn.parser.body_length(required=False):
+                conn.parser.expect_body(0)
+        except MultusError:
+            pass  # its framing is broken: what it sends is read away after the answer
+
+    def _continue(self, conn: _Conn) -> None:
+        if conn.parser.expects_continue:
+            try:
+                conn.sock.send(httpreq.CONTINUE)  # curl asks before a large body
+            except OSError:
+                pass
+
+    def _complete(self, conn: _Conn) -> None:
+        """The whole request is in (or all of it that will be read)."""
+        parser = conn.parser
+        if parser.path in (api.HEALTH_ENDPOINT, api.READY_ENDPOINT):
+            if parser.path == api.HEALTH_ENDPOINT or (self.ready and self.readiness()):
+                return self._answer(conn, 200, b"")
+            if not self.ready or self._stopped:
+                return self._answer(conn, 500, b"")
+            conn.phase = _READY_WAIT  # answered when ready, or after READY_HOLD
+            self._modify(conn, 0)
+            self._ready_waiters.append((conn, time.monotonic() + READY_HOLD))
+            return
+        command, key = httpreq.peek_env(parser.body)
+        job = Job(conn.sock, parser.path, parser.method, parser.body,
+                  time.monotonic() + self.request_timeout, command, key, conn.charged)
+        if not self.lanes.submit(job):
+            return self._answer(conn, *_error(TryAgainLater(
+                f"multusd is busy: {self.lanes.max_queued} requests are waiting for a worker; "
+                "retry, or raise \"workers\" in daemon-config.json")))
+        self._disown(conn)
+
+    def _answer_ready_waiters(self, now: float) -> None:
+        ready = self.ready and self.readiness()
+        waiting, self._ready_waiters = self._ready_waiters, []
+        for conn, hold in waiting:
+            if ready or now >= hold or not self.ready or self._stopped:
+                conn.phase = _READING
+                self._answer(conn, 200 if ready else 500, b"")
+            else:
+                self._ready_waiters.append((conn, hold))
+
+    # -- answering from the reactor ---------------------------------------------------------
+    def _answer(self, conn: _Conn, status: int, body: bytes,
+                content_type: str = "application/json") -> None:
+        """Answer without blocking, then close, or read away what the client still sends."""
+        if conn.phase not in (_READING, _READY_WAIT):
+            return
+        conn.out = httpreq.response(status, body, content_type)
+        conn.linger = not conn.eof and conn.parser.state != httpreq.DONE
+        conn.phase = _WRITING
+        self.observe_http(conn.parser.path, conn.parser.method, status)
+        self._set_deadline(conn, time.monotonic() + READ_TIMEOUT)
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return self._close(conn)
+        conn.out = conn.out[sent:]
+        if conn.out:
+            return self._modify(conn, selectors.EVENT_WRITE)
+        if not conn.linger:
+            return self._close(conn)
+        # A refused request the client may still be sending: read it away (bounded) so its
+        # write does not fail before it reads the answer.
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return self._close(conn)
+        conn.phase = _LINGER
+        self._refund(conn)
+        self._modify(conn, selectors.EVENT_READ)
+        self._set_deadline(conn, time.monotonic() + LINGER_TIMEOUT)
+
+    def _discard(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return self._close(conn)
+        conn.discarded += len(data)
+        if not data or conn.discarded >= LINGER_BYTES:
+            self._close(conn)
+
+    def _answer_expired(self, job: Job) -> None:
+        """A waiting request whose deadline passed: answered busy by the reactor."""
+        sock = job.conn
+        sock.setblocking(False)
+        conn = _Conn(sock, time.monotonic(), READ_TIMEOUT, READ_TIMEOUT)
+        conn.parser.state, conn.parser.path, conn.parser.method = httpreq.DONE, job.path, \
+            job.method
+        conn.charged = job.charged
+        self._conns[conn.fd] = conn
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+        conn.events = selectors.EVENT_READ
+        self._count("failed")
+        self._answer(conn, *_error(TryAgainLater(
+            f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
+            "raise \"workers\" in daemon-config.json or retry")))
+
+    def _modify(self, conn: _Conn, events: int) -> None:
+        if events == conn.events:
+            return
+        if conn.events and events:
+            self._selector.modify(conn.sock, events, conn)
+        elif events:
+            self._selector.register(conn.sock, events, conn)
+        else:
+            self._selector.unregister(conn.sock)
+        conn.events = events
+
+    def _disown(self, conn: _Conn) -> None:
+        """Hand the connection to a worker: the reactor forgets it."""
+        self._modify(conn, 0)
+        del self._conns[conn.fd]
+        conn.deadline = -1.0
+
+    def _close(self, conn: _Conn) -> None:
+        if self._conns.pop(conn.fd, None) is None:
+            return
+        self._modify(conn, 0)
+        conn.deadline = -1.0
+        self._ready_waiters = [w for w in self._ready_waiters if w[0] is not conn]
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        self._refund(conn)
+        self._closed()
+
+    def _closed(self) -> None:
+        with self._idle:
+            self._open -= 1
+            self._idle.notify_all()
+            if not self._accepting and not self._stopped:
+                self._wake_locked()  # a connection slot is free: the reactor may accept
+
+    def _charge(self, conn: _Conn, size: int) -> None:
+        with self._idle:
+            self._buffered += size
+        conn.charged += size
+
+    def _refund(self, conn: _Conn) -> None:
+        if conn.charged:
+            with self._idle:
+                self._buffered -= conn.charged
+            conn.charged = 0
+
+    # -- the workers' side ------------------------------------------------------------------
+    def _run_job(self, job: Job) -> None:
+        """On a worker thread: run one CNI request, answer it, close the connection."""
+        if time.monotonic() >= job.deadline:
+            self._count("failed")
+            status, payload = _error(TryAgainLater(
                 f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
                 "raise \"workers\" in daemon-config.json or retry"))
+        else:
+            status, payload = self.run_cni(job.path, job.body, job.deadline)
+        sock = job.conn
+        try:
+            sock.setblocking(True)
+            sock.settimeout(READ_TIMEOUT)
+            sock.sendall(httpreq.response(status, payload))
+            self.observe_http(job.path, job.method, status)
+        except OSError as exc:
+            LOG.debug("the client of a %s request went away before its answer: %s",
+                      job.command or "CNI", exc)
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+            if job.charged:
+                with self._idle:
+                    self._buffered -= job.charged
+            self._closed()
+
+    def run_cni(self, endpoint: str, body: bytes, deadline: float) -> tuple[int, bytes]:
+        """Run one /cni or /delegate request; (status, body) to answer."""
+        request_id = os.urandom(8).hex()  # not uuid: it imports platform
         try:
             response = self.handler(endpoint, body, deadline, request_id)
         except Exception as exc:  # every failure reaches the runtime as a CNI error
@@ -257,236 +574,18 @@ class Server:
             if not isinstance(exc, MultusError):
                 LOG.exception("request %s failed unexpectedly", request_id)
             self._count("failed")
-            return _error_response(error)
-        finally:
-            self.pool.release()
+            return _error(error)
         self._count("ok")
         if response is None:
             return 200, b""
         return 200, json.dumps(response).encode()
 
+    def _count(self, outcome: str) -> None:
+        with self._counts_lock:
+            self.counts[outcome] += 1
+        self.after_request()
 
-def _error_response(error: MultusError) -> tuple[int, bytes]:
+
+def _error(error: MultusError) -> tuple[int, bytes]:
     return 400, json.dumps(error.to_cni_error()).encode()
 
-
-STATUS_PHRASES = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found",
-                  405: "Method Not Allowed", 408: "Request Timeout",
-                  500: "Internal Server Error"}
-MAX_HEADER_LINE = 65536
-MAX_HEADERS = 100
-MAX_HEAD = 65536  # request line and headers together
-
-
-class _BadRequest(Exception):
-    """The bytes on the connection are not an HTTP/1.x request."""
-
-
-class _ReadTimeout(Exception):
-    """The client did not send its whole request within the server's read_timeout."""
-
-
-class _Reader:
-    """Buffered reads from the connection against one deadline for the head and body.
-
-    A per-read timeout would let a client that sends a byte at a time hold a thread for
-    ever; here every ``recv`` gets only what is left of the request's read timeout.
-    """
-
-    def __init__(self, conn: socket.socket, timeout: float) -> None:
-        self.conn = conn
-        self.deadline = time.monotonic() + timeout
-        self.buffer = bytearray()
-
-    def _fill(self) -> bool:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise _ReadTimeout()
-        self.conn.settimeout(remaining)
-        try:
-            data = self.conn.recv(65536)
-        except socket.timeout:
-            raise _ReadTimeout() from None
-        finally:
-            self.conn.settimeout(READ_TIMEOUT)
-        self.buffer += data
-        return bool(data)
-
-    def readline(self, limit: int) -> bytes:
-        """One line with its newline, at most ``limit`` bytes; b"" at EOF."""
-        while True:
-            end = self.buffer.find(b"\n", 0, limit)
-            if end >= 0:
-                return self._take(end + 1)
-            if len(self.buffer) >= limit or not self._fill():
-                return self._take(min(limit, len(self.buffer)))
-
-    def read(self, size: int) -> bytes:
-        """``size`` bytes, or fewer if the client closed its side first."""
-        while len(self.buffer) < size and self._fill():
-            pass
-        return self._take(min(size, len(self.buffer)))
-
-    def _take(self, size: int) -> bytes:
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return data
-
-
-class _Connection:
-    """One HTTP/1.1 exchange on an accepted connection: parse, route, answer, close.
-
-    A small parser of our own rather than http.server: that module (with email and html)
-    costs the daemon ~30 ms of imports on every socket-activated start, and the shims'
-    requests are one simple shape. ``Connection: close`` is always answered, as upstream's
-    daemon disables keep-alive.
-    """
-
-    def __init__(self, conn: socket.socket, server: Server) -> None:
-        self.conn = conn
-        self.server = server
-        self.rfile = _Reader(conn, server.read_timeout)
-        self.method = ""
-        self.path = ""
-        self.headers: dict = {}
-
-    def handle(self) -> None:
-        try:
-            if self._read_head():
-                self._route()
-        except _BadRequest as exc:
-            LOG.debug("malformed HTTP request: %s", exc)
-            self._send(*_error_response(DecodeFailure(f"malformed HTTP request: {exc}")))
-        except _ReadTimeout:
-            LOG.debug("a client did not send its request within %.0fs",
-                      self.server.read_timeout)
-            self._send(408, _error_response(TryAgainLater(
-                f"the request was not received within {self.server.read_timeout:.0f}s"))[1])
-
-    def _read_head(self) -> bool:
-        line = self.rfile.readline(MAX_HEADER_LINE + 1)
-        if not line:
-            return False  # a probe that connected and went away
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _BadRequest(f"malformed request line {line[:100]!r}")
-        self.method, self.path = parts[0], parts[1].split("?", 1)[0]
-        head_size, count = len(line), 0
-        while True:
-            line = self.rfile.readline(MAX_HEADER_LINE + 1)
-            if line in (b"\r\n", b"\n"):
-                return True
-            if not line.endswith(b"\n"):
-                raise _BadRequest("the request head ended before its blank line"
-                                  if len(line) <= MAX_HEADER_LINE else "header line too long")
-            head_size, count = head_size + len(line), count + 1
-            if head_size > MAX_HEAD or count > MAX_HEADERS:
-                raise _BadRequest(f"request head too large: at most {MAX_HEADERS} header "
-                                  f"lines and {MAX_HEAD} bytes")
-            name, sep, value = line.decode("latin-1").partition(":")
-            if not sep:
-                raise _BadRequest(f"malformed header line {line[:100]!r}")
-            key, value = name.strip().lower(), value.strip()
-            if key in _SINGLE_HEADERS and self.headers.get(key, value) != value:
-                raise _BadRequest(f"conflicting {name.strip()} headers")
-            self.headers[key] = value
-
-    def _route(self) -> None:
-        path, method = self.path, self.method
-        if path in (api.HEALTH_ENDPOINT, api.READY_ENDPOINT):
-            if method not in ("GET", "POST"):
-                return self._send(405, b"Method not allowed\n", "text/plain")
-            self._drain_body()
-            ok = path == api.HEALTH_ENDPOINT or self.server.wait_ready(READY_HOLD)
-            return self._send(200 if ok else 500, b"")
-        if path == api.STATUS_ENDPOINT:
-            if method != "GET":
-                return self._send(405, b"Method not allowed\n", "text/plain")
-            return self._send(200, json.dumps(self.server.status()).encode())
-        if path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT):
-            if method != "POST":
-                return self._send(405, b"Method not allowed\n", "text/plain")
-            try:
-                body = self._read_body()
-            except MultusError as exc:
-                return self._send(*_error_response(exc))
-            status, payload = self.server.run_cni(path, body)
-            return self._send(status, payload)
-        return self._send(404, b"")
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("expect", "").lower() == "100-continue":
-            self.conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl asks for large bodies
-        if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            return self._read_chunked()
-        length_header = self.headers.get("content-length")
-        if length_header is None:
-            raise InvalidEnvironment("the request has no Content-Length")
-        length = _decimal(length_header)
-        if length is None:
-            raise DecodeFailure(f"bad Content-Length {length_header[:40]!r}: it must be a "
-                                "non-negative decimal number")
-        if length > MAX_BODY:
-            self._discard(length)
-            raise DecodeFailure(f"request body of {length} bytes is over the limit of "
-                                f"{MAX_BODY} bytes; a CNI config should be far smaller")
-        return self._read_exactly(length)
-
-    def _read_exactly(self, length: int) -> bytes:
-        body = self.rfile.read(length)
-        if len(body) != length:
-            raise DecodeFailure(f"the request body ended after {len(body)} of its {length} "
-                                "bytes: the request was not run")
-        return body
-
-    def _discard(self, length: int) -> None:
-        """Read an oversized body away (bounded) so the client gets our answer, not EPIPE."""
-        remaining = min(length, 16 * MAX_BODY)
-        while remaining > 0:
-            chunk = self.rfile.read(min(remaining, 1 << 20))
-            if not chunk:
-                return
-            remaining -= len(chunk)
-
-    def _read_chunked(self) -> bytes:
-        body = b""
-        while True:
-            line = self.rfile.readline(MAX_HEADER_LINE)
-            digits = line.split(b";")[0].strip()
-            if not line.endswith(b"\n") or not digits or digits.strip(_HEX_DIGITS):
-                raise DecodeFailure("malformed chunked request body: a chunk size must be "
-                                    "hexadecimal digits on a line of its own")
-            size = int(digits, 16)
-            if size == 0:
-                self.rfile.readline(MAX_HEADER_LINE)
-                return body
-            if len(body) + size > MAX_BODY:
-                raise DecodeFailure(f"request body is over the limit of {MAX_BODY} bytes")
-            body += self._read_exactly(size)
-            if self.rfile.readline(MAX_HEADER_LINE) not in (b"\r\n", b"\n"):
-                raise DecodeFailure("malformed chunked request body: a chunk is longer than "
-                                    "its size")
-
-    def _drain_body(self) -> None:
-        length = _decimal(self.headers.get("content-length") or "0")
-        if length is not None and 0 < length <= MAX_BODY:
-            self.rfile.read(length)
-
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        head = (f"HTTP/1.1 {status} {STATUS_PHRASES.get(status, '')}\r\n"
-                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n").encode()
-        self.conn.sendall(head + body)  # one write: no Nagle delay between head and body
-        self.server.observe_http(self.path, self.method, status)
-
-
-_HEX_DIGITS = b"0123456789abcdefABCDEF"
-_SINGLE_HEADERS = ("content-length", "transfer-encoding")
-
-
-def _decimal(text: str) -> Optional[int]:
-    """A Content-Length as RFC 9110 has it (digits only: no sign, no spaces); None if not."""
-    text = text.strip()
-    if not text or len(text) > 18 or not (text.isascii() and text.isdigit()):
-        return None
-    return int(text)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import threading
 from typing import Any, Optional
 
@@ -43,8 +42,7 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, mode=dir_mode, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                   dir=directory)
+        fd, tmp = _create_temp(directory, os.path.basename(path))
     except OSError as exc:
         raise IOFailure(f"cannot write {path}: {exc.strerror}") from exc
     try:
@@ -60,6 +58,22 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
         raise IOFailure(f"cannot write {path}: {exc.strerror}") from exc
     if durable:
         _fsync_dir(directory)
+
+
+def _create_temp(directory: str, name: str) -> tuple[int, str]:
+    """A new file ``.<name>.<random>.tmp`` in ``directory``, opened for writing (mode 0600).
+
+    What tempfile.mkstemp does, without importing tempfile (with shutil and random: ~5 ms of
+    every socket-activated start) and its per-call name generator.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(tmp, flags, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {name} in {directory}")
 
 
 class Flush:

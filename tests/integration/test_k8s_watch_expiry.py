@@ -8,6 +8,7 @@ Then the same through the real daemon and shim: the deleted NAD is refused after
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 import uuid
@@ -135,3 +136,20 @@ def test_daemon_refuses_a_nad_deleted_while_its_watch_was_expired(sandbox, kube_
 def metrics(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         return response.read().decode()
+
+
+def test_the_fake_streams_a_watch_list_as_client_go_asks_for_it(kube_api):
+    """WatchList, as upstream v4.3's client-go informers open their watches: the objects as
+    ADDED, then the BOOKMARK that ends the initial events (without it they never sync)."""
+    kube_api.add_nad(NS, "listed-net", NAD_CONFIG)
+    query = ("?watch=true&sendInitialEvents=true&allowWatchBookmarks=true"
+             "&resourceVersionMatch=NotOlderThan&resourceVersion=&timeoutSeconds=1")
+    request = urllib.request.Request(kube_api.url + NADS + query,
+                                     headers={"Authorization": f"Bearer {kube_api.token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        events = [json.loads(line) for line in response.read().splitlines() if line.strip()]
+    assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    assert events[0]["object"]["metadata"]["name"] == "listed-net"
+    bookmark = events[1]["object"]
+    assert bookmark["kind"] == "NetworkAttachmentDefinition"
+    assert bookmark["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}

@@ -1,22 +1,18 @@
 """Issue 12: what the runtime and the socket send is checked before anything runs.
 
-Request validation and HTTP framing against the real daemon (socket activation), and the
-server's read deadline and connection cap on a real unix socket in this process.
+Request validation and HTTP framing against the real daemon (socket activation); the
+server's deadlines and limits are in test_connections.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
-import socket
-import threading
 
 import pytest
 
 from harness import call_shim
-from testlib import raw_exchange, wait_for
-from multusd.daemon.server import Server
+from testlib import raw_exchange
 from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -130,66 +126,3 @@ def test_framing_errors_are_refused_and_never_run(daemon, case):
     assert b"HTTP/1.1 200" not in answer
     ok = raw_exchange(daemon.socket_path, head(str(len(DEL_BODY))) + DEL_BODY)
     assert status_of(ok) == 200, ok  # the same request, framed right, runs; the daemon serves
-
-
-class InProcessServer:
-    """The real Server on a real unix socket, answering every /cni call with {}."""
-
-    def __init__(self, tmp_path, **kw) -> None:
-        self.path = str(tmp_path / "s.sock")
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(self.path)
-        self.listener.listen(64)
-        self.server = Server(self.listener, lambda *a: {}, workers=2, **kw)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.stop()
-        self.thread.join(10)
-        self.listener.close()
-
-
-def test_a_trickled_request_is_cut_at_the_read_deadline(tmp_path):
-    served = InProcessServer(tmp_path, read_timeout=1.0)
-    try:
-        with socket.socket(socket.AF_UNIX) as conn:
-            conn.connect(served.path)
-            conn.settimeout(30)
-            answer = b""
-            for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"y" * 200:
-                try:
-                    conn.sendall(bytes([byte]))
-                except OSError:
-                    break
-                if select.select([conn], [], [], 0.05)[0]:  # the client's pace: 20 bytes/s
-                    answer = conn.recv(1000)
-                    break
-            assert answer.startswith(b"HTTP/1.1 408 "), answer
-    finally:
-        served.close()
-
-
-def test_connections_beyond_the_cap_wait_in_the_backlog(tmp_path):
-    served = InProcessServer(tmp_path, max_connections=2)
-    idle = []
-    try:
-        for _ in range(10):
-            conn = socket.socket(socket.AF_UNIX)
-            conn.connect(served.path)
-            idle.append(conn)
-        wait_for(lambda: served.server.in_flight == 2, 10, what="two connections served")
-        answers = []
-        waiter = threading.Thread(target=lambda: answers.append(
-            api.http_request(served.path, "GET", "/healthz", timeout=30).status))
-        waiter.start()
-        assert served.server.in_flight == 2 and not answers
-        for conn in idle:
-            conn.close()
-        waiter.join(30)
-        assert answers == [200]
-        assert served.server.in_flight <= 2
-    finally:
-        for conn in idle:
-            conn.close()
-        served.close()

@@ -1,0 +1,206 @@
+"""The queue of CNI requests waiting for a worker: a DEL/STATUS lane beside the general one.
+
+Requests are run by a bounded set of worker threads, started as they are needed and kept.
+``workers`` threads take any request, DEL and STATUS first; ``fast_workers`` more take only
+DEL and STATUS, so that a DEL never waits behind ADDs that wait for the API server (a DEL
+frees what a node has too little of). One sandbox's requests run in the order they came,
+one at a time: a request whose container ID has another queued or running is parked behind
+it and holds no thread (:class:`KeyedLocks` is the handler's own guarantee of the same).
+The number waiting is bounded; :meth:`Lanes.submit` says when it is full.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List
+
+LOG = logging.getLogger(__name__)
+FAST_COMMANDS = ("DEL", "STATUS")
+_GENERAL, _FAST = 0, 1
+
+
+class Job:
+    """One CNI request read in full, waiting for (or holding) a worker."""
+
+    __slots__ = ("conn", "path", "method", "body", "deadline", "command", "key", "fast",
+                 "charged")
+
+    def __init__(self, conn: Any, path: str, method: str, body: bytes, deadline: float,
+                 command: str = "", key: str = "", charged: int = 0) -> None:
+        self.conn, self.path, self.method, self.body = conn, path, method, body
+        self.deadline, self.command, self.key = deadline, command, key
+        self.fast = command in FAST_COMMANDS
+        self.charged = charged  # bytes of the server's memory budget this request holds
+
+
+class Lanes:
+    """Runs :class:`Job` objects with ``run`` on worker threads, in the order described above."""
+
+    def __init__(self, run: Callable[[Job], None], *, workers: int, fast_workers: int,
+                 max_queued: int) -> None:
+        self._run = run
+        self.max_queued = max_queued
+        self._lock = threading.Lock()
+        self._wakeup = (threading.Condition(self._lock), threading.Condition(self._lock))
+        self._queues: tuple[Deque[Job], Deque[Job]] = (deque(), deque())
+        self._limit = (max(1, workers), max(0, fast_workers))
+        self._started = [0, 0]
+        self._waiting = [0, 0]
+        self._notified = [0, 0]  # woken, not yet awake: not free for the next job
+        self._keys: Dict[str, Deque[Job]] = {}  # a claimed sandbox -> its parked requests
+        self._queued = 0
+        self._running = 0
+        self._closed = False
+
+    # -- what the server asks ---------------------------------------------------------------
+    def submit(self, job: Job) -> bool:
+        """Queue ``job``; False (and nothing queued) when ``max_queued`` are already waiting."""
+        with self._lock:
+            if self._queued >= self.max_queued:
+                return False
+            self._queued += 1
+            if job.key:
+                parked = self._keys.get(job.key)
+                if parked is not None:
+                    parked.append(job)  # runs once the sandbox's earlier requests are done
+                    return True
+                self._keys[job.key] = deque()
+            self._enqueue(job)
+        return True
+
+    def take_expired(self, now: float) -> List[Job]:
+        """Remove and return the waiting jobs whose deadline has passed (to be answered)."""
+        expired: List[Job] = []
+        with self._lock:
+            for parked in self._keys.values():
+                if any(job.deadline <= now for job in parked):
+                    expired += [job for job in parked if job.deadline <= now]
+                    kept = [job for job in parked if job.deadline > now]
+                    parked.clear()
+                    parked.extend(kept)
+            for queue in self._queues:
+                if any(job.deadline <= now for job in queue):
+                    gone = [job for job in queue if job.deadline <= now]
+                    kept = [job for job in queue if job.deadline > now]
+                    queue.clear()
+                    queue.extend(kept)
+                    for job in gone:
+                        expired.append(job)
+                        self._release_key(job)
+            self._queued -= len(expired)
+        return expired
+
+    def close(self) -> None:
+        """Let the threads end once nothing is left to run."""
+        with self._lock:
+            self._closed = True
+            for wakeup in self._wakeup:
+                wakeup.notify_all()
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def threads(self) -> int:
+        return sum(self._started)
+
+    # -- inside -----------------------------------------------------------------------------
+    def _enqueue(self, job: Job) -> None:
+        """Put ``job`` in its lane and see that a thread will take it (lock held)."""
+        self._queues[_FAST if job.fast else _GENERAL].append(job)
+        for kind in ((_FAST, _GENERAL) if job.fast else (_GENERAL,)):
+            if self._waiting[kind] > self._notified[kind]:
+                self._notified[kind] += 1
+                self._wakeup[kind].notify()
+                return
+        for kind in ((_FAST, _GENERAL) if job.fast else (_GENERAL,)):
+            if self._started[kind] < self._limit[kind]:
+                self._started[kind] += 1
+                threading.Thread(target=self._work, args=(kind,), daemon=True,
+                                 name="multusd-worker" if kind == _GENERAL
+                                 else "multusd-worker-del").start()
+                return
+        # every thread that could take it is busy: the first to finish will
+
+    def _take(self, kind: int):
+        fast, general = self._queues[_FAST], self._queues[_GENERAL]
+        if fast:
+            return fast.popleft()
+        if kind == _GENERAL and general:
+            return general.popleft()
+        return None
+
+    def _release_key(self, job: Job) -> None:
+        """``job`` is done (or gone): the sandbox's next parked request may run (lock held)."""
+        if not job.key:
+            return
+        parked = self._keys.get(job.key)
+        if parked:
+            self._enqueue(parked.popleft())
+        else:
+            self._keys.pop(job.key, None)
+
+    def _work(self, kind: int) -> None:
+        with self._lock:
+            while True:
+                job = self._take(kind)
+                if job is None:
+                    if self._closed:
+                        self._started[kind] -= 1
+                        return
+                    self._waiting[kind] += 1
+                    self._wakeup[kind].wait()
+                    self._waiting[kind] -= 1
+                    if self._notified[kind]:
+                        self._notified[kind] -= 1
+                    continue
+                self._queued -= 1
+                self._running += 1
+                self._lock.release()
+                try:
+                    self._run(job)
+                except Exception:  # the server answers; a bug here must not end the thread
+                    LOG.exception("a worker failed on a %s request", job.command or "CNI")
+                finally:
+                    self._lock.acquire()
+                    self._running -= 1
+                    self._release_key(job)
+
+
+class KeyedLocks:
+    """One lock per key (container ID), created on demand and dropped when unused."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, list] = {}
+
+    def acquire(self, key: str, deadline: float) -> bool:
+        with self._guard:
+            entry = self._locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        acquired = entry[0].acquire(timeout=max(0.0, deadline - time.monotonic()))
+        if not acquired:
+            self._release_ref(key)
+        return acquired
+
+    def release(self, key: str) -> None:
+        with self._guard:
+            self._locks[key][0].release()
+        self._release_ref(key)
+
+    def _release_ref(self, key: str) -> None:
+        with self._guard:
+            entry = self._locks[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[key]
+
+    def __len__(self) -> int:
+        return len(self._locks)

@@ -1,0 +1,134 @@
+"""multusd.daemon.lanes: the DEL lane, one sandbox at a time, bounded waiting, reused threads."""
+
+import threading
+
+from testlib import wait_for
+
+from multusd.daemon.lanes import Job, Lanes
+
+
+class Runs:
+    """``run`` for Lanes: records each job as it starts; a job named in ``hold`` waits."""
+
+    def __init__(self) -> None:
+        self.started, self.done, self.hold = [], [], {}
+        self.threads = set()
+
+    def __call__(self, job: Job) -> None:
+        self.started.append(job.conn)
+        self.threads.add(threading.current_thread())
+        gate = self.hold.get(job.conn)
+        if gate is not None:
+            assert gate.wait(30)
+        self.done.append(job.conn)
+
+
+def job(name: str, command: str = "ADD", key: str = "", deadline: float = 1e12) -> Job:
+    return Job(name, "/cni", "POST", b"", deadline, command, key)
+
+
+def release(runs: Runs) -> None:
+    for gate in runs.hold.values():
+        gate.set()
+
+
+def test_a_del_runs_while_every_general_worker_waits():
+    runs = Runs()
+    lanes = Lanes(runs, workers=2, fast_workers=1, max_queued=10)
+    try:
+        for name in ("a1", "a2", "a3"):
+            runs.hold[name] = threading.Event()
+            assert lanes.submit(job(name))
+        wait_for(lambda: len(runs.started) == 2, 10, what="two ADDs running")
+        assert lanes.submit(job("d", "DEL"))
+        wait_for(lambda: "d" in runs.done, 10, what="the DEL done")
+        assert "a3" not in runs.started  # still waiting for a general worker
+    finally:
+        release(runs)
+        lanes.close()
+    wait_for(lambda: len(runs.done) == 4, 10, what="every job done")
+
+
+def test_general_workers_take_waiting_dels_first():
+    runs = Runs()
+    lanes = Lanes(runs, workers=1, fast_workers=0, max_queued=10)
+    try:
+        runs.hold["first"] = threading.Event()
+        lanes.submit(job("first"))
+        wait_for(lambda: runs.started == ["first"], 10, what="the first ADD running")
+        lanes.submit(job("add"))
+        lanes.submit(job("del", "DEL"))
+        release(runs)
+        wait_for(lambda: len(runs.done) == 3, 10, what="every job done")
+        assert runs.started == ["first", "del", "add"]
+    finally:
+        lanes.close()
+
+
+def test_one_sandbox_at_a_time_in_order_and_its_waiting_jobs_hold_no_thread():
+    runs = Runs()
+    lanes = Lanes(runs, workers=2, fast_workers=1, max_queued=10)
+    try:
+        runs.hold["add-c1"] = threading.Event()
+        lanes.submit(job("add-c1", "ADD", "c1"))
+        wait_for(lambda: runs.started == ["add-c1"], 10, what="the ADD running")
+        lanes.submit(job("check-c1", "CHECK", "c1"))
+        lanes.submit(job("del-c1", "DEL", "c1"))
+        lanes.submit(job("add-c2", "ADD", "c2"))
+        wait_for(lambda: "add-c2" in runs.done, 10, what="the other sandbox's ADD")
+        assert lanes.queued == 2 and lanes.running == 1
+        release(runs)
+        wait_for(lambda: len(runs.done) == 4, 10, what="every job done")
+        assert [n for n in runs.started if n.endswith("c1")] == ["add-c1", "check-c1", "del-c1"]
+    finally:
+        lanes.close()
+
+
+def test_waiting_is_bounded():
+    runs = Runs()
+    lanes = Lanes(runs, workers=1, fast_workers=0, max_queued=2)
+    try:
+        runs.hold["a"] = threading.Event()
+        assert lanes.submit(job("a"))
+        wait_for(lambda: runs.started == ["a"], 10, what="the first job running")
+        assert lanes.submit(job("b")) and lanes.submit(job("c", "DEL", "k"))
+        assert not lanes.submit(job("d"))
+        assert not lanes.submit(job("e", "DEL", "k"))  # parked ones count too
+        release(runs)
+        wait_for(lambda: len(runs.done) == 3, 10, what="the three accepted jobs")
+        assert lanes.submit(job("f"))
+    finally:
+        lanes.close()
+
+
+def test_jobs_past_their_deadline_are_taken_out_and_their_sandbox_moves_on():
+    runs = Runs()
+    lanes = Lanes(runs, workers=1, fast_workers=0, max_queued=10)
+    try:
+        runs.hold["a"] = threading.Event()
+        lanes.submit(job("a"))
+        wait_for(lambda: runs.started == ["a"], 10, what="the first job running")
+        lanes.submit(job("late", "ADD", "k", deadline=5.0))
+        lanes.submit(job("next", "DEL", "k", deadline=50.0))
+        lanes.submit(job("later", "ADD", "", deadline=5.0))
+        expired = lanes.take_expired(now=10.0)
+        assert sorted(j.conn for j in expired) == ["late", "later"]
+        assert lanes.queued == 1
+        release(runs)
+        wait_for(lambda: runs.done == ["a", "next"], 10, what="the sandbox's next job")
+    finally:
+        lanes.close()
+
+
+def test_threads_are_started_as_needed_and_reused():
+    runs = Runs()
+    lanes = Lanes(runs, workers=4, fast_workers=2, max_queued=100)
+    try:
+        for number in range(20):
+            lanes.submit(job(f"j{number}"))
+            wait_for(lambda: len(runs.done) == number + 1, 10, what="that job done")
+        assert len(runs.threads) == 1 and lanes.threads() == 1
+    finally:
+        lanes.close()
+    wait_for(lambda: not any(t.is_alive() for t in runs.threads), 10,
+             what="the worker to end once closed")
