@@ -391,10 +391,12 @@ def daemon_cni_dir(daemon) -> str:
 
 # ---- the two daemons -------------------------------------------------------------------------
 
-def ours(scratch: bench.Scratch, log_level: str) -> Side:
+def ours(scratch: bench.Scratch, log_level: str, workers: int = 0) -> Side:
     kube_api = bench.start_kube_api(scratch)
     cluster = bench.Cluster(scratch, kube_api)
     config = bench.daemon_config(scratch, kube_api, log_level)
+    if workers:
+        config["workers"] = workers
     count = [0]
 
     def start():
@@ -493,6 +495,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--probe-interval", type=float, default=0.02)
     parser.add_argument("--probe-nice", type=int, default=0,
                         help="the /healthz prober's nice value (default 0, as the shims')")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="multusd's \"workers\" (default: unset, the daemon's default)")
     parser.add_argument("--probe", metavar="SOCKET", help=argparse.SUPPRESS)
     parser.add_argument("--responder", metavar="SOCKET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -521,7 +525,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     failed = False
     try:
-        sides = [ours(scratch, args.log_level)]
+        sides = [ours(scratch, args.log_level, args.workers)]
         if args.upstream_bin:
             sides.append(theirs(scratch, args.upstream_bin, args.log_level, run))
             report["upstream_version"] = run["version"]
