@@ -22,7 +22,6 @@ straight to the socket, pods/s at each concurrency, RSS idle / after warm-up / a
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ import bench
 from bench import (CNI_VERSION, CONCURRENCY, SHIM_TIMEOUT, Cluster, Interrupted, Pod,  # noqa
                    log, timed)
 from harness import call_shim, read_log, shim_conf
-from testlib import PLUGIN_DIR, wait_for
+from testlib import PLUGIN_DIR, bind_in_private_mounts, wait_for
 
 import lifecycle
 from multusd.wire import api
@@ -60,8 +59,6 @@ def version(bin_dir: str) -> str:
 
 # ---- the daemon's own mount namespace --------------------------------------------------------
 
-_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_SLAVE = 0x00020000, 0x1000, 0x4000, 1 << 19
-
 
 class Secrets:
     """The in-cluster token and CA for one fake API server, and the host's mount point."""
@@ -76,18 +73,8 @@ class Secrets:
         self.made_mount_point = not os.path.lexists(SECRETS)
         if self.made_mount_point:
             os.mkdir(SECRETS, 0o755)
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self._args = (self.root.encode(), SECRETS.encode())
-
-    def preexec(self) -> None:
-        """In the child, before exec: a private mount namespace with the secrets in it."""
-        libc, (source, target) = self._libc, self._args
-        if libc.unshare(_CLONE_NEWNS) != 0:
-            os._exit(120)
-        if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
-            os._exit(121)
-        if libc.mount(source, target, None, _MS_BIND, None) != 0:
-            os._exit(122)
+        # in the child, before exec: a private mount namespace with the secrets in it
+        self.preexec = bind_in_private_mounts(self.root, SECRETS)
 
     def cleanup(self) -> None:
         if self.made_mount_point:

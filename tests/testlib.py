@@ -90,3 +90,25 @@ def raw_exchange(path: str, data: bytes, half_close: bool = False) -> bytes:
             if not chunk:
                 return received
             received += chunk
+
+
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_SLAVE = 0x00020000, 0x1000, 0x4000, 1 << 19
+
+
+def bind_in_private_mounts(source: str, target: str) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets a mount namespace of its own (slave to the host's)
+    with ``source`` bound on ``target``; the host sees nothing of it. For upstream's daemon,
+    whose in-cluster config reads fixed paths under /run/secrets."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    source_b, target_b = source.encode(), target.encode()
+
+    def preexec() -> None:  # in the child, before exec
+        if libc.unshare(_CLONE_NEWNS) != 0:
+            os._exit(120)
+        if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+            os._exit(121)
+        if libc.mount(source_b, target_b, None, _MS_BIND, None) != 0:
+            os._exit(122)
+    return preexec

@@ -13,7 +13,6 @@ untouched (an empty /run/secrets is made if missing, and removed after).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -24,12 +23,11 @@ from typing import Any, Dict, Optional
 import pytest
 
 from harness import read_log, shim_conf
-from testlib import wait_for
+from testlib import bind_in_private_mounts, wait_for
 
 ENV = "MULTUSD_UPSTREAM_BIN"
 DAEMON, SHIM = "multus-daemon", "multus-shim"
 SECRETS = "/run/secrets"
-_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_SLAVE = 0x00020000, 0x1000, 0x4000, 1 << 19
 
 
 def bin_dir() -> str:
@@ -80,17 +78,7 @@ class UpstreamDaemon:
         self._made_mount_point = not os.path.lexists(SECRETS)
         if self._made_mount_point:
             os.mkdir(SECRETS, 0o755)
-        libc = ctypes.CDLL(None, use_errno=True)
-        source, target = self._secrets.encode(), SECRETS.encode()
-
-        def private_mounts() -> None:  # in the child, before exec
-            if libc.unshare(_CLONE_NEWNS) != 0:
-                os._exit(120)
-            if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
-                os._exit(121)
-            if libc.mount(source, target, None, _MS_BIND, None) != 0:
-                os._exit(122)
-
+        private_mounts = bind_in_private_mounts(self._secrets, SECRETS)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT,
                                          env=self._env, start_new_session=True,
