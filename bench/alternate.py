@@ -47,14 +47,16 @@ import bench
 import lifecycle
 import upstream
 
-FIGURES = ("add_ms", "del_ms", "plugins_add_ms", "paced_add_ms", "overhead_add_ms",
-           "paired_overhead_ms", "direct_add_ms",
+FIGURES = ("add_ms", "del_ms", "plugins_add_ms", "plugins_del_ms", "paced_add_ms",
+           "overhead_add_ms", "paired_overhead_ms", "direct_add_ms", "direct_del_ms",
            "pods_per_s", "cold_add_ms", "shim_add_ms", "rss_after_round_mb")
 LABELS = {"add_ms": "sequential ADD p50 ms", "del_ms": "sequential DEL p50 ms",
           "paced_add_ms": "paced ADD p50 ms (ADD, DEL, next)",
           "overhead_add_ms": "overhead per ADD ms (paced - plugins)",
           "paired_overhead_ms": "overhead per ADD ms, paired per pod",
           "direct_add_ms": "daemon only ADD p50 ms (direct POST)",
+          "direct_del_ms": "daemon only DEL p50 ms (direct POST)",
+          "plugins_del_ms": "plugins alone DEL p50 ms (just before)",
           "pods_per_s": "pods/s at C=N (ADD then DEL)",
           "cold_add_ms": "first ADD after a cold start ms", "shim_add_ms": "shim ADD, instant daemon ms",
           "rss_after_round_mb": "daemon RSS MB after the round",
@@ -74,16 +76,19 @@ class Side:
               failures: List[str]) -> None:
         latency = bench.latency(self.daemon, self.cluster, pods, failures)
         # the plugins alone right before the paced ADDs: the pair shares the machine's minute
-        plugins_ms = bench.plugins_direct(scratch, pods, failures)["add_ms"].get("p50")
+        alone = bench.plugins_direct(scratch, pods, failures)
+        plugins_ms = alone["add_ms"].get("p50")
         paced = bench.throughput(self.daemon, self.cluster, 1, pods, failures)
         direct = bench.direct_post(self.daemon, self.cluster, pods, failures)
         loaded = bench.throughput(self.daemon, self.cluster, concurrency, pods, failures)
         paced_ms = paced["add_ms"].get("p50")
         values = {"add_ms": latency["add_ms"].get("p50"), "del_ms": latency["del_ms"].get("p50"),
-                  "plugins_add_ms": plugins_ms, "paced_add_ms": paced_ms,
+                  "plugins_add_ms": plugins_ms, "plugins_del_ms": alone["del_ms"].get("p50"),
+                  "paced_add_ms": paced_ms,
                   "overhead_add_ms": (round(paced_ms - plugins_ms, 1)
                                       if None not in (paced_ms, plugins_ms) else None),
                   "direct_add_ms": direct["add_ms"].get("p50"),
+                  "direct_del_ms": direct["del_ms"].get("p50"),
                   "pods_per_s": loaded["pods_per_s"], "cold_add_ms": self.cold(),
                   "shim_add_ms": self.shim(),
                   "rss_after_round_mb": lifecycle.rss_mb(self.daemon.proc.pid)}

@@ -46,6 +46,7 @@ PROBE_BODY = 65536  # a probe's body is read before the answer up to this size (
 #                     shim POSTs "null" to /readyz), beyond it read away after the answer
 PROBE_ROOM = 64  # connection slots CNI requests leave free (probes, idle ones, answers)
 LINGER_TIMEOUT = 5.0
+STOP_GRACE = 1.0  # at stop: how long an accepted connection may still take to send a request
 LINGER_BYTES = 16 * MAX_BODY
 MAX_BUFFERED = 64 * 1024 * 1024
 SWEEP_INTERVAL = 1.0  # how often waiting requests are checked against their deadline
@@ -221,9 +222,16 @@ class Server:
             pass
         if self._stopped:
             self._listen(False)
+            # A connection accepted but silent may be a shim that has not sent its request
+            # yet (a restart's race): it gets STOP_GRACE to send it, then is closed; one whose
+            # answer is out has nothing left to lose.
+            now = time.monotonic()
             for conn in [c for c in self._conns.values()
                          if c.idle and not c.parser.received]:
-                self._close(conn)
+                if conn.phase == _LINGER:
+                    self._close(conn)
+                elif conn.deadline > now + STOP_GRACE:
+                    self._set_deadline(conn, now + STOP_GRACE)
         elif not self._accepting and self._open < self.max_connections:
             self._listen(True)
 

@@ -339,3 +339,38 @@ def test_cni_requests_never_take_the_slots_probes_need(served):
         status, body = server.answered(f"add{number}")
         assert (status, f"add{number}" in busy) in ((200, False), (400, True)), body
     assert len(recorder.finished) == 5
+
+
+def test_a_request_sent_just_after_stop_on_an_accepted_connection_is_served(served):
+    """A restart races the next shim: its connection was accepted, its request not yet sent
+    when the daemon stops. It is served, not reset (the shim would report a failed DEL)."""
+    server = served()
+    conn = socket.socket(socket.AF_UNIX)
+    conn.settimeout(30)
+    conn.connect(server.path)
+    wait_for(lambda: server.server.in_flight == 1, 10, what="the connection accepted")
+    server.server.stop()
+    body = cni_body("DEL", "late-del")
+    conn.sendall(b"POST /cni HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    answer = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert ("DEL", "late-del") in server.handler.finished
+    server.thread.join(10)
+    assert not server.thread.is_alive()  # and then the server ends
+
+
+def test_at_stop_a_silent_accepted_connection_is_closed_after_a_short_grace(served):
+    server = served()
+    silent = idle_connections(server.path, 1)[0]
+    wait_for(lambda: server.server.in_flight == 1, 10, what="the connection accepted")
+    server.server.stop()
+    server.thread.join(10)
+    assert not server.thread.is_alive() and closed_by_server(silent)
+    silent.close()

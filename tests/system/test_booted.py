@@ -231,17 +231,17 @@ def test_3_restart_under_load_fails_no_request(installed):
     inode = box.run("stat", "-c", "%i", SOCKET).stdout
     try:
         loop.wait_for_more(4)
-        for _ in range(3):
+        for _ in range(10):  # each restart races the loop's next connection: many, to see it
             box.run("systemctl", "restart", "multusd.service", timeout=200)
             pids.add(show(box, "multusd.service", "MainPID"))
-            loop.wait_for_more(4)
+            loop.wait_for_more(2)
     finally:
         calls = loop.finish()
     failed = [c for c in calls if c["rc"] != 0]
-    assert failed == [], failed[:3]
-    assert len(pids) == 4, f"the service did not restart each time: {pids}"
+    assert failed == [], [(c["command"], c["rc"], c["stdout"][-400:]) for c in failed[:3]]
+    assert len(pids) == 11, f"the service did not restart each time: {pids}"
     assert box.run("stat", "-c", "%i", SOCKET).stdout == inode, "the socket was re-created"
-    assert len(calls) >= 16
+    assert len(calls) >= 24
 
 
 def test_4_upgrade_keeps_the_edited_config_and_the_socket(installed, packages, tmp_path):
