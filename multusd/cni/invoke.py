@@ -309,38 +309,63 @@ class _Output:
                  deadline: float) -> Tuple[bytes, bytes]:
         buffers = {proc.stdout.fileno(): (self.stdout, "stdout"),
                    proc.stderr.fileno(): (self.stderr, "stderr")}
+        # The plugin's exit, as an fd: Popen.wait(timeout) polls with sleeps from 0.5 ms up
+        # (~0.7 ms lost per plugin, three per ADD), a pidfd says it at once.
+        exited = _pidfd(proc.pid)
         with selectors.DefaultSelector() as selector:
             for fd in buffers:
                 selector.register(fd, selectors.EVENT_READ)
+            if exited is not None:
+                selector.register(exited, selectors.EVENT_READ)
             pending = memoryview(stdin)
             if pending:
                 os.set_blocking(proc.stdin.fileno(), False)
                 selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
             else:
                 proc.stdin.close()
-            while selector.get_map():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise subprocess.TimeoutExpired(proc.args, 0)
-                for key, _ in selector.select(remaining):
-                    if key.fd in buffers:
-                        buffer, name = buffers[key.fd]
-                        data = os.read(key.fd, 65536)
-                        if not data:
-                            selector.unregister(key.fd)
-                        buffer += data
-                        if len(buffer) > OUTPUT_LIMIT:
-                            raise _OutputTooLarge(name)
-                        continue
-                    try:
-                        pending = pending[os.write(key.fd, pending[:65536]):]
-                    except BrokenPipeError:
-                        pending = pending[:0]  # it stopped reading: its output says why
-                    if not pending:
-                        selector.unregister(key.fd)
-                        proc.stdin.close()
+            try:
+                self._pump(proc, selector, buffers, pending, exited, deadline)
+            finally:
+                if exited is not None:
+                    os.close(exited)
         proc.wait(max(0.0, deadline - time.monotonic()))
         return self.so_far()
+
+    def _pump(self, proc: subprocess.Popen, selector: selectors.BaseSelector, buffers: dict,
+              pending: memoryview, exited: Optional[int], deadline: float) -> None:
+        """Write stdin and read both outputs until EOF on both and, with a pidfd, the exit."""
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            for key, _ in selector.select(remaining):
+                if key.fd == exited:
+                    selector.unregister(exited)
+                    continue
+                if key.fd in buffers:
+                    buffer, name = buffers[key.fd]
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        selector.unregister(key.fd)
+                    buffer += data
+                    if len(buffer) > OUTPUT_LIMIT:
+                        raise _OutputTooLarge(name)
+                    continue
+                try:
+                    pending = pending[os.write(key.fd, pending[:65536]):]
+                except BrokenPipeError:
+                    pending = pending[:0]  # it stopped reading: its output says why
+                if not pending:
+                    selector.unregister(key.fd)
+                    proc.stdin.close()
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    """A pidfd of ``pid`` (Linux 5.3+, Python 3.9+), else None: then Popen.wait polls."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def format_details(path: str, command: str, returncode: Optional[int], reason: str,
