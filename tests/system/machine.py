@@ -25,6 +25,8 @@ STOP_TIMEOUT = 60.0
 # starts (that needs CAP_SYS_RESOURCE, which nspawn drops), so where the host may, start it low
 # enough for multusd.service's OOMScoreAdjust=-900 to take effect and be checked.
 OOM_SCORE_FLOOR = -950
+# What `systemctl is-system-running` prints while PID 1 is still setting itself up.
+BOOTING_ANSWERS = ("", "offline", "unknown")
 
 
 class MachineError(AssertionError):
@@ -89,10 +91,13 @@ class Machine:
         """The system state once boot is over ("running", "degraded", ...)."""
         deadline = time.monotonic() + BOOT_TIMEOUT
         while True:
-            # Until the manager listens, systemctl prints nothing and fails: ask again.
+            # Until PID 1 has made /run/systemd/system, systemctl answers "offline"; until the
+            # manager listens, it prints nothing or "unknown". Each is "not yet": ask again.
             state = self.run("systemctl", "is-system-running", "--wait", check=False,
                              timeout=BOOT_TIMEOUT).stdout.strip()
-            if state or time.monotonic() > deadline:
+            if state not in BOOTING_ANSWERS or time.monotonic() > deadline:
+                return state
+            if self.nspawn is not None and self.nspawn.poll() is not None:
                 return state
             time.sleep(0.1)
 
