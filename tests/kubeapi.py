@@ -232,6 +232,7 @@ class FakeKubeAPI(kubedra.DraStore):
             return self
         httpd = _Server(("127.0.0.1", self.port), _Handler)
         httpd.api = self
+        httpd.generation = self._generation
         if self._ssl_context is not None:
             httpd.socket = self._ssl_context.wrap_socket(httpd.socket, server_side=True)
         self.port = httpd.server_address[1]
@@ -550,6 +551,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     api: FakeKubeAPI
+    generation: int  # FakeKubeAPI._generation when this run started
 
 
 ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
@@ -640,9 +642,13 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         body = self._read_body()
+        generation = self.server.generation  # the run that accepted this connection
         with api._cond:
+            if generation != api._generation or not api._running:
+                # accepted as the server went away: a crashed server answers nothing
+                self.close_connection = True
+                return
             api.requests.append((self.command, parts.path, query))
-            generation = api._generation
         try:
             with api._cond:
                 api._cond.wait_for(lambda: not api._blackholed or api._generation != generation)
