@@ -52,7 +52,7 @@ class DaemonConfig(Record):
     kubeconfig: str = ""
     node_name: str = ""
     request_timeout: float = 110.0
-    workers: int = 16  # load() gives default_workers()
+    workers: int = 16
     parallel_delegates: bool = False
     warnings: tuple[str, ...] = ()
 
@@ -62,21 +62,6 @@ class DaemonConfig(Record):
 
 
 
-def default_workers() -> int:
-    """CNI requests run at once when neither ``workers`` nor ``connectionLimit`` says:
-    twice the CPUs this process may use, at least 4, at most 16.
-
-    A request is CPU-bound for about half of its time (its plugins, the daemon's own work):
-    two per CPU keep every CPU busy, and more only make every process of the node wait
-    longer for one (measured in the reboot burst: on 2 CPUs, 4 workers answered /healthz
-    within 43 ms at p99 where 16 took 170-190 ms, in the same total time). Slow plugins that
-    mostly wait (DHCP) are the reason to set ``workers`` higher.
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return min(16, max(4, 2 * cpus))
 
 def load(path: str = DEFAULT_CONFIG_PATH) -> DaemonConfig:
     """Read and validate ``path``.
@@ -129,7 +114,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         "kubeconfig": problems.string(raw, "kubeconfig", ""),
         "node_name": problems.string(raw, "nodeName", ""),  # "" = resolved by the daemon
         "request_timeout": problems.positive(raw, "requestTimeout", 110.0, float),
-        "workers": problems.positive(raw, "workers", default_workers(), int),
+        "workers": problems.positive(raw, "workers", 16, int),
         "parallel_delegates": problems.boolean(raw, "parallelDelegates", False),
     }
     limit = raw.get("connectionLimit")

@@ -75,11 +75,3 @@ def test_retry_delete_on_error_false_is_a_warning_saying_what_multusd_does():
     assert from_dict({"retryDeleteOnError": True}).warnings == ()
     assert from_dict({}).warnings == ()
 
-
-def test_workers_default_to_twice_the_usable_cpus_within_4_and_16(tmp_path):
-    import os
-
-    cpus = len(os.sched_getaffinity(0))
-    assert config.load(write(tmp_path, {})).workers == min(16, max(4, 2 * cpus))
-    assert config.load(write(tmp_path, {"workers": 40})).workers == 40
-    assert config.load(write(tmp_path, {"connectionLimit": 3})).workers == 3

@@ -132,3 +132,38 @@ def test_threads_are_started_as_needed_and_reused():
         lanes.close()
     wait_for(lambda: not any(t.is_alive() for t in runs.threads), 10,
              what="the worker to end once closed")
+
+
+def test_past_the_busy_limit_a_general_request_waits_for_spare_cpu_but_a_del_does_not():
+    runs = Runs()
+    busy = threading.Event()
+    busy.set()
+    lanes = Lanes(runs, workers=3, fast_workers=1, max_queued=10, busy_limit=1,
+                  cpu_busy=busy.is_set)
+    try:
+        runs.hold["a1"] = threading.Event()
+        assert lanes.submit(job("a1"))
+        wait_for(lambda: runs.started == ["a1"], what="a1 running")
+        assert lanes.submit(job("a2")) and lanes.submit(job("d1", "DEL"))
+        wait_for(lambda: "d1" in runs.done, what="the DEL, on the DEL lane's thread")
+        assert "a2" not in runs.started  # the CPUs are busy and one request already runs
+        busy.clear()  # the run queue shortens: a2 starts beside a1
+        wait_for(lambda: "a2" in runs.done, what="a2 once the CPUs have time")
+        assert "a1" not in runs.done
+    finally:
+        release(runs)
+        lanes.close()
+
+
+def test_while_the_cpus_have_time_requests_run_side_by_side_up_to_workers():
+    runs = Runs()
+    lanes = Lanes(runs, workers=3, fast_workers=0, max_queued=10, busy_limit=1,
+                  cpu_busy=lambda: False)
+    try:
+        for name in ("a1", "a2", "a3"):
+            runs.hold[name] = threading.Event()
+            assert lanes.submit(job(name))
+        wait_for(lambda: sorted(runs.started) == ["a1", "a2", "a3"], what="three at once")
+    finally:
+        release(runs)
+        lanes.close()
