@@ -132,7 +132,7 @@ class Lanes:
         return expired
 
     def close(self) -> None:
-        """Let the threads end once nothing is left to run."""
+        """Let the threads end once nothing is left to run (nothing is held back any more)."""
         with self._lock:
             self._closed = True
             for wakeup in self._wakeup:
@@ -174,7 +174,7 @@ class Lanes:
             return fast.popleft() if fast else None
         if not (fast or general):
             return None
-        if self._running_general >= self.busy_limit and self._cpus_busy():
+        if self._running_general >= self.busy_limit and not self._closed and self._cpus_busy():
             self._held_back = True  # a DEL still has the DEL lane's threads
             return None
         return (fast or general).popleft()

@@ -167,3 +167,20 @@ def test_while_the_cpus_have_time_requests_run_side_by_side_up_to_workers():
     finally:
         release(runs)
         lanes.close()
+
+
+def test_once_closed_a_request_held_back_for_cpu_still_runs():
+    runs = Runs()
+    lanes = Lanes(runs, workers=2, fast_workers=0, max_queued=10, busy_limit=1,
+                  cpu_busy=lambda: True)
+    try:
+        runs.hold["a1"] = threading.Event()
+        assert lanes.submit(job("a1")) and lanes.submit(job("a2"))
+        wait_for(lambda: runs.started == ["a1"], what="a1 running")
+        lanes.close()
+        wait_for(lambda: "a2" in runs.done, what="a2 run before the threads end")
+    finally:
+        release(runs)
+        lanes.close()
+    wait_for(lambda: not any(t.is_alive() for t in runs.threads), 10,
+             what="the workers to end once closed")
