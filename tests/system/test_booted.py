@@ -136,12 +136,17 @@ def test_2_first_request_activates_the_service(installed):
     assert active_state(box, "multusd.service") == "active"
     status = box.run("systemctl", "status", "--no-pager", "multusd", check=False)
     assert status.returncode == 0 and "active (running)" in status.stdout, status.stdout
-    entries = [json.loads(line) for line in box.run(
-        "journalctl", "--no-pager", "-o", "json", "-u", "multusd", "K8S_POD_NAME=pod-a"
-    ).stdout.splitlines()]
-    assert entries, "no journal line carries K8S_POD_NAME=pod-a"
+
+    def pod_entries_once_add_is_in() -> list:
+        entries = [json.loads(line) for line in box.run(
+            "journalctl", "--no-pager", "-o", "json", "-u", "multusd", "K8S_POD_NAME=pod-a"
+        ).stdout.splitlines()]
+        return entries if any(e["MESSAGE"].startswith("ADD") for e in entries) else []
+
+    # journald stores what it is sent in its own time: the ADD's line may come after its answer
+    entries = wait_for(pod_entries_once_add_is_in, 30,
+                       what="the ADD's journal line carrying K8S_POD_NAME=pod-a")
     assert {e.get("CNI_CONTAINERID") for e in entries} == {"cid-pod-a"}
-    assert any(e["MESSAGE"].startswith("ADD") for e in entries), entries
 
     # the hardening in multusd.service is in force, and the plugins above worked under it
     pid = show(box, "multusd.service", "MainPID")
