@@ -61,8 +61,6 @@ class DaemonConfig(Record):
         return os.path.join(self.socket_dir, "multus.sock")
 
 
-
-
 def load(path: str = DEFAULT_CONFIG_PATH) -> DaemonConfig:
     """Read and validate ``path``.
 

@@ -195,12 +195,13 @@ class Transport:
                 connection.set_tunnel(self.host, self.port)
         else:
             connection = _HTTPConnection(host, port, timeout=timeout)
+        connection.tls_generation = generation  # put_back must not give it a newer one
         return connection
 
     def put_back(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
             if len(self._idle) < POOL_SIZE and connection.sock is not None:
-                self._idle.append((self._generation, connection))
+                self._idle.append((getattr(connection, "tls_generation", -1), connection))
                 return
         connection.close()
 

@@ -18,6 +18,7 @@ import pytest
 from kubeapi import FakeKubeAPI
 from multusd.errors import DeadlineExceeded, MultusError, TryAgainLater
 from multusd.kube.client import NETWORK_STATUS_ANNOTATION, KubeClient
+from multusd.kube.clientconfig import ClientConfig
 from testlib import wait_for
 
 NS = "default"
@@ -139,6 +140,25 @@ def test_a_rotated_kubelet_certificate_is_used_for_new_connections(make_kube_api
     api.restart()  # the watches come back with the new certificate
     api.add_pod(NS, "third")
     wait_for(lambda: client.cached_pod(NS, "third") is not None, 15, what="watch after restart")
+
+
+def test_a_connection_opened_before_a_certificate_rotation_is_not_reused_after_it(make_kube_api):
+    api = make_kube_api(client_certs=True)
+    config = ClientConfig(api.kubeconfig_path)
+    pods = "/api/v1/namespaces/default/pods"
+    try:
+        # a request in flight on the old certificate (its answer not read yet) ...
+        before = config.transport.request("GET", pods, timeout=5, stream=True)
+        api.rotate_client_cert()  # the old certificate is revoked
+        # ... while another request sees the rotation and connects with the new pair
+        config.transport.request("GET", pods, timeout=5).release_conn()
+        assert config.credentials.tls_generation == 1
+        before.data  # noqa: B018 - read whole: its connection goes back to the pool
+        before.release_conn()
+        for _ in range(3):  # neither idle connection may present the revoked certificate
+            config.transport.request("GET", pods, timeout=5).release_conn()
+    finally:
+        config.close()
 
 
 EXEC_PLUGIN = """#!{python}
