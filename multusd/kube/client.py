@@ -431,6 +431,7 @@ class KubeClient:
         """ResourceSlice lists sent so far (one per (node, driver), plus refreshes)."""
         return self._dra_slices.lists
 
+
 def _resource_type_missing(exc: BaseException) -> bool:
     """A 404 for the resource type itself (no such API), not for one object of it.
 
