@@ -10,6 +10,7 @@ wrong: :class:`BadRequest` for the head, a :class:`~multusd.errors.MultusError` 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Optional
 
@@ -226,18 +227,35 @@ def _decimal(text: str) -> Optional[int]:
     return int(text)
 
 
-_ENV_VALUE = {key: re.compile(rb'"' + key + rb'"\s*:\s*"([^"\\]{0,256})"')
-              for key in (b"CNI_COMMAND", b"CNI_CONTAINERID")}
+_ENV_KEYS = (b"CNI_COMMAND", b"CNI_CONTAINERID")
+_ENV_VALUE = {key: re.compile(rb'"' + key + rb'"\s*:\s*"([^"\\]{0,256})"') for key in _ENV_KEYS}
 
 
 def peek_env(body: bytes) -> tuple[str, str]:
-    """(CNI_COMMAND, CNI_CONTAINERID) as a /cni body seems to give them, without decoding it.
+    """(CNI_COMMAND, CNI_CONTAINERID) of a /cni or /delegate body, as the request's own
+    decoding (``core.request.decode_body``) will read them; "" for what it will not find.
 
-    Only for scheduling (which lane, which sandbox's queue): the request is decoded and
-    validated in full when it runs, and a value this cannot read is "" (the general lane).
+    The lanes run one sandbox's requests one at a time by this container ID (invariant 5), so
+    it is the ID the request acts on, whenever it acts on one (a request whose env names none
+    is refused, or touches no sandbox). What shims send is read without decoding: each key
+    written once, plainly (UTF-8, and no ``\\u`` escape anywhere in the body, so no key is
+    spelled otherwise), its value a plain string; any other body is decoded in full.
     """
-    values = []
-    for pattern in _ENV_VALUE.values():
-        match = pattern.search(body)
-        values.append(match.group(1).decode("latin-1") if match else "")
-    return values[0], values[1]
+    if b"\\u" not in body and b"\x00" not in body[:4]:  # not UTF-16/32 (json reads those)
+        values = []
+        for key in _ENV_KEYS:
+            count = body.count(key)
+            match = _ENV_VALUE[key].search(body) if count == 1 else None
+            if count > 1 or (count == 1 and match is None):
+                break  # written twice, or its value escaped or long: decode
+            values.append(match.group(1).decode("utf-8", "replace") if match else "")
+        else:
+            return values[0], values[1]
+    try:
+        env = json.loads(body).get("env")
+    except (ValueError, AttributeError, RecursionError):
+        return "", ""  # the request is refused when it is decoded: it touches no sandbox
+    if not isinstance(env, dict):
+        return "", ""
+    found = [env.get(key.decode()) for key in _ENV_KEYS]
+    return tuple(value if isinstance(value, str) else "" for value in found)  # type: ignore

@@ -210,10 +210,8 @@ class Daemon:
         started = time.monotonic()
         log = RequestLogger(LOG, request_fields(env, request.k8s_fields(), request_id))
         log.info("%s starting CNI request %s", request.command, endpoint)
-        locked = bool(request.container_id)
-        if locked and not self.server.sandbox_locks.acquire(request.container_id, deadline):
-            raise MultusError(f"another request for container {request.container_id} is still "
-                              "running and did not finish before this one's deadline")
+        # One request per sandbox at a time: the server's lanes ran none of this container's
+        # other requests beside this one (they are keyed by httpreq.peek_env, its exact ID).
         try:
             if endpoint == "/delegate":
                 from multusd.core.hotplug import handle_delegate
@@ -225,9 +223,6 @@ class Daemon:
             log.error("%s failed: %s", request.command, exc.msg,
                       extra={"DURATION_MS": _ms(started), "CNI_ERROR_CODE": exc.code})
             raise
-        finally:
-            if locked:
-                self.server.sandbox_locks.release(request.container_id)
         log.info("%s finished", request.command, extra={"DURATION_MS": _ms(started)})
         if request.command == "ADD":
             return {"Result": result}

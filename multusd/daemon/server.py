@@ -6,7 +6,8 @@ holds no thread and no worker: it is closed when its head has not arrived within
 ``head_timeout`` (5 s), or its whole request within ``read_timeout``. The reactor itself
 answers ``/healthz``, ``/readyz`` and ``/status`` (they never wait behind CNI work) and every
 refusal; a complete ``/cni`` or ``/delegate`` request goes to :class:`~multusd.daemon.lanes.Lanes`
-(a DEL lane beside the general one, one sandbox's requests in order), whose worker answers it.
+(a DEL lane beside the general one, one sandbox's requests in order, one at a time), whose
+worker answers it.
 Bounded: open connections (at the cap the oldest idle one is closed for a new one), waiting
 requests, bytes of request buffered in all, each request's head and body. A refused request
 is answered 400 with CNI error JSON, then what the client still sends is read away (bounded)
@@ -29,7 +30,7 @@ from collections import OrderedDict
 from typing import Any, Callable, List, Mapping, Optional
 
 from multusd.daemon import httpreq
-from multusd.daemon.lanes import Job, KeyedLocks, Lanes
+from multusd.daemon.lanes import Job, Lanes
 from multusd.errors import (DecodeFailure, MultusError, TryAgainLater, from_exception)
 from multusd.wire import api
 
@@ -113,7 +114,6 @@ class Server:
         room = self.max_connections - workers - fast_workers - PROBE_ROOM
         self.lanes = Lanes(self._run_job, workers=workers, fast_workers=fast_workers,
                            max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
-        self.sandbox_locks = KeyedLocks()
         self.ready = True
         self.counts = {"ok": 0, "failed": 0}
         self._counts_lock = threading.Lock()

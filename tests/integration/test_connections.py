@@ -67,11 +67,12 @@ class InProcessServer:
     def get(self, path: str) -> int:
         return api.http_request(self.path, "GET", path, timeout=30).status
 
-    def post(self, name: str, command: str, container_id: str) -> threading.Thread:
+    def post(self, name: str, command: str, container_id: str,
+             body: bytes = b"") -> threading.Thread:
         """POST a /cni request on a thread; its (status, body) lands in ``answers[name]``."""
         def send() -> None:
             response = api.http_request(self.path, "POST", "/cni",
-                                        cni_body(command, container_id), timeout=60)
+                                        body or cni_body(command, container_id), timeout=60)
             self.answers[name] = (response.status, response.body)
         thread = threading.Thread(target=send, daemon=True)
         thread.start()
@@ -228,6 +229,29 @@ def test_one_sandbox_runs_in_order_and_its_waiting_del_holds_no_thread(served):
     assert server.answered("add")[0] == 200
     assert server.answered("del1") == (200, b"")
     assert recorder.started == [("ADD", "c1"), ("DEL", "c2"), ("DEL", "c1")]
+
+
+def test_one_sandbox_at_a_time_however_its_container_id_is_spelled(served):
+    """The lanes alone hold one sandbox's requests apart (no lock in the handler): a body that
+    spells the key with a JSON escape is the same sandbox's, and waits for its ADD."""
+    recorder = Recorder()
+    server = served(handler=recorder, workers=2, del_workers=1)
+    recorder.hold[("ADD", "c1")] = threading.Event()
+    server.post("add", "ADD", "c1")
+    wait_for(lambda: recorder.started == [("ADD", "c1")], 10, what="the ADD running")
+    escaped = cni_body("CHECK", "c1").replace(b'"CNI_CONTAINERID"', b'"CNI\\u005fCONTAINERID"')
+    assert escaped != cni_body("CHECK", "c1")
+    server.post("check", "CHECK", "c1", body=escaped)
+    lanes = server.server.lanes
+    wait_for(lambda: lanes.queued + lanes.running == 2, 10, what="the CHECK taken in")
+    # a request behind it in the general lane: once it has run, a free worker took the CHECK
+    # before it (the lane is first come, first served) unless the CHECK waits for its sandbox
+    server.post("other", "ADD", "c2")
+    assert server.answered("other")[0] == 200
+    assert ("CHECK", "c1") not in recorder.started and "check" not in server.answers
+    recorder.hold[("ADD", "c1")].set()
+    assert server.answered("add")[0] == 200 and server.answered("check") == (200, b"")
+    assert recorder.started == [("ADD", "c1"), ("ADD", "c2"), ("CHECK", "c1")]
 
 
 def test_waiting_requests_are_bounded(served):
