@@ -1,4 +1,4 @@
-"""HTTP/1.x requests parsed incrementally from whatever bytes have arrived, and answers formatted.
+"""HTTP/1.x on the server's connections: requests parsed from the bytes come so far, answers.
 
 The server's reactor thread feeds a :class:`RequestParser` the bytes of one connection as they
 come and never waits for more, so that a client that sends nothing, or a byte at a time,
@@ -6,12 +6,15 @@ holds no thread. A small parser of our own rather than http.server: that module 
 and html) costs the daemon ~30 ms of imports on every socket-activated start, and the shims'
 requests are one simple shape. Every refusal is an exception whose message says what was
 wrong: :class:`BadRequest` for the head, a :class:`~multusd.errors.MultusError` for the body.
+:class:`Connection` is what the reactor keeps of each connection it owns.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import selectors
+import socket
 from typing import Optional
 
 from multusd.errors import DecodeFailure, InvalidEnvironment
@@ -212,6 +215,43 @@ class RequestParser:
     def buffered(self) -> int:
         """Bytes this request holds in memory now."""
         return len(self.buffer) + (len(self._chunks) if self._chunks is not None else 0)
+
+
+# The phases of a connection while the server's reactor owns it.
+READING, READY_WAIT, WRITING, LINGER = "reading", "ready-wait", "writing", "linger"
+
+
+class Connection:
+    """A connection while the server's reactor owns it: its request being read, its answer
+    being written, its deadlines and the bytes it holds of the server's memory bound."""
+
+    __slots__ = ("sock", "fd", "parser", "phase", "deadline", "read_deadline", "out",
+                 "linger", "eof", "charged", "reserved", "metered", "discarded", "events",
+                 "serial")
+
+    def __init__(self, sock: socket.socket, now: float, head_timeout: float,
+                 read_timeout: float) -> None:
+        self.sock, self.fd = sock, sock.fileno()
+        self.parser = RequestParser()
+        self.phase = READING
+        self.read_deadline = now + read_timeout
+        self.deadline = now + min(head_timeout, read_timeout)
+        self.out = b""
+        self.linger = False
+        self.eof = False
+        self.charged = 0  # bytes of the memory bound this connection holds
+        self.reserved = 0  # of those, a declared body's bytes charged before they came
+        self.metered = False  # a chunked CNI body: refused once the bound is passed
+        self.discarded = 0
+        self.events = selectors.EVENT_READ
+        self.serial = -1
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of value would be lost by closing it: no request yet, or answered."""
+        return self.phase == LINGER or (self.phase == READING
+                                         and self.parser.state == HEAD)
+
 
 
 def _bad_chunk_size() -> DecodeFailure:

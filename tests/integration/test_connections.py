@@ -282,6 +282,59 @@ def test_request_memory_is_bounded_in_all(served):
     assert recorder.started == [("DEL", "c1")]
 
 
+def test_a_declared_body_holds_its_share_of_the_bound_before_it_arrives(served):
+    recorder = Recorder()
+    server = served(handler=recorder, max_buffered=64 * 1024)
+    body = cni_body("ADD", "c1") + b" " * (40 * 1024)
+    head = b"POST /cni HTTP/1.1\r\nContent-Length: %d\r\n" % len(body)
+    with socket.socket(socket.AF_UNIX) as first:
+        first.settimeout(30)
+        first.connect(server.path)
+        first.sendall(head + b"Expect: 100-continue\r\n\r\n")
+        assert first.recv(100).startswith(b"HTTP/1.1 100 ")  # its head is read and routed
+        other = cni_body("ADD", "c2") + b" " * (30 * 1024)  # would fit alone
+        answer = send_and_read(server.path, b"POST /cni HTTP/1.1\r\nContent-Length: %d\r\n"
+                               b"\r\n%s" % (len(other), other))
+        error = json.loads(answer.partition(b"\r\n\r\n")[2])
+        assert answer.startswith(b"HTTP/1.1 400 ") and error["code"] == 11, answer[:300]
+        assert error["msg"].startswith("multusd is busy: ")
+        first.sendall(body)
+        received = b""
+        while not received.endswith(b"}}"):
+            chunk = first.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200 ") and recorder.started == [("ADD", "c1")]
+    # alone, a body that came with its head is charged once (not as read and as declared)
+    wait_for(lambda: server.server.in_flight == 0, 10, what="c1's connection given back")
+    body = cni_body("ADD", "c3") + b" " * (40 * 1024)
+    alone = send_and_read(server.path, head + b"\r\n" + body)  # the same length as c1's
+    assert alone.startswith(b"HTTP/1.1 200 ") and recorder.started[-1] == ("ADD", "c3")
+
+
+def chunked(body: bytes, size: int = 16 * 1024) -> bytes:
+    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
+def test_a_chunked_body_is_charged_to_the_memory_bound_as_it_is_read(served):
+    recorder = Recorder()
+    server = served(handler=recorder, max_buffered=64 * 1024)
+    # a valid request (JSON allows the trailing spaces), under MAX_BODY, over the bound
+    body = cni_body("ADD", "c1") + b" " * (100 * 1024)
+    answer = send_and_read(server.path, b"POST /cni HTTP/1.1\r\nHost: x\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\n" + chunked(body))
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    error = json.loads(payload)
+    assert head.startswith(b"HTTP/1.1 400 ") and error["code"] == 11, answer[:300]
+    assert error["msg"].startswith("multusd is busy: ") and "retry" in error["msg"], error
+    assert recorder.started == []
+    # what it held is given back: a small chunked request is served
+    small = send_and_read(server.path, b"POST /cni HTTP/1.1\r\nTransfer-Encoding: chunked"
+                          b"\r\n\r\n" + chunked(cni_body("DEL", "c2")))
+    assert small.startswith(b"HTTP/1.1 200 ") and recorder.started == [("DEL", "c2")]
+
+
 def send_and_read(path: str, data: bytes) -> bytes:
     """As a shim does: write the whole request (no half-close), then read the answer."""
     with socket.socket(socket.AF_UNIX) as conn:
