@@ -20,7 +20,8 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 import multusd
 
 PACKAGE_DIR = os.path.dirname(multusd.__file__)
-# (module, function) whose imports run at start-up only
+# (module, function) whose imports run at start-up only: serve before it serves, and the
+# client build, started once by Daemon.run (a request needing the client waits for it)
 START_UP = {("multusd.__main__", "serve"), ("multusd.daemon.kubestart", "BackgroundKube._build")}
 
 
@@ -126,8 +127,9 @@ def late_imports() -> Tuple[Set[str], List[str]]:
     """The modules loaded at start, and every import the daemon could do later."""
     parsed: Dict[str, Imports] = {}
     loaded = loaded_at_start(parsed)
-    reachable, todo = set(), sorted(loaded - {"multusd.__main__"})  # its other functions:
-    while todo:                                                        # the tools, not serve
+    # __main__'s other functions are the tools' and check-config's: other processes
+    reachable, todo = set(), sorted(loaded - {"multusd.__main__"})
+    while todo:
         name = todo.pop()
         if name not in reachable:
             reachable.add(name)
