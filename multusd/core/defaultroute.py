@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from multusd.cni import cache
 from multusd.core.delegate import Delegate
 from multusd.errors import DecodeFailure, InvalidNetworkConfig, IOFailure
+from multusd.node.netns import PodNetns  # pyroute2 itself only when a pod asks for routes
 
 LOG = logging.getLogger(__name__)
 
@@ -98,8 +99,6 @@ class DefaultRoutes:
     def namespace(self):
         """The pod's namespace (a :class:`~multusd.node.netns.PodNetns`), opened on first use."""
         if self._netns is None:
-            from multusd.node.netns import PodNetns  # pyroute2 only when a pod asks for it
-
             self._netns = PodNetns(self.netns_path)
         return self._netns
 

@@ -34,6 +34,7 @@ from multusd.core import delegates as delegates_mod
 from multusd.core.defaultroute import DefaultRoutes
 from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
+from multusd.node.netns import PodNetns
 from multusd.core import dra, netstatus, parallel, runtimeconf, scratch
 from multusd import store
 from multusd.core.request import CmdArgs
@@ -487,8 +488,6 @@ def require_ifnames_free(netns, req: CmdArgs, delegates: Sequence, wrap) -> None
 
 def require_netns(path: str) -> None:
     """CNI_NETNS opens as a network namespace, within a bound (not a FIFO, file or hung mount)."""
-    from multusd.node.netns import PodNetns
-
     with PodNetns(path) as netns:
         netns.interface_exists("lo")
 

@@ -1,4 +1,4 @@
-"""HTTP/1.x requests parsed incrementally from whatever bytes have arrived, and answers formatted.
+"""HTTP/1.x on the server's connections: requests parsed from the bytes come so far, answers.
 
 The server's reactor thread feeds a :class:`RequestParser` the bytes of one connection as they
 come and never waits for more, so that a client that sends nothing, or a byte at a time,
@@ -6,11 +6,15 @@ holds no thread. A small parser of our own rather than http.server: that module 
 and html) costs the daemon ~30 ms of imports on every socket-activated start, and the shims'
 requests are one simple shape. Every refusal is an exception whose message says what was
 wrong: :class:`BadRequest` for the head, a :class:`~multusd.errors.MultusError` for the body.
+:class:`Connection` is what the reactor keeps of each connection it owns.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import selectors
+import socket
 from typing import Optional
 
 from multusd.errors import DecodeFailure, InvalidEnvironment
@@ -213,6 +217,43 @@ class RequestParser:
         return len(self.buffer) + (len(self._chunks) if self._chunks is not None else 0)
 
 
+# The phases of a connection while the server's reactor owns it.
+READING, READY_WAIT, WRITING, LINGER = "reading", "ready-wait", "writing", "linger"
+
+
+class Connection:
+    """A connection while the server's reactor owns it: its request being read, its answer
+    being written, its deadlines and the bytes it holds of the server's memory bound."""
+
+    __slots__ = ("sock", "fd", "parser", "phase", "deadline", "read_deadline", "out",
+                 "linger", "eof", "charged", "reserved", "metered", "discarded", "events",
+                 "serial")
+
+    def __init__(self, sock: socket.socket, now: float, head_timeout: float,
+                 read_timeout: float) -> None:
+        self.sock, self.fd = sock, sock.fileno()
+        self.parser = RequestParser()
+        self.phase = READING
+        self.read_deadline = now + read_timeout
+        self.deadline = now + min(head_timeout, read_timeout)
+        self.out = b""
+        self.linger = False
+        self.eof = False
+        self.charged = 0  # bytes of the memory bound this connection holds
+        self.reserved = 0  # of those, a declared body's bytes charged before they came
+        self.metered = False  # a chunked CNI body: refused once the bound is passed
+        self.discarded = 0
+        self.events = selectors.EVENT_READ
+        self.serial = -1
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of value would be lost by closing it: no request yet, or answered."""
+        return self.phase == LINGER or (self.phase == READING
+                                         and self.parser.state == HEAD)
+
+
+
 def _bad_chunk_size() -> DecodeFailure:
     return DecodeFailure("malformed chunked request body: a chunk size must be hexadecimal "
                          "digits on a line of its own")
@@ -226,18 +267,35 @@ def _decimal(text: str) -> Optional[int]:
     return int(text)
 
 
-_ENV_VALUE = {key: re.compile(rb'"' + key + rb'"\s*:\s*"([^"\\]{0,256})"')
-              for key in (b"CNI_COMMAND", b"CNI_CONTAINERID")}
+_ENV_KEYS = (b"CNI_COMMAND", b"CNI_CONTAINERID")
+_ENV_VALUE = {key: re.compile(rb'"' + key + rb'"\s*:\s*"([^"\\]{0,256})"') for key in _ENV_KEYS}
 
 
 def peek_env(body: bytes) -> tuple[str, str]:
-    """(CNI_COMMAND, CNI_CONTAINERID) as a /cni body seems to give them, without decoding it.
+    """(CNI_COMMAND, CNI_CONTAINERID) of a /cni or /delegate body, as the request's own
+    decoding (``core.request.decode_body``) will read them; "" for what it will not find.
 
-    Only for scheduling (which lane, which sandbox's queue): the request is decoded and
-    validated in full when it runs, and a value this cannot read is "" (the general lane).
+    The lanes run one sandbox's requests one at a time by this container ID (invariant 5), so
+    it is the ID the request acts on, whenever it acts on one (a request whose env names none
+    is refused, or touches no sandbox). What shims send is read without decoding: each key
+    written once, plainly (UTF-8, and no ``\\u`` escape anywhere in the body, so no key is
+    spelled otherwise), its value a plain string; any other body is decoded in full.
     """
-    values = []
-    for pattern in _ENV_VALUE.values():
-        match = pattern.search(body)
-        values.append(match.group(1).decode("latin-1") if match else "")
-    return values[0], values[1]
+    if b"\\u" not in body and b"\x00" not in body[:4]:  # not UTF-16/32 (json reads those)
+        values = []
+        for key in _ENV_KEYS:
+            count = body.count(key)
+            match = _ENV_VALUE[key].search(body) if count == 1 else None
+            if count > 1 or (count == 1 and match is None):
+                break  # written twice, or its value escaped or long: decode
+            values.append(match.group(1).decode("utf-8", "replace") if match else "")
+        else:
+            return values[0], values[1]
+    try:
+        env = json.loads(body).get("env")
+    except (ValueError, AttributeError, RecursionError):
+        return "", ""  # the request is refused when it is decoded: it touches no sandbox
+    if not isinstance(env, dict):
+        return "", ""
+    found = [env.get(key.decode()) for key in _ENV_KEYS]
+    return tuple(value if isinstance(value, str) else "" for value in found)  # type: ignore

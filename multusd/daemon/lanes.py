@@ -1,21 +1,26 @@
 """The queue of CNI requests waiting for a worker: a DEL/STATUS lane beside the general one.
 
 Requests are run by a bounded set of worker threads, started as they are needed and kept.
-``workers`` threads take any request, DEL and STATUS first; ``fast_workers`` more take only
-DEL and STATUS, so that a DEL never waits behind ADDs that wait for the API server (a DEL
-frees what a node has too little of). One sandbox's requests run in the order they came,
-one at a time: a request whose container ID has another queued or running is parked behind
-it and holds no thread (:class:`KeyedLocks` is the handler's own guarantee of the same).
-The number waiting is bounded; :meth:`Lanes.submit` says when it is full.
+``workers`` threads take any request, DEL and STATUS first; ``fast_workers`` more (at least
+one) take only DEL and STATUS. A DEL frees what a node has too little of, so it never waits
+behind an ADD: every thread takes a waiting DEL before anything else, and the CPU gate below
+never holds one back; a DEL waits only while every thread runs another request and the DEL
+lane's threads all run DELs.
+
+One sandbox's requests run in the order they came, one at a time (invariant 5; nothing else
+in the daemon serialises them): a request whose container ID (:func:`~multusd.daemon.httpreq.
+peek_env`, the ID the request acts on) has another queued or running is parked behind it and
+holds no thread. The number waiting, parked ones included, is bounded; :meth:`Lanes.submit`
+says when it is full.
 
 Past ``busy_limit`` requests running on the general threads (twice the CPUs this process may
-use, at least 4), one more starts there only while the CPUs have time to spare: the run queue
-(``procs_running`` of /proc/stat) is no longer than the CPUs. The DEL lane's own threads are
-never held back. A request is CPU-bound for about half of its time
-(its plugins, the daemon's own work), so two per CPU keep every CPU busy and more only make
-every process of the node wait longer for one (in the reboot burst, on 2 CPUs: /healthz p99
-42-52 ms with 4 running against 170-190 ms with 16, in the same total time); requests whose
-plugins mostly wait (DHCP) leave the run queue short, so up to ``workers`` of them run.
+use, at least 4), one more request other than a DEL starts there only while the CPUs have time
+to spare: the run queue (``procs_running`` of /proc/stat) is no longer than the CPUs. A request
+is CPU-bound for about half of its time (its plugins, the daemon's own work), so two per CPU
+keep every CPU busy and more only make every process of the node wait longer for one (in the
+reboot burst, on 2 CPUs: /healthz p99 42-52 ms with 4 running against 170-190 ms with 16, in
+the same total time); requests whose plugins mostly wait (DHCP) leave the run queue short, so
+up to ``workers`` of them run.
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ class Lanes:
         self._lock = threading.Lock()
         self._wakeup = (threading.Condition(self._lock), threading.Condition(self._lock))
         self._queues: tuple[Deque[Job], Deque[Job]] = (deque(), deque())
-        self._limit = (max(1, workers), max(0, fast_workers))
+        self._limit = (max(1, workers), max(1, fast_workers))
         self._started = [0, 0]
         self._waiting = [0, 0]
         self._notified = [0, 0]  # woken, not yet awake: not free for the next job
@@ -170,14 +175,14 @@ class Lanes:
     def _take(self, kind: int):
         fast, general = self._queues[_FAST], self._queues[_GENERAL]
         self._held_back = False
-        if kind == _FAST:  # the DEL lane's own threads: never held back
-            return fast.popleft() if fast else None
-        if not (fast or general):
+        if fast:  # a DEL first, on any thread: the CPU gate never holds one back
+            return fast.popleft()
+        if kind == _FAST or not general:
             return None
         if self._running_general >= self.busy_limit and not self._closed and self._cpus_busy():
-            self._held_back = True  # a DEL still has the DEL lane's threads
+            self._held_back = True  # this thread still takes a DEL the moment one comes
             return None
-        return (fast or general).popleft()
+        return general.popleft()
 
     def _cpus_busy(self) -> bool:
         """:attr:`_cpu_busy`, looked at most once per half CPU_RECHECK (lock held)."""
@@ -225,34 +230,3 @@ class Lanes:
                     self._running_general -= general
                     self._release_key(job)
 
-
-class KeyedLocks:
-    """One lock per key (container ID), created on demand and dropped when unused."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, list] = {}
-
-    def acquire(self, key: str, deadline: float) -> bool:
-        with self._guard:
-            entry = self._locks.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        acquired = entry[0].acquire(timeout=max(0.0, deadline - time.monotonic()))
-        if not acquired:
-            self._release_ref(key)
-        return acquired
-
-    def release(self, key: str) -> None:
-        with self._guard:
-            self._locks[key][0].release()
-        self._release_ref(key)
-
-    def _release_ref(self, key: str) -> None:
-        with self._guard:
-            entry = self._locks[key]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._locks[key]
-
-    def __len__(self) -> int:
-        return len(self._locks)

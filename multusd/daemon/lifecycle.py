@@ -6,14 +6,19 @@ failing. Started by hand, multusd makes ``<socketDir>`` (0700) and ``multus.sock
 itself, replaces a stale socket file and refuses to start beside a live daemon.
 
 Start-up is cheap (socket activation makes the first shim wait for it): ``/healthz`` is
-answered as soon as the request path is imported; the Kubernetes client (``import
-kubernetes`` alone is ~200 ms) is built and its watches started on a background thread, and
-``/readyz`` turns 200 once its caches have synced.
+answered as soon as the request path is imported; the Kubernetes client (reading the
+kubeconfig, the transport's imports, the ``kubernetes`` package for exec/auth-provider users)
+is built and its watches started on a background thread (``kubestart``), and ``/readyz`` turns
+200 once its caches have synced. Every module of ours a request or a background thread can run
+is imported by then: during an upgrade the old daemon serves, with the new package's files
+already in place, until postinst restarts it, and it must never load one of those
+(tests/unit/daemon/test_startup_imports.py reads the code for such imports).
 
 On SIGTERM: ``/readyz`` turns 500 and STOPPING=1 is sent, requests in flight finish (DEL
 keeps being served meanwhile), then the process exits 0 within the stop timeout, without
-the interpreter's tear-down of every imported module (tens of ms with ``kubernetes``
-loaded): everything multusd writes is already on disk, and the log handlers are flushed.
+the interpreter's tear-down of every imported module (tens of ms with the ``kubernetes``
+package loaded): everything multusd writes is already on disk, and the log handlers are
+flushed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from multusd import __version__
 from multusd.core import request as cmdargs
 from multusd.daemon import metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
+from multusd.core.hotplug import handle_delegate
+from multusd.core.sandbox import Multus
 from multusd.errors import MultusError
 from multusd.config import nodename
 from multusd.daemon.kubestart import BackgroundKube
@@ -133,9 +140,7 @@ class Daemon:
         exit_without_teardown(0)
         return 0  # not reached
 
-    def _make_multus(self):
-        from multusd.core.sandbox import Multus
-
+    def _make_multus(self) -> Multus:
         if self.config.kubeconfig:
             self.kube = BackgroundKube(self.config.kubeconfig, self.config.node_name,
                                        on_failure=self._on_kube_failure,
@@ -210,14 +215,10 @@ class Daemon:
         started = time.monotonic()
         log = RequestLogger(LOG, request_fields(env, request.k8s_fields(), request_id))
         log.info("%s starting CNI request %s", request.command, endpoint)
-        locked = bool(request.container_id)
-        if locked and not self.server.sandbox_locks.acquire(request.container_id, deadline):
-            raise MultusError(f"another request for container {request.container_id} is still "
-                              "running and did not finish before this one's deadline")
+        # One request per sandbox at a time: the server's lanes ran none of this container's
+        # other requests beside this one (they are keyed by httpreq.peek_env, its exact ID).
         try:
             if endpoint == "/delegate":
-                from multusd.core.hotplug import handle_delegate
-
                 result = handle_delegate(self.multus, request, attributes or {}, deadline, log)
             else:
                 result = self.multus.cni(request, deadline, log)
@@ -225,9 +226,6 @@ class Daemon:
             log.error("%s failed: %s", request.command, exc.msg,
                       extra={"DURATION_MS": _ms(started), "CNI_ERROR_CODE": exc.code})
             raise
-        finally:
-            if locked:
-                self.server.sandbox_locks.release(request.container_id)
         log.info("%s finished", request.command, extra={"DURATION_MS": _ms(started)})
         if request.command == "ADD":
             return {"Result": result}

@@ -23,15 +23,36 @@ _redactors: List[Callable[[str], str]] = []
 
 
 class _Redacting(logging.Filter):
-    """Cuts every known credential out of a record before any handler writes it."""
+    """Cuts every known credential out of a record before any handler writes it: its message,
+    and the traceback and stack it carries. The traceback is formatted here, once, and the
+    exception dropped from the record, so that no handler formats it after this filter ran
+    (the journal handler would also send the exception itself as a field)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if _redactors:
-            text = record.getMessage()
-            for redact in list(_redactors):
-                text = redact(text)
-            record.msg, record.args = text, None
+        if not _redactors:
+            return True
+        try:
+            record.msg, record.args = _redacted(record.getMessage()), None
+        except Exception:  # a malformed call: the handler reports it (logging.raiseExceptions)
+            return True
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+            record.exc_info = None
+        if record.exc_text:
+            record.exc_text = _redacted(record.exc_text)
+        if record.stack_info:
+            record.stack_info = _redacted(record.stack_info)
         return True
+
+
+_TRACEBACKS = logging.Formatter()
+
+
+def _redacted(text: str) -> str:
+    for redact in list(_redactors):
+        text = redact(text)
+    return text
 
 
 def redact_with(redact: Callable[[str], str]) -> Callable[[], None]:
@@ -52,15 +73,19 @@ def setup(level: str = "verbose", log_file: str = "", log_options: Mapping[str, 
     root.propagate = False
     handler = systemd.journal_handler() if journal else None
     if handler is not None:
-        root.addHandler(handler)
+        attach(handler)
     if to_stderr and not (handler is not None and systemd.stderr_is_journal()):
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(_ContextFormatter(FORMAT, "%Y-%m-%dT%H:%M:%S%z"))
-        root.addHandler(stream)
+        attach(stream)
     if log_file:
-        root.addHandler(_file_handler(log_file, log_options or {}))
-    for added in root.handlers:
-        added.addFilter(_Redacting())
+        attach(_file_handler(log_file, log_options or {}))
+
+
+def attach(handler: logging.Handler) -> None:
+    """Add ``handler`` to the ``multusd`` logger, behind the redaction every handler has."""
+    handler.addFilter(_Redacting())
+    logging.getLogger("multusd").addHandler(handler)
 
 
 def _file_handler(path: str, options: Mapping[str, Any]) -> logging.Handler:

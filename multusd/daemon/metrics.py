@@ -50,6 +50,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from multusd import __version__
+from multusd.core.records import count_stale_sandboxes
 
 LOG = logging.getLogger(__name__)
 
@@ -112,8 +113,6 @@ def count_scratch_entries(cni_dir: str) -> Optional[int]:
 
 
 def _stale_counter(cni_dir: str) -> Callable[[], Optional[int]]:
-    from multusd.core.records import count_stale_sandboxes  # only when metrics are on
-
     return lambda: count_stale_sandboxes(cni_dir)
 
 

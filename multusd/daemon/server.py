@@ -6,9 +6,11 @@ holds no thread and no worker: it is closed when its head has not arrived within
 ``head_timeout`` (5 s), or its whole request within ``read_timeout``. The reactor itself
 answers ``/healthz``, ``/readyz`` and ``/status`` (they never wait behind CNI work) and every
 refusal; a complete ``/cni`` or ``/delegate`` request goes to :class:`~multusd.daemon.lanes.Lanes`
-(a DEL lane beside the general one, one sandbox's requests in order), whose worker answers it.
-Bounded: open connections (at the cap the oldest idle one is closed for a new one), waiting
-requests, bytes of request buffered in all, each request's head and body. A refused request
+(a DEL lane beside the general one, one sandbox's requests in order, one at a time), whose
+worker answers it. Bounded: open connections (at the cap the oldest idle one is closed for a
+new one), waiting requests, each request's head and body, and bytes of request buffered in
+all (a declared body counts in full once its head is read, a chunked one as it comes; past
+the bound either is refused "busy, retry"). A refused request
 is answered 400 with CNI error JSON, then what the client still sends is read away (bounded)
 before the close, so that it reads the answer instead of a broken pipe.
 """
@@ -29,7 +31,8 @@ from collections import OrderedDict
 from typing import Any, Callable, List, Mapping, Optional
 
 from multusd.daemon import httpreq
-from multusd.daemon.lanes import Job, KeyedLocks, Lanes
+from multusd.daemon.httpreq import LINGER, READING, READY_WAIT, WRITING, Connection
+from multusd.daemon.lanes import Job, Lanes
 from multusd.errors import (DecodeFailure, MultusError, TryAgainLater, from_exception)
 from multusd.wire import api
 
@@ -53,37 +56,6 @@ SWEEP_INTERVAL = 1.0  # how often waiting requests are checked against their dea
 
 # handler(endpoint, body, deadline, request_id) -> response object (dict) or None
 Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
-
-_READING, _READY_WAIT, _WRITING, _LINGER = "reading", "ready-wait", "writing", "linger"
-
-
-class _Conn:
-    """A connection while the reactor owns it."""
-
-    __slots__ = ("sock", "fd", "parser", "phase", "deadline", "read_deadline", "out",
-                 "linger", "eof", "charged", "discarded", "events", "serial")
-
-    def __init__(self, sock: socket.socket, now: float, head_timeout: float,
-                 read_timeout: float) -> None:
-        self.sock, self.fd = sock, sock.fileno()
-        self.parser = httpreq.RequestParser()
-        self.phase = _READING
-        self.read_deadline = now + read_timeout
-        self.deadline = now + min(head_timeout, read_timeout)
-        self.out = b""
-        self.linger = False
-        self.eof = False
-        self.charged = 0
-        self.discarded = 0
-        self.events = selectors.EVENT_READ
-        self.serial = -1
-
-    @property
-    def idle(self) -> bool:
-        """Nothing of value would be lost by closing it: no request yet, or answered."""
-        return self.phase == _LINGER or (self.phase == _READING
-                                         and self.parser.state == httpreq.HEAD)
-
 
 class Server:
     """Serves the Multus API on a listening unix socket until :meth:`stop`."""
@@ -113,14 +85,13 @@ class Server:
         room = self.max_connections - workers - fast_workers - PROBE_ROOM
         self.lanes = Lanes(self._run_job, workers=workers, fast_workers=fast_workers,
                            max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
-        self.sandbox_locks = KeyedLocks()
         self.ready = True
         self.counts = {"ok": 0, "failed": 0}
         self._counts_lock = threading.Lock()
         self._open = 0  # connections accepted and not yet closed, reactor's or a worker's
         self._buffered = 0
         self._idle = threading.Condition()
-        self._conns: "OrderedDict[int, _Conn]" = OrderedDict()  # the reactor's, oldest first
+        self._conns: "OrderedDict[int, Connection]" = OrderedDict()  # the reactor's, oldest first
         self._timers: List[tuple] = []  # (deadline, sequence, conn) heap, stale entries skipped
         self._sequence = itertools.count()
         self._ready_waiters: List[tuple] = []  # (conn, hold deadline)
@@ -228,7 +199,7 @@ class Server:
             now = time.monotonic()
             for conn in [c for c in self._conns.values()
                          if c.idle and not c.parser.received]:
-                if conn.phase == _LINGER:
+                if conn.phase == LINGER:
                     self._close(conn)
                 elif conn.deadline > now + STOP_GRACE:
                     self._set_deadline(conn, now + STOP_GRACE)
@@ -252,7 +223,7 @@ class Server:
             return SWEEP_INTERVAL
         return min(SWEEP_INTERVAL, max(0.0, self._timers[0][0] - time.monotonic()))
 
-    def _set_deadline(self, conn: _Conn, deadline: float) -> None:
+    def _set_deadline(self, conn: Connection, deadline: float) -> None:
         conn.deadline = deadline
         heapq.heappush(self._timers, (deadline, next(self._sequence), conn))
 
@@ -276,7 +247,7 @@ class Server:
                 LOG.error("accept failed on the multusd socket: %s", exc)
                 return
             sock.setblocking(False)
-            conn = _Conn(sock, time.monotonic(), self.head_timeout, self.read_timeout)
+            conn = Connection(sock, time.monotonic(), self.head_timeout, self.read_timeout)
             conn.serial = next(self._sequence)
             with self._idle:
                 self._open += 1
@@ -297,13 +268,13 @@ class Server:
                 return True
         return False
 
-    def _ready_io(self, conn: _Conn, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE and conn.phase == _WRITING:
+    def _ready_io(self, conn: Connection, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE and conn.phase == WRITING:
             self._flush(conn)
         elif mask & selectors.EVENT_READ:
-            if conn.phase == _LINGER:
+            if conn.phase == LINGER:
                 self._discard(conn)
-            elif conn.phase == _READING:
+            elif conn.phase == READING:
                 self._read(conn)
 
     def _expire(self, now: float) -> None:
@@ -311,7 +282,7 @@ class Server:
             deadline, _, conn = heapq.heappop(self._timers)
             if conn.deadline != deadline or self._conns.get(conn.fd) is not conn:
                 continue
-            if conn.phase == _READING and conn.parser.received:
+            if conn.phase == READING and conn.parser.received:
                 LOG.debug("a client did not send its request in time")
                 limit = (self.read_timeout if conn.parser.state != httpreq.HEAD
                          else min(self.head_timeout, self.read_timeout))
@@ -321,7 +292,7 @@ class Server:
                 self._close(conn)
 
     # -- reading ----------------------------------------------------------------------------
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: Connection) -> None:
         try:
             data = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -340,7 +311,9 @@ class Server:
             if parser.parse() != httpreq.HEAD and before == httpreq.HEAD:
                 self._set_deadline(conn, conn.read_deadline)
                 self._route(conn)
-            if conn.phase == _READING and parser.state == httpreq.DONE:
+            if conn.metered and conn.phase == READING and self._buffered > self.max_buffered:
+                raise self._busy_buffering()
+            if conn.phase == READING and parser.state == httpreq.DONE:
                 self._complete(conn)
         except httpreq.BadRequest as exc:
             LOG.debug("malformed HTTP request: %s", exc)
@@ -348,7 +321,7 @@ class Server:
         except MultusError as exc:
             self._answer(conn, *_error(exc))
 
-    def _route(self, conn: _Conn) -> None:
+    def _route(self, conn: Connection) -> None:
         """The head is in: answer at once, or say which body to read."""
         parser = conn.parser
         path, method = parser.path, parser.method
@@ -376,9 +349,14 @@ class Server:
             if length > MAX_BODY:
                 raise DecodeFailure(f"request body of {length} bytes is over the limit of "
                                     f"{MAX_BODY} bytes; a CNI config should be far smaller")
-            if self._buffered + max(length, 0) > self.max_buffered:
-                raise TryAgainLater(f"multusd is busy: {self._buffered >> 20} MiB of requests "
-                                    "are waiting to be served; retry")
+            to_come = length - len(parser.buffer)  # what came with the head is charged
+            if length < 0:
+                conn.metered = True  # chunked: charged as it comes, up to the bound
+            elif self._buffered + to_come > self.max_buffered:
+                raise self._busy_buffering()
+            elif to_come > 0:  # charged now, so that bodies still to come count in the bound
+                self._charge(conn, to_come)
+                conn.reserved = to_come
             self._continue(conn)
             parser.expect_body(length)
         else:
@@ -386,7 +364,7 @@ class Server:
             self._answer(conn, 404, b"")
 
     @staticmethod
-    def _no_body(conn: _Conn) -> None:
+    def _no_body(conn: Connection) -> None:
         """A request answered without reading a body: finished unless it declared one."""
         try:
             if not conn.parser.body_length(required=False):
@@ -394,14 +372,14 @@ class Server:
         except MultusError:
             pass  # its framing is broken: what it sends is read away after the answer
 
-    def _continue(self, conn: _Conn) -> None:
+    def _continue(self, conn: Connection) -> None:
         if conn.parser.expects_continue:
             try:
                 conn.sock.send(httpreq.CONTINUE)  # curl asks before a large body
             except OSError:
                 pass
 
-    def _complete(self, conn: _Conn) -> None:
+    def _complete(self, conn: Connection) -> None:
         """The whole request is in (or all of it that will be read)."""
         parser = conn.parser
         if parser.path in (api.HEALTH_ENDPOINT, api.READY_ENDPOINT):
@@ -409,7 +387,7 @@ class Server:
                 return self._answer(conn, 200, b"")
             if not self.ready or self._stopped:
                 return self._answer(conn, 500, b"")
-            conn.phase = _READY_WAIT  # answered when ready, or after READY_HOLD
+            conn.phase = READY_WAIT  # answered when ready, or after READY_HOLD
             self._modify(conn, 0)
             self._ready_waiters.append((conn, time.monotonic() + READY_HOLD))
             return
@@ -427,25 +405,25 @@ class Server:
         waiting, self._ready_waiters = self._ready_waiters, []
         for conn, hold in waiting:
             if ready or now >= hold or not self.ready or self._stopped:
-                conn.phase = _READING
+                conn.phase = READING
                 self._answer(conn, 200 if ready else 500, b"")
             else:
                 self._ready_waiters.append((conn, hold))
 
     # -- answering from the reactor ---------------------------------------------------------
-    def _answer(self, conn: _Conn, status: int, body: bytes,
+    def _answer(self, conn: Connection, status: int, body: bytes,
                 content_type: str = "application/json") -> None:
         """Answer without blocking, then close, or read away what the client still sends."""
-        if conn.phase not in (_READING, _READY_WAIT):
+        if conn.phase not in (READING, READY_WAIT):
             return
         conn.out = httpreq.response(status, body, content_type)
         conn.linger = not conn.eof and conn.parser.state != httpreq.DONE
-        conn.phase = _WRITING
+        conn.phase = WRITING
         self.observe_http(conn.parser.path, conn.parser.method, status)
         self._set_deadline(conn, time.monotonic() + READ_TIMEOUT)
         self._flush(conn)
 
-    def _flush(self, conn: _Conn) -> None:
+    def _flush(self, conn: Connection) -> None:
         try:
             sent = conn.sock.send(conn.out)
         except (BlockingIOError, InterruptedError):
@@ -463,12 +441,12 @@ class Server:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
             return self._close(conn)
-        conn.phase = _LINGER
+        conn.phase = LINGER
         self._refund(conn)
         self._modify(conn, selectors.EVENT_READ)
         self._set_deadline(conn, time.monotonic() + LINGER_TIMEOUT)
 
-    def _discard(self, conn: _Conn) -> None:
+    def _discard(self, conn: Connection) -> None:
         try:
             data = conn.sock.recv(1 << 20)
         except (BlockingIOError, InterruptedError):
@@ -483,7 +461,7 @@ class Server:
         """A waiting request whose deadline passed: answered busy by the reactor."""
         sock = job.conn
         sock.setblocking(False)
-        conn = _Conn(sock, time.monotonic(), READ_TIMEOUT, READ_TIMEOUT)
+        conn = Connection(sock, time.monotonic(), READ_TIMEOUT, READ_TIMEOUT)
         conn.parser.state, conn.parser.path, conn.parser.method = httpreq.DONE, job.path, \
             job.method
         conn.charged = job.charged
@@ -495,7 +473,7 @@ class Server:
             f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
             "raise \"workers\" in daemon-config.json or retry")))
 
-    def _modify(self, conn: _Conn, events: int) -> None:
+    def _modify(self, conn: Connection, events: int) -> None:
         if events == conn.events:
             return
         if conn.events and events:
@@ -506,13 +484,13 @@ class Server:
             self._selector.unregister(conn.sock)
         conn.events = events
 
-    def _disown(self, conn: _Conn) -> None:
+    def _disown(self, conn: Connection) -> None:
         """Hand the connection to a worker: the reactor forgets it."""
         self._modify(conn, 0)
         del self._conns[conn.fd]
         conn.deadline = -1.0
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Connection) -> None:
         if self._conns.pop(conn.fd, None) is None:
             return
         self._modify(conn, 0)
@@ -532,16 +510,23 @@ class Server:
             if not self._accepting and not self._stopped:
                 self._wake_locked()  # a connection slot is free: the reactor may accept
 
-    def _charge(self, conn: _Conn, size: int) -> None:
-        with self._idle:
-            self._buffered += size
-        conn.charged += size
+    def _busy_buffering(self) -> MultusError:
+        return TryAgainLater(f"multusd is busy: {self._buffered >> 20} MiB of requests are "
+                             "waiting to be served; retry")
 
-    def _refund(self, conn: _Conn) -> None:
+    def _charge(self, conn: Connection, size: int) -> None:
+        """Count ``size`` bytes read against the bound, but for those charged in advance."""
+        covered = min(size, conn.reserved)
+        conn.reserved -= covered
+        with self._idle:
+            self._buffered += size - covered
+        conn.charged += size - covered
+
+    def _refund(self, conn: Connection) -> None:
         if conn.charged:
             with self._idle:
                 self._buffered -= conn.charged
-            conn.charged = 0
+            conn.charged = conn.reserved = 0
 
     # -- the workers' side ------------------------------------------------------------------
     def _run_job(self, job: Job) -> None:

@@ -15,7 +15,8 @@ Where the allocations come from, as upstream:
 
 Device IDs are sorted per resource; successive NADs with the same resource take successive
 IDs (:class:`DeviceAllocator`). Devices from DRA ResourceClaims (upstream ``draclient``) are
-looked up elsewhere (the caller hands them in as ``extra``) and merged per resource here.
+looked up elsewhere (the caller hands them in as ``extra``) and merged per resource here; a
+DRA-only node, with neither socket nor checkpoint, needs neither for what its claims give.
 """
 
 from __future__ import annotations
@@ -70,11 +71,18 @@ class DeviceAllocator:
     """Hands out a pod's device IDs to its NADs, one per call, per resource (F41).
 
     Callable as ``delegates.build_delegates(device_id_for=...)`` expects: given a NAD's
-    resourceName, the next ID allocated to the pod for it, or "" when none is left. The
-    kubelet is asked once, on the first call, so pods without such NADs cost nothing; so is
-    ``extra``, which gives (resourceName, deviceID, origin) of devices allocated otherwise
-    (DRA): their IDs join the kubelet's of the same resource, and all are sorted together
-    (upstream appends DRA's to the kubelet's map and sorts each resource).
+    resourceName, the next ID allocated to the pod for it, or "" when none is left. Nothing is
+    asked until the first call, so pods without such NADs cost nothing. Two sources:
+
+    * ``extra`` gives (resourceName, deviceID, origin) of devices allocated otherwise (DRA
+      ResourceClaims), asked once, on the first call;
+    * the kubelet's device plugins (pod-resources socket, else checkpoint), asked on the first
+      call when the node has either, else only for a resource ``extra`` did not supply: a
+      DRA-only node has neither, and needs neither.
+
+    The IDs of one resource from both are sorted together (upstream appends DRA's to the
+    kubelet's map and sorts each resource). A resource no source can supply fails the ADD
+    with what was tried.
     """
 
     def __init__(self, namespace: str, name: str, uid: str, *,
@@ -85,23 +93,20 @@ class DeviceAllocator:
         self._lookup: Callable[[], ResourceMap] = lambda: device_ids_for_pod(
             namespace, name, uid, pod_resources_socket=pod_resources_socket,
             checkpoint=checkpoint, timeout=timeout)
+        self._socket, self._checkpoint = pod_resources_socket, checkpoint
         self._extra = extra
         self._pod = f"{namespace}/{name}"
         self._resources: Optional[ResourceMap] = None
+        self._kubelet_asked = False
         self._next: Dict[str, int] = {}
         self._origins: Dict[Tuple[str, str], Any] = {}
         self._handed: set = set()
 
     def __call__(self, resource_name: str) -> str:
         if self._resources is None:
-            resources = self._lookup()
-            LOG.debug("device-plugin allocations of pod %s: %s", self._pod, resources)
-            if self._extra is not None:
-                for resource, device_id, origin in self._extra():
-                    resources.setdefault(resource, []).append(device_id)
-                    self._origins[(resource, device_id)] = origin
-                resources = _sorted(resources)
-            self._resources = resources
+            self._resources = self._first_look()
+        if resource_name not in self._resources and not self._kubelet_asked:
+            self._ask_kubelet_for(resource_name)
         ids = self._resources.get(resource_name, [])
         index = self._next.get(resource_name, 0)
         if index >= len(ids):
@@ -117,6 +122,57 @@ class DeviceAllocator:
         (or one it did not hand out)."""
         key = (resource_name, device_id)
         return self._origins.get(key) if key in self._handed else None
+
+    def _first_look(self) -> ResourceMap:
+        resources: ResourceMap = {}
+        if self._extra is not None:
+            for resource, device_id, origin in self._extra():
+                resources.setdefault(resource, []).append(device_id)
+                self._origins[(resource, device_id)] = origin
+        if self._kubelet_present():
+            self._kubelet_asked = True
+            found = self._lookup()
+            LOG.debug("device-plugin allocations of pod %s: %s", self._pod, found)
+            for resource, ids in found.items():
+                resources.setdefault(resource, []).extend(ids)
+        return _sorted(resources)
+
+    def _kubelet_present(self) -> bool:
+        """The node has kubelet device-plugin state this process can read."""
+        if os.path.exists(self._checkpoint):
+            return True
+        return os.path.exists(self._socket) and _import_grpc() is not None
+
+    def _ask_kubelet_for(self, resource_name: str) -> None:
+        """The node has no device-plugin state and DRA gave no ``resource_name`` device: ask
+        the kubelet anyway (its state may have just appeared), and say what was tried."""
+        self._kubelet_asked = True
+        try:
+            found = self._lookup()
+        except IOFailure as exc:
+            raise IOFailure(
+                f"pod {self._pod} has no device for resourceName {resource_name!r}: tried its "
+                f"DRA ResourceClaims ({self._dra_said()}) and the kubelet's device plugins "
+                f"({self._kubelet_said(exc)}); on a DRA node, give the pod a ResourceClaim "
+                f"that allocates a {resource_name!r} device; on a device-plugin node, check "
+                "kubeletRootDir in daemon-config.json", details=exc.details) from exc
+        LOG.debug("device-plugin allocations of pod %s: %s", self._pod, found)
+        assert self._resources is not None
+        for resource, ids in _sorted(found).items():
+            self._resources.setdefault(resource, ids)  # DRA's, handed out already, stay as are
+
+    def _kubelet_said(self, failure: IOFailure) -> str:
+        if os.path.exists(self._socket):
+            return failure.msg
+        return f"no pod-resources socket {self._socket!r}; {failure.msg}"
+
+    def _dra_said(self) -> str:
+        if self._extra is None:
+            return "not asked: no pod object from the API server"
+        supplied = sorted(self._resources or {})
+        if supplied:
+            return f"they allocate devices of {', '.join(map(repr, supplied))} only"
+        return "they allocate no device with a resourceName"
 
 
 # --- kubelet pod-resources API (gRPC) ---------------------------------------------------------

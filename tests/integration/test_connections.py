@@ -67,11 +67,12 @@ class InProcessServer:
     def get(self, path: str) -> int:
         return api.http_request(self.path, "GET", path, timeout=30).status
 
-    def post(self, name: str, command: str, container_id: str) -> threading.Thread:
+    def post(self, name: str, command: str, container_id: str,
+             body: bytes = b"") -> threading.Thread:
         """POST a /cni request on a thread; its (status, body) lands in ``answers[name]``."""
         def send() -> None:
             response = api.http_request(self.path, "POST", "/cni",
-                                        cni_body(command, container_id), timeout=60)
+                                        body or cni_body(command, container_id), timeout=60)
             self.answers[name] = (response.status, response.body)
         thread = threading.Thread(target=send, daemon=True)
         thread.start()
@@ -230,6 +231,29 @@ def test_one_sandbox_runs_in_order_and_its_waiting_del_holds_no_thread(served):
     assert recorder.started == [("ADD", "c1"), ("DEL", "c2"), ("DEL", "c1")]
 
 
+def test_one_sandbox_at_a_time_however_its_container_id_is_spelled(served):
+    """The lanes alone hold one sandbox's requests apart (no lock in the handler): a body that
+    spells the key with a JSON escape is the same sandbox's, and waits for its ADD."""
+    recorder = Recorder()
+    server = served(handler=recorder, workers=2, del_workers=1)
+    recorder.hold[("ADD", "c1")] = threading.Event()
+    server.post("add", "ADD", "c1")
+    wait_for(lambda: recorder.started == [("ADD", "c1")], 10, what="the ADD running")
+    escaped = cni_body("CHECK", "c1").replace(b'"CNI_CONTAINERID"', b'"CNI\\u005fCONTAINERID"')
+    assert escaped != cni_body("CHECK", "c1")
+    server.post("check", "CHECK", "c1", body=escaped)
+    lanes = server.server.lanes
+    wait_for(lambda: lanes.queued + lanes.running == 2, 10, what="the CHECK taken in")
+    # a request behind it in the general lane: once it has run, a free worker took the CHECK
+    # before it (the lane is first come, first served) unless the CHECK waits for its sandbox
+    server.post("other", "ADD", "c2")
+    assert server.answered("other")[0] == 200
+    assert ("CHECK", "c1") not in recorder.started and "check" not in server.answers
+    recorder.hold[("ADD", "c1")].set()
+    assert server.answered("add")[0] == 200 and server.answered("check") == (200, b"")
+    assert recorder.started == [("ADD", "c1"), ("ADD", "c2"), ("CHECK", "c1")]
+
+
 def test_waiting_requests_are_bounded(served):
     recorder = Recorder()
     server = served(handler=recorder, workers=1, del_workers=1, max_queued=1)
@@ -256,6 +280,59 @@ def test_request_memory_is_bounded_in_all(served):
     server.post("small", "DEL", "c1")
     assert server.answered("small") == (200, b"")
     assert recorder.started == [("DEL", "c1")]
+
+
+def test_a_declared_body_holds_its_share_of_the_bound_before_it_arrives(served):
+    recorder = Recorder()
+    server = served(handler=recorder, max_buffered=64 * 1024)
+    body = cni_body("ADD", "c1") + b" " * (40 * 1024)
+    head = b"POST /cni HTTP/1.1\r\nContent-Length: %d\r\n" % len(body)
+    with socket.socket(socket.AF_UNIX) as first:
+        first.settimeout(30)
+        first.connect(server.path)
+        first.sendall(head + b"Expect: 100-continue\r\n\r\n")
+        assert first.recv(100).startswith(b"HTTP/1.1 100 ")  # its head is read and routed
+        other = cni_body("ADD", "c2") + b" " * (30 * 1024)  # would fit alone
+        answer = send_and_read(server.path, b"POST /cni HTTP/1.1\r\nContent-Length: %d\r\n"
+                               b"\r\n%s" % (len(other), other))
+        error = json.loads(answer.partition(b"\r\n\r\n")[2])
+        assert answer.startswith(b"HTTP/1.1 400 ") and error["code"] == 11, answer[:300]
+        assert error["msg"].startswith("multusd is busy: ")
+        first.sendall(body)
+        received = b""
+        while not received.endswith(b"}}"):
+            chunk = first.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200 ") and recorder.started == [("ADD", "c1")]
+    # alone, a body that came with its head is charged once (not as read and as declared)
+    wait_for(lambda: server.server.in_flight == 0, 10, what="c1's connection given back")
+    body = cni_body("ADD", "c3") + b" " * (40 * 1024)
+    alone = send_and_read(server.path, head + b"\r\n" + body)  # the same length as c1's
+    assert alone.startswith(b"HTTP/1.1 200 ") and recorder.started[-1] == ("ADD", "c3")
+
+
+def chunked(body: bytes, size: int = 16 * 1024) -> bytes:
+    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
+def test_a_chunked_body_is_charged_to_the_memory_bound_as_it_is_read(served):
+    recorder = Recorder()
+    server = served(handler=recorder, max_buffered=64 * 1024)
+    # a valid request (JSON allows the trailing spaces), under MAX_BODY, over the bound
+    body = cni_body("ADD", "c1") + b" " * (100 * 1024)
+    answer = send_and_read(server.path, b"POST /cni HTTP/1.1\r\nHost: x\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\n" + chunked(body))
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    error = json.loads(payload)
+    assert head.startswith(b"HTTP/1.1 400 ") and error["code"] == 11, answer[:300]
+    assert error["msg"].startswith("multusd is busy: ") and "retry" in error["msg"], error
+    assert recorder.started == []
+    # what it held is given back: a small chunked request is served
+    small = send_and_read(server.path, b"POST /cni HTTP/1.1\r\nTransfer-Encoding: chunked"
+                          b"\r\n\r\n" + chunked(cni_body("DEL", "c2")))
+    assert small.startswith(b"HTTP/1.1 200 ") and recorder.started == [("DEL", "c2")]
 
 
 def send_and_read(path: str, data: bytes) -> bytes:

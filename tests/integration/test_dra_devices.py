@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -258,6 +259,41 @@ def test_extended_resource_mapping(node, published, ok):
             "extended-resource mapping for request 'container-0-request-0' is " \
             f"'{RESOURCE}'" in add.output["msg"]
         assert node.calls("ADD") == {} and set(netns_addresses(ns_name)) == {"lo"}
+
+
+def test_a_dra_only_node_needs_no_kubelet_device_plugin_state(node):
+    """No checkpoint and no pod-resources socket: the claim's device serves the NAD; a NAD
+    whose resource no claim gives fails, naming every source tried, and leaves nothing."""
+    shutil.rmtree(node.kubelet)
+    node.nad("sriov-net")
+    node.nad("other-net", resource="example.com/not_here")
+    node.start()
+    node.kube.add_resource_claim("default", "dra-vf", [("vf", SRIOV, "pool-0", "vf-1")])
+    pod = node.pod("dra-only", "sriov-net", claims=["dra-vf"])
+
+    add, _, ns_path, cid = node.attach(pod)
+
+    assert add.code == 0, add.output
+    assert node.calls("ADD")["sriov-net"]["deviceID"] == "0000:03:00.2"
+    assert node.cluster.shim("DEL", pod, ns_path, cid).code == 0
+
+    node.kube.add_resource_claim("default", "dra-vf-2", [("vf", SRIOV, "pool-0", "vf-0")])
+    other = node.pod("dra-other", "sriov-net,other-net", claims=["dra-vf-2"])
+    add, ns_name, _, cid = node.attach(other)
+
+    assert add.code != 0
+    msg = add.output["msg"]
+    socket_path = os.path.join(node.kubelet, "pod-resources", "kubelet.sock")
+    checkpoint = os.path.join(node.kubelet, "device-plugins", "kubelet_internal_checkpoint")
+    assert ("has no device for resourceName 'example.com/not_here': tried its DRA "
+            f"ResourceClaims (they allocate devices of '{RESOURCE}' only) and the kubelet's "
+            f"device plugins (no pod-resources socket {socket_path!r}; cannot read the kubelet "
+            f"device-plugin checkpoint {checkpoint!r}") in msg, msg
+    with open(node.record) as handle:  # the first pod's ADD and DEL, nothing of the second's
+        assert [json.loads(line)["command"] for line in handle] == ["ADD", "DEL"]
+    assert set(netns_addresses(ns_name)) == {"lo"}
+    assert not os.path.exists(os.path.join(node.cluster.daemon.cni_dir, cid))
+    assert node.cluster.sandbox.leases_held() == []
 
 
 def test_a_pod_without_claims_costs_no_dra_request(node):

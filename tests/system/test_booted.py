@@ -1,7 +1,10 @@
 """The .deb in a booted Debian 12 systemd (systemd-nspawn), with real delegate plugins.
 
 One container for the whole module; the tests run in order, each on the state the previous one
-left: install, first request, restart under load, upgrade under load, remove, purge.
+left: install, first request, restart under load, upgrade under load (apt install, then an
+unpack under a daemon that has served nothing yet), remove, purge. The newer packages are
+tripwired (tests/system/pkgbuild.py): an old daemon that loads one of their modules fails the
+request that made it.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from typing import List
 
 import pytest
 
-from pkgbuild import build_packages
+from pkgbuild import build_packages, tripwired
 from testlib import wait_for
 from machine import Machine
 from nodeops import (CONFIG, EDITED_CONFIG, GENERATED, HERE, PRIMARY, SHIM_CONF, SOCKET, UNITS,
-                     WORK, active_state, netns_addrs, shim, show)
+                     WORK, active_state, netns_addrs, shim, shim_env, show)
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
@@ -252,6 +255,7 @@ def test_3_restart_under_load_fails_no_request(installed):
 def test_4_upgrade_keeps_the_edited_config_and_the_socket(installed, packages, tmp_path):
     box = installed
     newer = build_packages(str(tmp_path), packages["version"] + ".1")
+    newer["deb"] = tripwired(newer["deb"], str(tmp_path))
     box.copy_in(newer["deb"], "/root/" + os.path.basename(newer["deb"]))
     shim(box, "ADD", "cid-warm", "pod-a", "/run/netns/pod-a")  # make sure the daemon runs
     assert active_state(box, "multusd.service") == "active"
@@ -278,6 +282,83 @@ def test_4_upgrade_keeps_the_edited_config_and_the_socket(installed, packages, t
     assert show(box, "multusd.socket", "ActiveEnterTimestampMonotonic") == before["since"]
     assert show(box, "multusd.service", "MainPID") != before["pid"], "service not restarted"
     assert shim(box, "DEL", "cid-warm", "pod-a", "/run/netns/pod-a").returncode == 0
+
+
+# /delegate (hot-plug) from inside the container, with the package's own client module (the
+# shim's: no tripwire), as the multus-dynamic-networks-controller would call it.
+DELEGATE = """
+import json, sys
+sys.path.insert(0, "/usr/lib/multusd")
+from multusd.wire import api
+env, conf = json.loads(sys.argv[1]), sys.argv[2].encode()
+answer = api.http_request("/run/multus/multus.sock", "POST", "/delegate",
+                          api.encode_request(env, conf, {}), timeout=120)
+print(answer.status, answer.body.decode())
+"""
+HOTNET = {"cniVersion": "0.4.0", "name": "mdtest-hot", "type": "bridge", "bridge": "mdhot0",
+          "ipam": {"type": "host-local", "subnet": "10.84.0.0/24", "dataDir": f"{WORK}/ipam-hot"}}
+
+
+def delegate(box: Machine, command: str, container_id: str, netns: str) -> str:
+    env = dict(shim_env(command, container_id, "pod-w", netns), CNI_IFNAME="net5")
+    return box.run("python3", "-c", DELEGATE, json.dumps(env), json.dumps(HOTNET),
+                   check=False, timeout=200).stdout.strip()
+
+
+def daemon_version(box: Machine) -> str:
+    status = box.run("python3", "-c", "import sys; sys.path.insert(0, '/usr/lib/multusd'); "
+                     "from multusd.wire import api; print(api.http_request("
+                     "'/run/multus/multus.sock', 'GET', '/status', timeout=60).body.decode())")
+    return json.loads(status.stdout)["version"]
+
+
+def test_4b_a_daemon_serving_under_unpacked_files_loads_none_of_them(installed, packages,
+                                                                      tmp_path):
+    """apt's two steps with requests between: dpkg --unpack puts the new files in place under
+    a daemon that has served nothing since it started; every kind of request it then serves
+    (ADD, hot-plug ADD and DEL, DEL) would load a module it had not loaded yet from
+    those files; postinst (dpkg --configure) restarts it on the new version meanwhile."""
+    box = installed
+    newer = build_packages(str(tmp_path), packages["version"] + ".2")
+    wired = tripwired(newer["deb"], str(tmp_path))
+    deb = "/root/" + os.path.basename(wired)
+    box.copy_in(wired, deb)
+    box.run("ip", "netns", "add", "pod-w")
+    box.run("systemctl", "restart", "multusd.service", timeout=200)
+    old = {"pid": show(box, "multusd.service", "MainPID"), "version": daemon_version(box)}
+
+    unpacked = box.run("dpkg", "--unpack", deb, check=False, timeout=300)
+    assert unpacked.returncode == 0, unpacked.stdout + unpacked.stderr
+    loop = Loop(box, "unpacked")
+    try:
+        answers = {"ADD": shim(box, "ADD", "cid-w", "pod-w", "/run/netns/pod-w")}
+        hot = [delegate(box, "ADD", "cid-w", "/run/netns/pod-w"),
+               delegate(box, "DEL", "cid-w", "/run/netns/pod-w")]
+        answers["DEL"] = shim(box, "DEL", "cid-w", "pod-w", "/run/netns/pod-w")
+        loop.wait_for_more(2)
+        # all of it served by the old daemon, on the old version
+        assert show(box, "multusd.service", "MainPID") == old["pid"]
+        assert daemon_version(box) == old["version"] != newer["version"]
+        configured = box.run("dpkg", "--configure", "multusd", check=False, timeout=300)
+        assert configured.returncode == 0, configured.stdout + configured.stderr
+        loop.wait_for_more(2)
+    finally:
+        calls = loop.finish()
+    failed = {command: done.stdout[-400:] for command, done in answers.items()
+              if done.returncode != 0}
+    assert failed == {}
+    assert hot[0].startswith("200 ") and '"Result"' in hot[0], hot[0]
+    assert hot[1] == "200", hot[1]
+    assert [c for c in calls if c["rc"] != 0] == []
+    assert show(box, "multusd.service", "MainPID") != old["pid"], "service not restarted"
+    assert daemon_version(box) == newer["version"]
+    assert "eth0" not in netns_addrs(box, "pod-w") and "net5" not in netns_addrs(box, "pod-w")
+    assert "two versions in one process" not in journal_text(box)
+
+
+def journal_text(box: Machine) -> str:
+    return box.run("journalctl", "--no-pager", "-o", "cat", "-u", "multusd.service",
+                   check=False).stdout
 
 
 def test_5_remove_stops_everything_and_deletes_the_generated_config(installed):

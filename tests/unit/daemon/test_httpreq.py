@@ -2,6 +2,7 @@
 
 import pytest
 
+from multusd.core import request
 from multusd.daemon import httpreq
 from multusd.errors import DecodeFailure, InvalidEnvironment
 
@@ -100,6 +101,46 @@ def test_peek_env_reads_the_command_and_container_id_in_either_spelling():
     assert httpreq.peek_env(BODY) == ("DEL", "c1")
     assert httpreq.peek_env(b'{"env":{"CNI_CONTAINERID":"x","CNI_COMMAND":"ADD"}}') == ("ADD", "x")
     assert httpreq.peek_env(b"not json at all") == ("", "")
+
+
+CONFIG = b'"config": "e30="'
+ODD_BODIES = {
+    "key spelled with an escape":
+        rb'{"env": {"CNI_COMMAND": "ADD", "CNI\u005fCONTAINERID": "c1"}, ' + CONFIG + b"}",
+    "value spelled with an escape":
+        rb'{"env": {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c\u0031"}, ' + CONFIG + b"}",
+    "written twice (the last one counts)":
+        b'{"env": {"CNI_CONTAINERID": "c1", "CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c2"}, '
+        + CONFIG + b"}",
+    "a decoy before env": b'{"interfaceAttributes": {"CNI_CONTAINERID": "decoy"}, '
+                          b'"env": {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1"}, '
+                          + CONFIG + b"}",
+    "an ID too long to peek":
+        b'{"env": {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "' + b"c" * 300 + b'"}, '
+        + CONFIG + b"}",
+    "only a decoy": b'{"env": {"CNI_COMMAND": "ADD"}, "x": {"CNI_CONTAINERID": "decoy"}, '
+                    + CONFIG + b"}",
+    "UTF-16": ('{"env": {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1"}, "config": "e30="}'
+               .encode("utf-16")),
+    "env not an object": b'{"env": ["CNI_CONTAINERID"], ' + CONFIG + b"}",
+    "nested too deep": b"[" * 100000 + b"]" * 100000,
+    "plain": BODY,
+}
+
+
+@pytest.mark.parametrize("body", ODD_BODIES.values(), ids=ODD_BODIES.keys())
+def test_peek_env_finds_the_container_id_the_request_will_act_on(body):
+    """The lanes run a sandbox's requests one at a time by this ID: it must be the one the
+    request's own decoding reads, whenever that names one (else the request is refused or
+    touches no sandbox: any ID only serialises it needlessly)."""
+    try:
+        env = request.decode_body(body)[0]
+    except (DecodeFailure, RecursionError):
+        env = {}
+    command, container_id = httpreq.peek_env(body)
+    assert command == env.get("CNI_COMMAND", "")
+    if "CNI_CONTAINERID" in env:
+        assert container_id == env["CNI_CONTAINERID"]
 
 
 def test_an_answer_is_one_buffer_that_closes_the_connection():

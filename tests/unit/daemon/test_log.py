@@ -90,3 +90,47 @@ def test_every_line_is_redacted_once_a_client_registers_its_secrets(capsys):
         undo()
     err = capsys.readouterr().err
     assert "the API said <redacted>" in err and "tok-rotated" not in err
+
+
+TOKEN = "tok-in-an-exception-5e1d"
+
+
+def test_a_traceback_carrying_a_credential_is_redacted_in_every_handler(capsys, tmp_path):
+    """The stderr, file and journal handlers all format the exception after the filter ran."""
+    from systemd.journal import JournalHandler
+
+    from multusd.kube.credentials import Secrets
+
+    sent: list = []
+
+    def journal_send(text, /, **fields):  # what systemd.journal.send would send
+        sent.append(dict(fields, MESSAGE=text))
+
+    secrets = Secrets()
+    secrets.add(f"Bearer {TOKEN}")
+    log_file = tmp_path / "multus.log"
+    log.setup("verbose", log_file=str(log_file), to_stderr=True, journal=False)
+    log.attach(JournalHandler(sender_function=journal_send, SYSLOG_IDENTIFIER="multusd"))
+    logger = logging.getLogger("multusd.kube.somewhere")
+    undo = log.redact_with(secrets.redact)
+    try:
+        try:
+            raise RuntimeError(f"the API server refused Authorization: Bearer {TOKEN}")
+        except RuntimeError:
+            logger.exception("the watch failed")
+        logger.warning("a stack follows", stack_info=True)  # shown: tok-in-an-exception-5e1d
+    finally:
+        undo()
+    err, written = capsys.readouterr().err, log_file.read_text()
+    for text in (err, written):
+        assert "the watch failed\nTraceback (most recent call last):" in text
+        assert "RuntimeError: the API server refused Authorization: <redacted>" in text
+        assert "a stack follows\nStack (most recent call last):" in text
+        assert TOKEN not in text
+    assert [entry["MESSAGE"].splitlines()[0] for entry in sent] == ["the watch failed",
+                                                                     "a stack follows"]
+    assert "Authorization: <redacted>" in sent[0]["MESSAGE"]
+    assert "Authorization: <redacted>" in sent[0]["EXCEPTION_TEXT"]
+    leaked = [(key, value) for entry in sent for key, value in entry.items()
+              if TOKEN in str(value)]
+    assert leaked == []

@@ -149,6 +149,53 @@ def test_an_extra_device_not_handed_out_has_no_origin(tmp_path, checkpoint):
     assert allocate.origin(RESOURCE, "0000:af:06.9") is None
 
 
+def test_a_dra_only_node_needs_no_kubelet_device_plugin_state(tmp_path):
+    """No pod-resources socket, no checkpoint: DRA's devices serve their resource."""
+    allocate = devices.DeviceAllocator(
+        "default", "pod-a", POD_UID, pod_resources_socket=no_socket(tmp_path),
+        checkpoint=str(tmp_path / "missing"),
+        extra=lambda: [(RESOURCE, "0000:af:06.2", "claim-a"), (RESOURCE, "0000:af:06.1", "c")])
+    assert [allocate(RESOURCE), allocate(RESOURCE), allocate(RESOURCE)] == [
+        "0000:af:06.1", "0000:af:06.2", ""]
+    assert allocate.origin(RESOURCE, "0000:af:06.2") == "claim-a"
+
+
+@pytest.mark.parametrize("extra, dra_said", [
+    (lambda: [("example.com/gpu", "gpu-0", "claim")],
+     "DRA ResourceClaims (they allocate devices of 'example.com/gpu' only)"),
+    (lambda: [], "DRA ResourceClaims (they allocate no device with a resourceName)"),
+    (None, "DRA ResourceClaims (not asked: no pod object from the API server)"),
+], ids=["another resource", "no device", "no pod"])
+def test_a_resource_no_source_supplies_fails_naming_every_source_tried(tmp_path, extra,
+                                                                        dra_said):
+    socket_path, missing = no_socket(tmp_path), str(tmp_path / "missing")
+    allocate = devices.DeviceAllocator("default", "pod-a", POD_UID,
+                                       pod_resources_socket=socket_path, checkpoint=missing,
+                                       extra=extra)
+    if extra is not None and extra():
+        assert allocate("example.com/gpu") == "gpu-0"  # DRA's own resource: served
+    with pytest.raises(IOFailure) as err:
+        allocate(RESOURCE)
+    msg = err.value.msg
+    assert msg.startswith(f"pod default/pod-a has no device for resourceName {RESOURCE!r}: "
+                          f"tried its {dra_said} and the kubelet's device plugins (no "
+                          f"pod-resources socket {socket_path!r}; cannot read the kubelet "
+                          f"device-plugin checkpoint {missing!r}: No such file or directory")
+    assert "give the pod a ResourceClaim" in msg and "kubeletRootDir" in msg
+
+
+def test_the_kubelet_is_asked_when_dra_lacks_a_resource_and_its_state_appeared(tmp_path):
+    path = tmp_path / "checkpoint"
+    allocate = devices.DeviceAllocator(
+        "default", "pod-a", POD_UID, pod_resources_socket=no_socket(tmp_path),
+        checkpoint=str(path), extra=lambda: [(RESOURCE, "0000:af:06.5", "claim")])
+    assert allocate(RESOURCE) == "0000:af:06.5"
+    write_checkpoint(path, [entry(POD_UID, RESOURCE, {"0": ["0000:af:06.1"]}),
+                            entry(POD_UID, "example.com/gpu", {"0": ["gpu-1"]})])
+    assert allocate("example.com/gpu") == "gpu-1"
+    assert allocate(RESOURCE) == ""  # DRA's list, handed out in order, stays as it was
+
+
 class Nad:
     def __init__(self, name: str, config: dict, annotations: dict) -> None:
         self.namespace, self.name = "default", name
