@@ -102,6 +102,11 @@ class KubeClient:
         with self._count_lock:
             return self._request_count
 
+    @property
+    def api_retries(self) -> Dict[str, int]:
+        """Requests sent again after a transient failure, by cause (:mod:`multusd.kube.retries`)."""
+        return self._transport.retries.snapshot()
+
     def _timeout(self, deadline: Optional[float], action: str) -> float:
         """Seconds the next request may take: the client's timeout, cut to the deadline."""
         if deadline is None:

@@ -281,10 +281,11 @@ def test_a_server_error_is_translated_and_retried_by_the_runtime(kube_api, clien
     sriov_and_gpu(kube_api)
     kube_api.add_resource_claim(NS, "c", [("vf", SRIOV, "pool-0", "vf-0")])
     pod = claim_pod(kube_api, "web", "c")
-    kube_api.fail_next("GET", "/apis/resource.k8s.io/v1/resourceslices", 503)
+    kube_api.fail_next("GET", "/apis/resource.k8s.io/v1/resourceslices", 503, times=None)
     from multusd.errors import TryAgainLater
     with pytest.raises(TryAgainLater, match="list the ResourceSlices of driver"):
-        client.pod_dra_devices(pod, deadline=soon())
+        client.pod_dra_devices(pod, deadline=soon(1.0))  # 503 until the deadline's end
+    kube_api.clear_failures()
     # nothing half-cached: the next ADD lists again and finds the device
     assert [d.device for d in client.pod_dra_devices(pod, deadline=soon())] == ["vf-0"]
 

@@ -84,9 +84,9 @@ def test_a_failing_nad_api_is_asked_live_and_tried_again_later(kube_api, make_cl
     assert client.wait_synced(10)
     wait_for(lambda: client.nad_problem() is not None, 10, what="the NAD list to fail")
     assert client.nad_problem()[0] == "unavailable"
-    kube_api.fail_next("GET", "/apis/k8s.cni.cncf.io/v1/namespaces", 503, times=1)
-    with pytest.raises(TryAgainLater):
-        client.get_nad(NS, "net1")
+    kube_api.fail_next("GET", "/apis/k8s.cni.cncf.io/v1/namespaces", 503, times=None)
+    with pytest.raises(TryAgainLater):  # 503 to every retry until the deadline's end
+        client.get_nad(NS, "net1", deadline=time.monotonic() + 1.0)
     kube_api.clear_failures()
     assert client.wait_synced(15, nads=True)
 
