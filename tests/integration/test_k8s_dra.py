@@ -100,6 +100,30 @@ def test_the_same_device_name_on_another_node_is_never_used(kube_api, client):
     assert len(kube_api.dra_requests("resourceslices")) == lists + 1  # the miss: one list
 
 
+def test_slice_entries_no_add_uses_are_forgotten_once_stale(kube_api, client):
+    """Pods of other nodes and drivers gone out of use do not pile up over the uptime."""
+    from multusd.kube.dra import SliceCache
+
+    sriov_and_gpu(kube_api)
+    now = [0.0]
+    cache = SliceCache(max_age=60.0, clock=lambda: now[0])
+
+    def lookup(node: str, driver: str) -> None:
+        cache.lookup(client.get_json, client.config, node, driver, "pool-0", "vf-0",
+                     since=now[0], deadline=soon())
+
+    for node in (kube_api.node, "node-b", "node-c"):
+        for driver in (SRIOV, GPU):
+            lookup(node, driver)
+    assert cache.size() == 6 and cache.lists == 6
+    now[0] = 30.0
+    lookup(kube_api.node, SRIOV)  # fresh: served from the cache, nothing forgotten
+    assert cache.size() == 6 and cache.lists == 6
+    now[0] = 61.0
+    lookup(kube_api.node, SRIOV)  # every entry is stale: only the one in use is kept
+    assert cache.size() == 1 and cache.lists == 7
+
+
 def test_slices_a_server_sends_for_another_node_or_driver_are_dropped():
     from multusd.kube.dra import SliceDevice, slice_devices
 
