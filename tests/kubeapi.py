@@ -579,6 +579,7 @@ def _is_watch(query: Dict[str, str]) -> bool:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # socketserver's 5 drops SYNs of a burst (1 s retransmits)
     api: FakeKubeAPI
     generation: int  # FakeKubeAPI._generation when this run started
     tls: Optional[ssl.SSLContext] = None
