@@ -508,21 +508,24 @@ class FakeKubeAPI(kubedra.DraStore):
 
     def fail_next(self, method: str, path_prefix: str, status: int = 0, *,
                   times: Optional[int] = 1, watch: Optional[bool] = None,
-                  retry_after: Optional[Any] = None, drop: str = "") -> None:
+                  retry_after: Optional[Any] = None, drop: str = "",
+                  processed: bool = False) -> None:
         """Answer the next ``times`` matching requests (None: all of them) with ``status``.
 
         ``watch`` narrows the match to watch (True) or non-watch (False) requests.
         ``retry_after`` adds a ``Retry-After`` header (and, as kube-apiserver, the Status's
         ``details.retryAfterSeconds`` when it is a number). Instead of an answer, ``drop``
         cuts the connection once the request was read: ``"reset"`` (RST: SO_LINGER 0) or
-        ``"close"`` (FIN without an answer; over TLS without close_notify: a TLS EOF).
+        ``"close"`` (FIN without an answer; over TLS without close_notify: a TLS EOF); with
+        ``processed`` the request is carried out first and only its answer is lost.
         Failures queued for the same requests are used in the order queued.
         """
         assert drop in ("", "reset", "close") and (status or drop), (status, drop)
         with self._cond:
             self._failures.append({"method": method.upper(), "prefix": path_prefix,
                                    "status": status, "times": times, "watch": watch,
-                                   "retry_after": retry_after, "drop": drop})
+                                   "retry_after": retry_after, "drop": drop,
+                                   "processed": processed})
 
     def fail_connections(self, how: str, times: int = 1) -> None:
         """Cut the next ``times`` connections as they are accepted, before reading a
@@ -725,11 +728,13 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             with api._cond:
                 injected = api._take_failure(self.command, parts.path, query)
-            if injected is not None and injected["drop"]:
+            if injected is not None and injected["drop"] and injected["processed"]:
+                self.answer_lost = injected["drop"]  # carried out below, answered by a cut
+            elif injected is not None and injected["drop"]:
                 self.close_connection = True
                 _cut(self.connection, injected["drop"])  # the request was read: no answer
                 return
-            if injected is not None:
+            if injected is not None and not injected["drop"]:
                 code, retry_after = injected["status"], injected["retry_after"]
                 reason = HTTPStatus(code).phrase.replace(" ", "")
                 details = {"retryAfterSeconds": retry_after} if isinstance(
@@ -780,6 +785,10 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             return {"__invalid__": raw.decode("utf-8", "replace")}
 
     def _send_json(self, code: int, obj: Obj, headers: Optional[Dict[str, str]] = None) -> None:
+        if getattr(self, "answer_lost", ""):  # fail_next(..., processed=True)
+            self.close_connection = True
+            _cut(self.connection, self.answer_lost)
+            return
         body = json.dumps(obj).encode()
         extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"

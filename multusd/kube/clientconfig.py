@@ -4,9 +4,10 @@
 plugin user through the ``kubernetes`` package's own loader) and builds the transport
 (:mod:`multusd.kube.transport`) and its rotating credentials.
 Foreign exceptions (:class:`~multusd.kube.transport.ApiError`, socket, TLS and HTTP errors) are
-translated in one place, :meth:`ClientConfig.failure`: 429/5xx and connection errors become
-:class:`~multusd.errors.TryAgainLater`, the rest :class:`~multusd.errors.MultusError`, naming
-the API server URL and the fix. Credentials (tokens, kubeconfig contents, keys) never reach a
+translated in one place, :meth:`ClientConfig.failure`: 429/5xx and connection errors (a TLS
+connection cut without an answer among them) become :class:`~multusd.errors.TryAgainLater`
+(saying how many attempts the transport made), the rest :class:`~multusd.errors.MultusError`,
+naming the API server URL and the fix. Credentials (tokens, kubeconfig contents, keys) never reach a
 log line or an error message: the loader's parse errors are reduced to their type, and every
 token seen is redacted from the API server's own messages.
 """

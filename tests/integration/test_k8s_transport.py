@@ -111,6 +111,41 @@ def test_an_add_waits_for_a_stopped_api_server_within_its_deadline(cluster):
     assert cluster.sandbox.leases_held() == []
 
 
+@pytest.fixture
+def client(kube_api):
+    made = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
+    made.start()
+    assert made.wait_synced(10, nads=True), made.last_error
+    yield made
+    made.stop()
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_a_status_put_whose_answer_was_lost_is_settled_by_the_409_path(kube_api, client, how):
+    kube_api.add_pod(NS, "web")
+    pod = client.get_pod(NS, "web", wait=5)
+    path = pod_path("web") + "/status"
+    kube_api.fail_next("PUT", path, drop=how, processed=True)  # written, then the answer lost
+    client.set_network_status(pod, "[]")
+    assert kube_api.pod(NS, "web")["metadata"]["annotations"][NETWORK_STATUS_ANNOTATION] == "[]"
+    # sent again, refused (409: the pod's version moved with the write), the pod read again:
+    # the annotation is there, nothing more is written
+    assert [m for m, p, _ in kube_api.requests if p in (path, pod_path("web"))] == \
+        ["PUT", "PUT", "GET"]
+
+
+def test_an_event_whose_answer_was_lost_is_not_sent_twice(kube_api, client):
+    kube_api.add_pod(NS, "web")
+    pod = client.get_pod(NS, "web", wait=5)
+    events = f"/api/v1/namespaces/{NS}/events"
+    kube_api.fail_next("POST", events, drop="reset", processed=True)
+    client.emit_event(pod, "Normal", "AddedInterface", "lost answer")
+    client.emit_event(pod, "Normal", "AddedInterface", "next one")
+    wait_for(lambda: len(kube_api.events) == 2, 10, what="both events")
+    assert [e["message"] for e in kube_api.events] == ["lost answer", "next one"]
+    assert kube_api.count("POST", events) == 2
+
+
 def test_an_ipv6_api_server_over_tls(make_kube_api):
     api = make_kube_api(tls=True, host="::1")  # its certificate names IP ::1
     assert api.url.startswith("https://[::1]:")
