@@ -237,8 +237,10 @@ class KubeClient:
             return self._nad_refusals
 
     def stop(self) -> None:
-        """Stop the watches and the event sender (queued events get a short chance to go out)."""
+        """Stop the watches and the event sender (queued events get a short chance to go out,
+        without retries)."""
         self._state.stop()
+        self._transport.stop_retrying()
         with self._cond:
             self._cond.notify_all()
             watches = list(self._state.open_watches.values())

@@ -241,8 +241,13 @@ class Transport:
                 return
         connection.close()
 
+    def stop_retrying(self) -> None:
+        """From now on a failed request is not retried, and one waiting to be gives up (the
+        daemon is stopping: nothing waits out a backoff)."""
+        self._closing.set()
+
     def close(self) -> None:
-        """Close the idle connections; a request waiting to be retried gives up."""
+        """Close the idle connections; no retries from now on (:meth:`stop_retrying`)."""
         self._closing.set()
         with self._lock:
             idle, self._idle = self._idle, []

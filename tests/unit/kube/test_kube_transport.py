@@ -327,3 +327,23 @@ def test_a_401_rereads_the_token_file_and_resends_once(make_kube_api, transport_
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert get(transport) == 200  # 401, the file read again, the request sent once more
     assert api.count("GET", POD) == 4 and transport.credentials.rotations == 1
+
+
+def test_a_request_waiting_to_be_retried_gives_up_when_the_client_stops(kube_api,
+                                                                         transport_of):
+    transport = transport_of(kube_api.kubeconfig_path)
+    kube_api.fail_next("GET", POD, 503, times=None)
+    failed = []
+
+    def send() -> None:
+        try:
+            get(transport, timeout=60)
+        except ApiError as exc:
+            failed.append(exc.status)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    wait_for(lambda: transport.retries.snapshot().get("503", 0) >= 2, 20, what="two retries")
+    transport.stop_retrying()  # what KubeClient.stop does first
+    thread.join(20)
+    assert not thread.is_alive() and failed == [503]
