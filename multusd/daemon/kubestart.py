@@ -48,9 +48,9 @@ class BackgroundKube:
         try:
             from multusd.kube.client import KubeClient
             from multusd.kube.clientconfig import ClientConfig
+            from multusd.kube.transport import POOL_SIZE
 
-            client_config = ClientConfig(self.kubeconfig, **(
-                {"pool_size": self.pool_size} if self.pool_size else {}))
+            client_config = ClientConfig(self.kubeconfig, pool_size=self.pool_size or POOL_SIZE)
             log.redact_with(client_config.redact)
             self.node = nodename.resolve(self.configured_node_name, os.environ,
                                          client_config.node_identity)
