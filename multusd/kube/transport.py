@@ -281,8 +281,10 @@ class Transport:
         retry = not stream if retry is None else retry
         attempts = retries.Attempts(timeout)
         retried_auth = resent_stale = False
+        sends = 0
         while True:
             sent = self.credentials.header(), self.credentials.tls_generation
+            sends += 1
             outcome = self._attempt(method, target, payload, sent[0], attempts.left(),
                                     read_body=not stream)
             if isinstance(outcome, _Failure):
@@ -296,7 +298,7 @@ class Transport:
                     continue
                 if retry and cause and self._pause(attempts, cause, None, method, path):
                     continue
-                error.attempts = attempts.count  # type: ignore[attr-defined]
+                error.attempts = sends  # type: ignore[attr-defined]
                 raise error
             response = outcome
             # a 401 after a rotation (found now, or by another request meanwhile): once more
@@ -313,7 +315,7 @@ class Transport:
                 if retry and cause and self._pause(attempts, cause, failure.retry_after,
                                                    method, path):
                     continue
-                failure.attempts = attempts.count
+                failure.attempts = sends
                 raise failure
             if stream and read_timeout and response.connection.sock is not None:
                 response.connection.sock.settimeout(read_timeout)
