@@ -28,7 +28,12 @@ the real ``kubernetes`` client to work against it:
 
 Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`add_nad`,
 :meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
-(same port), :meth:`fail_next`, :meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; watch
+(same port; stopped, connections are refused), :meth:`fail_next` (an error status, with or
+without ``Retry-After``, or a connection cut after the request was read: RST or a close
+without an answer, a TLS EOF over TLS), :meth:`fail_connections` (the next connections cut as
+they are accepted, before the request and the TLS handshake), :attr:`connections_accepted`,
+:meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; ``host="::1"`` listens on IPv6
+(the TLS certificate names 127.0.0.1, ::1 and localhost); watch
 expiry: :meth:`expire_watches` (ERROR 410 in open streams), :attr:`expired_as_http` (HTTP 410 at
 the start of a watch from a compacted version) and :meth:`restart` with ``lose_history``.
 
@@ -51,6 +56,7 @@ import os
 import re
 import socket
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -89,9 +95,10 @@ class ApiError(Exception):
     """Raised inside a handler: becomes a Status response with this code."""
 
     def __init__(self, code: int, reason: str, message: str,
-                 details: Optional[Obj] = None) -> None:
+                 details: Optional[Obj] = None, headers: Optional[Dict[str, str]] = None) -> None:
         super().__init__(message)
         self.status = status_object(code, reason, message)
+        self.headers = headers or {}
         if details is not None:
             self.status["details"] = details
 
@@ -152,9 +159,10 @@ class FakeKubeAPI(kubedra.DraStore):
 
     def __init__(self, workdir: str, *, token: str = DEFAULT_TOKEN, node: str = DEFAULT_NODE,
                  tls: bool = False, token_file: bool = False, user: str = "",
-                 client_certs: bool = False) -> None:
+                 client_certs: bool = False, host: str = "127.0.0.1") -> None:
         self.workdir = workdir
         self.node = node
+        self.host = host  # where it listens: "::1" for an IPv6 API server
         self.tls = tls or client_certs
         self.token_file = token_file
         self.user = user or RBAC_USER  # who the token is ("system:node:<node>": NodeRestriction)
@@ -173,6 +181,8 @@ class FakeKubeAPI(kubedra.DraStore):
         self._history = _History()
         self._init_dra()
         self._failures: List[Dict[str, Any]] = []
+        self._connection_faults: List[str] = []  # cuts of the next accepted connections
+        self.connections_accepted = 0  # TCP connections accepted (TLS: handshakes begun)
         self._nodes: set = {node}
         self._denied: set = set()  # (verb, group, resource[/subresource])
         self._generation = 0  # bumped by stop(): watches of an earlier run end
@@ -224,17 +234,18 @@ class FakeKubeAPI(kubedra.DraStore):
     @property
     def url(self) -> str:
         scheme = "https" if self.tls else "http"
-        return f"{scheme}://127.0.0.1:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
 
     def start(self) -> "FakeKubeAPI":
         """Serve (again) on the same port; the store and its resourceVersions are kept."""
         if self._running:
             return self
-        httpd = _Server(("127.0.0.1", self.port), _Handler)
+        server_class = _Server6 if ":" in self.host else _Server
+        httpd = server_class((self.host, self.port), _Handler)
         httpd.api = self
         httpd.generation = self._generation
-        if self._ssl_context is not None:
-            httpd.socket = self._ssl_context.wrap_socket(httpd.socket, server_side=True)
+        httpd.tls = self._ssl_context  # the handshake follows accept(): see _Server.get_request
         self.port = httpd.server_address[1]
         with self._cond:
             self._running = True
@@ -310,7 +321,7 @@ class FakeKubeAPI(kubedra.DraStore):
         key = os.path.join(self.workdir, "apiserver.key")
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                         "-subj", "/CN=fake-kube-apiserver", "-addext",
-                        "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                        "subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost",
                         "-keyout", key, "-out", cert], check=True, capture_output=True)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
@@ -495,19 +506,39 @@ class FakeKubeAPI(kubedra.DraStore):
 
     # ---- test controls: requests and failures ----------------------------------------------
 
-    def fail_next(self, method: str, path_prefix: str, status: int, *, times: Optional[int] = 1,
-                  watch: Optional[bool] = None) -> None:
+    def fail_next(self, method: str, path_prefix: str, status: int = 0, *,
+                  times: Optional[int] = 1, watch: Optional[bool] = None,
+                  retry_after: Optional[Any] = None, drop: str = "",
+                  processed: bool = False) -> None:
         """Answer the next ``times`` matching requests (None: all of them) with ``status``.
 
         ``watch`` narrows the match to watch (True) or non-watch (False) requests.
+        ``retry_after`` adds a ``Retry-After`` header (and, as kube-apiserver, the Status's
+        ``details.retryAfterSeconds`` when it is a number). Instead of an answer, ``drop``
+        cuts the connection once the request was read: ``"reset"`` (RST: SO_LINGER 0) or
+        ``"close"`` (FIN without an answer; over TLS without close_notify: a TLS EOF); with
+        ``processed`` the request is carried out first and only its answer is lost.
+        Failures queued for the same requests are used in the order queued.
         """
+        assert drop in ("", "reset", "close") and (status or drop), (status, drop)
         with self._cond:
             self._failures.append({"method": method.upper(), "prefix": path_prefix,
-                                   "status": status, "times": times, "watch": watch})
+                                   "status": status, "times": times, "watch": watch,
+                                   "retry_after": retry_after, "drop": drop,
+                                   "processed": processed})
+
+    def fail_connections(self, how: str, times: int = 1) -> None:
+        """Cut the next ``times`` connections as they are accepted, before reading a
+        request or starting TLS: ``"reset"`` (RST) or ``"close"`` (FIN; over TLS the client's
+        handshake meets EOF: what a load balancer in front of a restarting server does)."""
+        assert how in ("reset", "close"), how
+        with self._cond:
+            self._connection_faults.extend([how] * times)
 
     def clear_failures(self) -> None:
         with self._cond:
             self._failures.clear()
+            self._connection_faults.clear()
 
     def count(self, method: Optional[str] = None, path_prefix: str = "",
               watch: Optional[bool] = None) -> int:
@@ -522,7 +553,8 @@ class FakeKubeAPI(kubedra.DraStore):
         with self._cond:
             return self._cond.wait_for(lambda: self._watchers >= count, timeout)
 
-    def _take_failure(self, method: str, path: str, query: Dict[str, str]) -> Optional[int]:
+    def _take_failure(self, method: str, path: str,
+                      query: Dict[str, str]) -> Optional[Dict[str, Any]]:
         for failure in self._failures:
             if failure["method"] != method or not path.startswith(failure["prefix"]):
                 continue
@@ -532,7 +564,7 @@ class FakeKubeAPI(kubedra.DraStore):
                 failure["times"] -= 1
                 if failure["times"] <= 0:
                     self._failures.remove(failure)
-            return failure["status"]
+            return dict(failure)
         return None
 
 
@@ -550,8 +582,46 @@ def _is_watch(query: Dict[str, str]) -> bool:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # socketserver's 5 drops SYNs of a burst (1 s retransmits)
     api: FakeKubeAPI
     generation: int  # FakeKubeAPI._generation when this run started
+    tls: Optional[ssl.SSLContext] = None
+
+    def get_request(self) -> Tuple[socket.socket, Any]:
+        """Accept; cut the connection when the test asked for it, else start TLS (the
+        handshake runs here, as it did inside an SSL listening socket's accept())."""
+        sock, address = self.socket.accept()
+        api = self.api
+        with api._cond:
+            api.connections_accepted += 1
+            fault = api._connection_faults.pop(0) if api._connection_faults else ""
+        if fault:
+            _cut(sock, fault)
+            raise OSError(f"connection {fault} by the test")  # serve_forever goes on
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_side=True)
+            except BaseException:
+                sock.close()
+                raise
+        return sock, address
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _cut(sock: socket.socket, how: str) -> None:
+    """End a connection without an answer: RST (``reset``) or FIN (``close``; over TLS
+    without close_notify)."""
+    try:
+        if how == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
 
 
 ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
@@ -658,9 +728,19 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             with api._cond:
                 injected = api._take_failure(self.command, parts.path, query)
-            if injected is not None:
-                reason = HTTPStatus(injected).phrase.replace(" ", "")
-                raise ApiError(injected, reason, f"injected failure {injected} for {parts.path}")
+            if injected is not None and injected["drop"] and injected["processed"]:
+                self.answer_lost = injected["drop"]  # carried out below, answered by a cut
+            elif injected is not None and injected["drop"]:
+                self.close_connection = True
+                _cut(self.connection, injected["drop"])  # the request was read: no answer
+                return
+            if injected is not None and not injected["drop"]:
+                code, retry_after = injected["status"], injected["retry_after"]
+                reason = HTTPStatus(code).phrase.replace(" ", "")
+                details = {"retryAfterSeconds": retry_after} if isinstance(
+                    retry_after, int) else None
+                raise ApiError(code, reason, f"injected failure {code} for {parts.path}", details,
+                               {} if retry_after is None else {"Retry-After": str(retry_after)})
             attributes = request_attributes(self.command, parts.path, query)
             if attributes is not None and not api.allowed(*attributes[:3]):
                 verb, group, resource, namespace = attributes
@@ -675,7 +755,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             getattr(self, "do_route_" + handler)(query=query, body=body, generation=generation,
                                                  **params)
         except ApiError as err:
-            self._send_json(err.status["code"], err.status)
+            self._send_json(err.status["code"], err.status, err.headers)
 
     def _route(self, path: str) -> Tuple[str, Dict[str, str]]:
         path_matched = False
@@ -704,11 +784,16 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         except ValueError:
             return {"__invalid__": raw.decode("utf-8", "replace")}
 
-    def _send_json(self, code: int, obj: Obj) -> None:
+    def _send_json(self, code: int, obj: Obj, headers: Optional[Dict[str, str]] = None) -> None:
+        if getattr(self, "answer_lost", ""):  # fail_next(..., processed=True)
+            self.close_connection = True
+            _cut(self.connection, self.answer_lost)
+            return
         body = json.dumps(obj).encode()
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                f"Cache-Control: no-cache, private\r\n\r\n").encode()
+                f"Cache-Control: no-cache, private\r\n{extra}\r\n").encode()
         self.wfile.write(head + body)  # one write: see the module docstring
 
     # ---- lists and watches ---------------------------------------------------------------------

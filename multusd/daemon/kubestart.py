@@ -30,8 +30,9 @@ class BackgroundKube:
 
     def __init__(self, kubeconfig: str, configured_node_name: str,
                  on_failure: Callable[[], None],
-                 on_built: Callable[[], None] = lambda: None) -> None:
+                 on_built: Callable[[], None] = lambda: None, *, pool_size: int = 0) -> None:
         self.kubeconfig = kubeconfig
+        self.pool_size = pool_size  # idle API connections to keep (0: the transport's default)
         self.configured_node_name = configured_node_name
         self.failure: Optional[str] = None
         self.node: Optional[nodename.NodeName] = None
@@ -47,8 +48,9 @@ class BackgroundKube:
         try:
             from multusd.kube.client import KubeClient
             from multusd.kube.clientconfig import ClientConfig
+            from multusd.kube.transport import POOL_SIZE
 
-            client_config = ClientConfig(self.kubeconfig)
+            client_config = ClientConfig(self.kubeconfig, pool_size=self.pool_size or POOL_SIZE)
             log.redact_with(client_config.redact)
             self.node = nodename.resolve(self.configured_node_name, os.environ,
                                          client_config.node_identity)

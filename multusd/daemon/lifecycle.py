@@ -50,6 +50,16 @@ LOG = logging.getLogger(__name__)
 # listener closed to finish (every request is bounded by requestTimeout anyway).
 FINAL_DRAIN = 5.0
 
+# Requests to the API server that may be in flight at once besides the workers' (the pod and
+# NAD watches, the event sender): with every worker, what the idle connection pool keeps.
+KUBE_STREAMS = 3
+
+
+def kube_connections(workers: int) -> int:
+    """Idle API connections worth keeping: the workers of both lanes (server.py gives the
+    DEL/STATUS lane ``max(2, workers // 4)``) and :data:`KUBE_STREAMS`."""
+    return workers + max(2, workers // 4) + KUBE_STREAMS
+
 
 class StartupError(Exception):
     """The daemon cannot start; the message says why and what to do."""
@@ -144,7 +154,8 @@ class Daemon:
         if self.config.kubeconfig:
             self.kube = BackgroundKube(self.config.kubeconfig, self.config.node_name,
                                        on_failure=self._on_kube_failure,
-                                       on_built=self._report_status)
+                                       on_built=self._report_status,
+                                       pool_size=kube_connections(self.config.workers))
         observer = self.metrics.observe_plugin if self.metrics.enabled else None
         return Multus(self.config, self.kube, plugin_observer=observer)
 
@@ -184,7 +195,8 @@ class Daemon:
             watch_idle_restarts=from_client(lambda c: c.watch_idle_restarts),
             nad_api_unavailable=from_client(lambda c: int(c.nad_problem() is not None)),
             nad_refusals=from_client(lambda c: c.nad_refusals),
-            credential_rotations=from_client(lambda c: c.config.credentials.rotations))
+            credential_rotations=from_client(lambda c: c.config.credentials.rotations),
+            kube_request_retries=from_client(lambda c: c.api_retries))
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:

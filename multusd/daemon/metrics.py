@@ -15,6 +15,7 @@ Series (see :class:`DaemonMetrics`)::
     multusd_nad_api_unavailable                      gauge, 1 while the NAD watch fails
     multusd_nad_refusals_total                       counter, ADDs refused: no NAD CRD/access
     multusd_credential_rotations_total               counter, rotated credentials picked up
+    multusd_kube_request_retries_total{cause}        counter, API requests sent again, by cause
     multusd_node_name_mismatch                       gauge, 1 when the watched name is wrong
     multusd_build_info{version}                      always 1
 
@@ -93,7 +94,12 @@ _SAMPLED = (
      "is not installed or not readable with the node's credentials.", "counter"),
     ("multusd_credential_rotations_total",
      "Rotated credentials found and used (token file, client certificate, plugin).", "counter"),
+    ("multusd_kube_request_retries_total", "Requests to the API server sent again after a "
+     "transient failure, by cause (429, 5xx, refused, reset, closed, tls-eof, proxy).",
+     "counter"),
 )
+# sampled series whose function returns {label value: sample}, and that label's name
+_LABELLED = {"multusd_kube_request_retries_total": "cause"}
 
 
 def count_scratch_entries(cni_dir: str) -> Optional[int]:
@@ -193,15 +199,31 @@ class _Sampled:
         return None if value is None else float(value)
 
     def describe(self) -> list:
-        return [self._families[kind](name, text) for name, text, kind in _SAMPLED]
+        return [self._family(name, text, kind) for name, text, kind in _SAMPLED]
+
+    def _family(self, name: str, text: str, kind: str) -> Any:
+        label = _LABELLED.get(name)
+        return self._families[kind](name, text, labels=[label] if label else None)
 
     def collect(self) -> Iterator[Any]:
         for name, text, kind in _SAMPLED:
-            family = self._families[kind](name, text)
-            value = self.value(name)
-            if value is not None:
-                family.add_metric([], value)
+            family = self._family(name, text, kind)
+            if name in _LABELLED:
+                for label, value in sorted((self._sample(name) or {}).items()):
+                    family.add_metric([str(label)], float(value))
+            else:
+                value = self.value(name)
+                if value is not None:
+                    family.add_metric([], value)
             yield family
+
+    def _sample(self, name: str) -> Any:
+        function = self._functions[name]
+        try:
+            return None if function is None else function()
+        except Exception:
+            LOG.debug("metric %s: the sampling function failed", name, exc_info=True)
+            return None
 
 
 class DaemonMetrics:
@@ -252,8 +274,9 @@ class DaemonMetrics:
                     **kube: Optional[Callable[[], Optional[float]]]) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty.
 
-        ``kube`` may name ``watch_idle_restarts``, ``nad_api_unavailable``, ``nad_refusals``
-        and ``credential_rotations`` (the series of the same name, ``_total`` for counters).
+        ``kube`` may name ``watch_idle_restarts``, ``nad_api_unavailable``, ``nad_refusals``,
+        ``credential_rotations`` and ``kube_request_retries`` (a dict by cause) (the series of
+        the same name, ``_total`` for counters).
         """
         for key, function in kube.items():
             name = f"multusd_{key}" + ("" if key == "nad_api_unavailable" else "_total")

@@ -102,6 +102,11 @@ class KubeClient:
         with self._count_lock:
             return self._request_count
 
+    @property
+    def api_retries(self) -> Dict[str, int]:
+        """Requests sent again after a transient failure, by cause (:mod:`multusd.kube.retries`)."""
+        return self._transport.retries.snapshot()
+
     def _timeout(self, deadline: Optional[float], action: str) -> float:
         """Seconds the next request may take: the client's timeout, cut to the deadline."""
         if deadline is None:
@@ -232,8 +237,10 @@ class KubeClient:
             return self._nad_refusals
 
     def stop(self) -> None:
-        """Stop the watches and the event sender (queued events get a short chance to go out)."""
+        """Stop the watches and the event sender (queued events get a short chance to go out,
+        without retries)."""
         self._state.stop()
+        self._transport.stop_retrying()
         with self._cond:
             self._cond.notify_all()
             watches = list(self._state.open_watches.values())

@@ -4,9 +4,10 @@
 plugin user through the ``kubernetes`` package's own loader) and builds the transport
 (:mod:`multusd.kube.transport`) and its rotating credentials.
 Foreign exceptions (:class:`~multusd.kube.transport.ApiError`, socket, TLS and HTTP errors) are
-translated in one place, :meth:`ClientConfig.failure`: 429/5xx and connection errors become
-:class:`~multusd.errors.TryAgainLater`, the rest :class:`~multusd.errors.MultusError`, naming
-the API server URL and the fix. Credentials (tokens, kubeconfig contents, keys) never reach a
+translated in one place, :meth:`ClientConfig.failure`: 429/5xx and connection errors (a TLS
+connection cut without an answer among them) become :class:`~multusd.errors.TryAgainLater`
+(saying how many attempts the transport made), the rest :class:`~multusd.errors.MultusError`,
+naming the API server URL and the fix. Credentials (tokens, kubeconfig contents, keys) never reach a
 log line or an error message: the loader's parse errors are reduced to their type, and every
 token seen is redacted from the API server's own messages.
 """
@@ -22,9 +23,10 @@ from typing import Any, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig, MultusError, TryAgainLater
 from multusd.kube import kubeconfig as kubeconfig_reader
+from multusd.kube import retries
 from multusd.kube.credentials import Credentials, Secrets
 from multusd.kube.identity import CertificateError, node_name_from_certificate
-from multusd.kube.transport import ApiError, IdleTimeout, Transport
+from multusd.kube.transport import POOL_SIZE, ApiError, IdleTimeout, Transport
 
 LOG = logging.getLogger(__name__)
 RBAC_FILE = "/usr/share/multusd/rbac.yaml"
@@ -46,17 +48,18 @@ class ClientConfig:
 
     :param kubeconfig: path of a kubeconfig (token, tokenFile, client certificate, CA, or a
         credential plugin).
+    :param pool_size: idle kept-alive connections the transport keeps at most.
     :raises InvalidNetworkConfig: it cannot be loaded (the message says why, without its
         contents).
     """
 
-    def __init__(self, kubeconfig: str) -> None:
+    def __init__(self, kubeconfig: str, *, pool_size: int = POOL_SIZE) -> None:
         self.kubeconfig = kubeconfig
         self.secrets = Secrets()
         self.settings, self.credentials = self._load(kubeconfig)
         self.server_url: str = self.settings.host
         try:
-            self.transport = Transport(self.settings, self.credentials)
+            self.transport = Transport(self.settings, self.credentials, pool_size=pool_size)
         except kubeconfig_reader.KubeconfigError as exc:
             raise self._unusable(str(exc)) from None
 
@@ -149,17 +152,19 @@ class ClientConfig:
                     "the Node authorizer does not grant; a service account needs upstream's "
                     "multus ClusterRole")
             if status == 429 or status >= 500:
-                return TryAgainLater(f"cannot {action}: {where} answered {status} ({detail}); "
-                                     "it is overloaded or restarting, try again")
+                return TryAgainLater(f"cannot {action}: {where} answered {status} ({detail})"
+                                     f"{_tries(exc)}; it is overloaded or restarting, try again")
             return MultusError(f"cannot {action}: {where} answered {status} ({detail})")
         reason = self.redact(connection_reason(exc))
-        if _is_tls_failure(exc) or "SSL" in reason or "certificate" in reason.lower():
+        transient = retries.connection_failure(exc) is not None  # a TLS EOF is a cut, too
+        if not transient and (_is_tls_failure(exc) or "SSL" in reason or
+                              "certificate" in reason.lower()):
             return MultusError(
                 f"cannot {action}: {where} failed the TLS handshake ({reason}); check "
                 f"'certificate-authority' and the client certificate in {self.kubeconfig!r}")
         return TryAgainLater(
-            f"cannot {action}: {where} is unreachable ({reason}); check that it is running and "
-            f"that the 'server' of kubeconfig {self.kubeconfig!r} is right")
+            f"cannot {action}: {where} is unreachable ({reason}){_tries(exc)}; check that it is "
+            f"running and that the 'server' of kubeconfig {self.kubeconfig!r} is right")
 
     def close(self) -> None:
         self.transport.close()
@@ -189,6 +194,12 @@ def status_detail(exc: Any) -> str:
     return text.splitlines()[0][:300] if text else text
 
 
+def _tries(exc: BaseException) -> str:
+    """" after N attempts" when the transport sent the request more than once."""
+    attempts = getattr(exc, "attempts", 1)
+    return f" after {attempts} attempts" if isinstance(attempts, int) and attempts > 1 else ""
+
+
 def _is_tls_failure(exc: BaseException) -> bool:
     return isinstance(exc, (ssl.SSLError, ssl.CertificateError))
 
@@ -200,6 +211,8 @@ def connection_reason(exc: BaseException) -> str:
     if isinstance(exc, (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected,
                         http.client.IncompleteRead)):
         return "the connection was cut"
+    if retries.connection_failure(exc) == "tls-eof":
+        return "the TLS connection was cut"
     if isinstance(exc, http.client.HTTPException):
         return f"its answer is not HTTP ({type(exc).__name__})"
     if isinstance(exc, ssl.SSLError):

@@ -15,8 +15,11 @@ does, :class:`Credentials` notices it instead of failing every request until a r
   package's loader is run again (at most every :data:`PLUGIN_RELOAD_PAUSE` seconds).
 
 After a 401, :meth:`Credentials.refresh` re-reads everything at once, so that a rotation
-between two looks costs one retried request. Every token seen is added to :class:`Secrets`,
-which redacts them from every message.
+between two looks costs one retried request. The live credentials are kept in
+:class:`Secrets`, which redacts them from every message: the current ones and, for messages
+about requests sent with it, the one each just replaced; older ones are forgotten, so that
+neither memory nor the cost of redacting a log line grows with the daemon's uptime (a
+projected token rotates every hour).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from multusd.kube import kubeconfig as reader
 
@@ -34,29 +37,47 @@ LOG = logging.getLogger(__name__)
 TOKEN_REREAD = 60.0  # client-go re-reads a token file every minute
 PLUGIN_RELOAD_PAUSE = 5.0
 REDACTED = "<redacted>"
+AUTHORIZATION = "authorization"  # the Secrets slot of the Authorization header
 
 FileId = Optional[Tuple[int, int, int, int]]
 
 
 class Secrets:
-    """Every credential value seen so far, to be cut out of any text (thread-safe)."""
+    """The live credential values, to be cut out of any text (thread-safe).
+
+    Each slot (the Authorization header, a password) holds its current value and the one
+    that value replaced: at most two values per slot, whatever the uptime.
+    """
 
     def __init__(self) -> None:
-        self._values: Set[str] = set()
+        self._slots: Dict[str, Tuple[str, ...]] = {}
+        self._values: Tuple[str, ...] = ()  # longest first, what redact() cuts out
         self._lock = threading.Lock()
 
-    def add(self, header_or_token: Optional[str]) -> None:
+    def add(self, header_or_token: Optional[str], slot: str = "") -> None:
+        """``header_or_token`` is now the value of ``slot``; the one it replaces is kept until
+        the next replacement."""
         if not header_or_token:
             return
         with self._lock:
-            self._values.add(header_or_token)
-            self._values.add(header_or_token.split(" ", 1)[-1])  # the bare token after "Bearer "
+            held = self._slots.get(slot, ())
+            if held[:1] == (header_or_token,):
+                return
+            self._slots[slot] = (header_or_token,) + held[:1]
+            values = set()
+            for value in (v for kept in self._slots.values() for v in kept):
+                values.add(value)
+                values.add(value.split(" ", 1)[-1])  # the bare token after "Bearer "
+            self._values = tuple(sorted((v for v in values if len(v) >= 4), key=len,
+                                        reverse=True))
+
+    def __len__(self) -> int:
+        """How many values are redacted now."""
+        return len(self._values)
 
     def redact(self, text: str) -> str:
-        with self._lock:
-            values = sorted(self._values, key=len, reverse=True)
-        for secret in values:
-            if len(secret) >= 4:
+        for secret in self._values:  # a tuple replaced whole: no lock needed to read it
+            if secret in text:
                 text = text.replace(secret, REDACTED)
         return text
 
@@ -100,9 +121,9 @@ class Credentials:
             self._header = reader.basic_header(settings.basic)
         elif settings.token_file:
             self._read_token_file(force=True)
-        self.secrets.add(self._header)
+        self.secrets.add(self._header, AUTHORIZATION)
         if settings.basic:
-            self.secrets.add(settings.basic.split(":", 1)[-1])
+            self.secrets.add(settings.basic.split(":", 1)[-1], "password")
 
     @property
     def rotates(self) -> bool:
@@ -119,7 +140,7 @@ class Credentials:
             if header != self._header:
                 with self._lock:
                     self._header = header
-                self.secrets.add(header)
+                self.secrets.add(header, AUTHORIZATION)
         self._check_tls()
         return self._header
 
@@ -157,7 +178,7 @@ class Credentials:
             if self._header is not None and header != self._header:
                 self.rotations += 1
                 LOG.info("the token in %s was replaced; using the new one", path)
-            self.secrets.add(header)
+            self.secrets.add(header, AUTHORIZATION)
             self._header, self._token_id, self._token_read_at = header, current, now
 
     # ---- credential plugins --------------------------------------------------------------------
@@ -177,7 +198,7 @@ class Credentials:
         header = reader.configuration_token(configuration)
         if header != self._header:
             self.rotations += 1
-            self.secrets.add(header)
+            self.secrets.add(header, AUTHORIZATION)
             self._header = header
 
     # ---- client certificate --------------------------------------------------------------------

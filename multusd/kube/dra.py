@@ -13,7 +13,9 @@ the plugin gets as ``deviceID``). Upstream Multus reads the same (``pkg/draclien
   ``spec.driver`` on first use, and kept as two attributes per (pool, device) in a
   :class:`SliceCache` shared by every ADD; a device it does not know costs one new list (at
   most one per ADD and key, and concurrent ADDs share it), and so does an entry older than
-  :data:`SLICE_MAX_AGE`. Slices of another node or driver are dropped even if a server sent
+  :data:`SLICE_MAX_AGE`; such an entry is dropped when no ADD uses it (it would be listed
+  again anyway), so that pods of other nodes and drivers no longer in use do not pile up
+  over the daemon's uptime. Slices of another node or driver are dropped even if a server sent
   them, and of a pool only the slices of its newest generation count (older ones are being
   replaced by the driver);
 * a device lacking either attribute is skipped (a GPU in the same claim is no error), as is
@@ -81,6 +83,7 @@ class _Entry:
         self.lock = threading.Lock()
         self.devices: Optional[Dict[PoolDevice, SliceDevice]] = None
         self.loaded_at = float("-inf")
+        self.users = 0  # lookups holding or waiting for it (guarded by SliceCache._lock)
 
 
 class SliceCache:
@@ -106,7 +109,25 @@ class SliceCache:
         :raises MultusError: the list failed (translated), or the deadline passed.
         """
         with self._lock:
+            self._drop_unused(self.clock())
             entry = self._entries.setdefault((node, driver), _Entry())
+            entry.users += 1
+        try:
+            return self._lookup(entry, get_json, config, node, driver, pool, device, since,
+                                deadline)
+        finally:
+            with self._lock:
+                entry.users -= 1
+
+    def _drop_unused(self, now: float) -> None:
+        """Forget the entries no lookup uses that would be listed again anyway (lock held)."""
+        for key, entry in list(self._entries.items()):
+            if entry.users == 0 and now - entry.loaded_at > self.max_age:
+                del self._entries[key]
+
+    def _lookup(self, entry: _Entry, get_json: GetJson, config: Any, node: str, driver: str,
+                pool: str, device: str, since: float,
+                deadline: Optional[float]) -> Optional[SliceDevice]:
         timeout = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
         if not entry.lock.acquire(timeout=timeout):
             raise DeadlineExceeded(f"the request's deadline passed while waiting for the "

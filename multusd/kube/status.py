@@ -7,7 +7,11 @@ The watch's copy may be behind the server: its resourceVersion makes the server 
 with 409, or, for a node's own credentials, NodeRestriction refuses it with 403 first when
 another client changed the pod's labels since (admission runs before the version check);
 either way a fresh GET and PUT follow, so a concurrent label or status change never fails
-an ADD. Events go out from a background thread and never fail or slow an ADD.
+an ADD. The transport retries transient answers (:mod:`multusd.kube.retries`): a PUT sent
+again after its answer was lost, when the first one had been applied, answers 409, and the
+GET that follows finds the annotation written. Events go out from a background thread and
+never fail or slow an ADD; an event POST is sent again only when the server cannot have
+processed it (429, a refused connection, a cut before the request was written whole).
 """
 
 from __future__ import annotations

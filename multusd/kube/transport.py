@@ -1,4 +1,4 @@
-"""HTTP to one Kubernetes API server with the standard library: TLS, credentials, deadlines, keep-alive.
+"""HTTP to one Kubernetes API server with the standard library: TLS, credentials, deadlines, retries.
 
 multusd sends a handful of requests (list and watch pods and NADs, GET a pod or NAD, PUT a
 pod's status, POST events, a few DRA reads) and reads their JSON itself, so it needs the
@@ -7,20 +7,31 @@ on ``http.client`` and ``ssl``: nothing of it changes with the ``kubernetes`` or
 release a distribution ships, and a socket-activated daemon does not import urllib3 (~100M
 instructions, a third of the client's start-up) for its first ADD.
 
-* kept-alive connections are reused (up to :data:`POOL_SIZE` idle), each with TCP keep-alive
-  probes so a silently dead peer is noticed within ~a minute;
-* every request has the timeout the caller gives (the rest of its CNI request's deadline) for
-  the connect and for every read; a request on a kept-alive connection the server had closed
-  is sent once more on a new one, if time is left; nothing else is retried here;
+* kept-alive connections are reused, up to ``pool_size`` idle ones (the daemon passes the
+  number of its threads that send requests, so a burst does not pay a TLS handshake per
+  request); one the server has closed meanwhile is seen before it is used
+  (:func:`~multusd.kube.connections.peer_closed`) or, closed at that very moment, the
+  request is sent once more on a new one (a POST only if it had not been written whole);
+  one idle for :data:`IDLE_CLOSE` seconds is closed instead of reused;
+* every request has the timeout the caller gives (the rest of its CNI request's deadline):
+  for connecting, for every read, and for all its retries together;
+* transient answers (429 and ``Retry-After``, 500/502/503/504, refused, reset, TLS EOF) are
+  retried with jittered backoff inside that timeout, a POST only where the server cannot
+  have processed it: :mod:`multusd.kube.retries` says what and why; streamed requests
+  (lists and watches) are not, unless the caller asks: the reflector has its own backoff.
+  :attr:`Transport.retries` counts them by cause;
 * the Authorization header comes from :class:`~multusd.kube.credentials.Credentials` for
   every request; a 401 makes it re-read the credentials and, if any changed (here or in a
   request meanwhile), the request is sent once more; a replaced client certificate makes new
   connections use the new pair;
 * TLS as the kubeconfig says (CA, client certificate, ``insecure-skip-tls-verify``,
   ``tls-server-name``); ``proxy-url`` (an ``http://`` proxy; CONNECT for an ``https`` server);
-* a non-2xx answer raises :class:`ApiError` (status, reason, body); a stream that stays
-  silent past its read timeout raises :class:`IdleTimeout`. Other failures are ``OSError``
-  (refused, timed out, cut, TLS) or ``http.client.HTTPException``;
+  an IPv6 server (``https://[fd00::1]:6443``) is written in brackets wherever an authority
+  goes (:mod:`multusd.kube.connections`);
+* a non-2xx answer raises :class:`ApiError` (status, reason, body, ``Retry-After``); a stream
+  that stays silent past its read timeout raises :class:`IdleTimeout`. Other failures are
+  ``OSError`` (refused, timed out, cut, TLS) or ``http.client.HTTPException``; each carries
+  ``attempts``, how many times it was sent;
   :meth:`multusd.kube.clientconfig.ClientConfig.failure` translates them all.
 """
 
@@ -28,27 +39,26 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import ssl
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
 from multusd import __version__
+from multusd.kube import retries
+from multusd.kube.connections import HTTPConnection, HTTPSConnection, authority, peer_closed
 from multusd.kube.credentials import Credentials
 from multusd.kube.kubeconfig import KubeconfigError, Settings
 
+LOG = logging.getLogger(__name__)
+
 USER_AGENT = f"multusd/{__version__}"
-POOL_SIZE = 8
+POOL_SIZE = 8  # idle connections kept when the caller does not say (tools, tests)
+IDLE_CLOSE = 80.0  # below the 90 s after which kube-apiserver closes an idle connection
 READ_CHUNK = 65536
-# TCP keep-alive: first probe after 15 s idle, then every 5 s, given up after 3 unanswered
-_KEEPALIVE = [(socket.IPPROTO_TCP, getattr(socket, name), value)
-              for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
-              if hasattr(socket, name)]
-# what a kept-alive connection the server closed meanwhile looks like when it is reused
-_STALE = (http.client.RemoteDisconnected, http.client.CannotSendRequest,
-          http.client.BadStatusLine, BrokenPipeError, ConnectionResetError)
 
 Query = Union[Dict[str, Any], Sequence[Tuple[str, Any]], None]
 
@@ -63,6 +73,13 @@ class ApiError(Exception):
         self.reason = reason
         self.body = body
         self.headers = headers or {}
+        self.attempts = 1
+
+    @property
+    def retry_after(self) -> Optional[float]:
+        """The answer's ``Retry-After``, in seconds (None without a readable one)."""
+        value = next((v for k, v in self.headers.items() if k.lower() == "retry-after"), None)
+        return retries.retry_after_seconds(value)
 
     def status_object(self) -> Dict[str, Any]:
         """The metav1.Status the server sent ({} if the body is not one)."""
@@ -131,18 +148,33 @@ class Response:
         self.connection.close()
 
 
-class Transport:
-    """Requests to the API server of one kubeconfig (see the module docstring)."""
+class _Failure(NamedTuple):
+    """An attempt that got no answer: the exception, where it happened, on a reused connection."""
 
-    def __init__(self, settings: Settings, credentials: Credentials) -> None:
+    error: BaseException
+    phase: str
+    reused: bool
+
+
+class Transport:
+    """Requests to the API server of one kubeconfig (see the module docstring).
+
+    :param pool_size: idle kept-alive connections to keep at most (the daemon: its threads
+        that may send a request at the same time).
+    """
+
+    def __init__(self, settings: Settings, credentials: Credentials, *,
+                 pool_size: int = POOL_SIZE) -> None:
         self.settings = settings
         self.credentials = credentials
+        self.pool_size = max(1, int(pool_size))
         parts = urlsplit(settings.host)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise KubeconfigError(f"its 'server' {settings.host!r} is not an http:// or "
                                   "https:// URL")
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname, parts.port or (443 if self.https else 80)
+        self.authority = authority(self.host, self.port)
         self.prefix = parts.path.rstrip("/")  # a server URL may carry a path (a proxy's)
         self._proxy: Optional[Tuple[str, int]] = None
         if settings.proxy_url:
@@ -151,8 +183,10 @@ class Transport:
                 raise KubeconfigError("its 'proxy-url' is not an http:// URL (https:// and "
                                       "SOCKS proxies are not supported)")
             self._proxy = (proxy.hostname, proxy.port or 80)
+        self.retries = retries.RetryCounts()
+        self._closing = threading.Event()
         self._lock = threading.Lock()
-        self._idle: List[Tuple[int, http.client.HTTPConnection]] = []
+        self._idle: List[Tuple[int, float, http.client.HTTPConnection]] = []
         self._generation = credentials.tls_generation
         self._context = self._tls_context() if self.https else None
 
@@ -169,57 +203,69 @@ class Transport:
         return context
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        """An idle kept-alive connection, else a new one (with a replaced certificate's
-        successor when the client certificate changed)."""
+        """An idle kept-alive connection still open, else a new one (with a replaced
+        certificate's successor when the client certificate changed)."""
         generation = self.credentials.tls_generation
+        now = time.monotonic()
         with self._lock:
             if generation != self._generation and self.https:
                 self._context = self._tls_context()
                 stale, self._idle = self._idle, []
-                for _, old in stale:
+                for _, _, old in stale:
                     old.close()
             self._generation = generation
             while self._idle:
-                made_for, connection = self._idle.pop()
-                if made_for == generation and connection.sock is not None:
+                made_for, since, connection = self._idle.pop()
+                if made_for == generation and connection.sock is not None and \
+                        now - since < IDLE_CLOSE and not peer_closed(connection.sock):
                     connection.sock.settimeout(timeout)
                     return connection
                 connection.close()
             context = self._context
         host, port = self._proxy or (self.host, self.port)
         if self.https:
-            connection: http.client.HTTPConnection = _HTTPSConnection(
+            connection: http.client.HTTPConnection = HTTPSConnection(
                 host, port, timeout=timeout, context=context,
-                server_name=self.settings.tls_server_name or self.host)
-            if self._proxy:
-                connection.set_tunnel(self.host, self.port)
+                server_name=self.settings.tls_server_name or self.host,
+                tunnel_to=self.authority if self._proxy else None, user_agent=USER_AGENT)
         else:
-            connection = _HTTPConnection(host, port, timeout=timeout)
+            connection = HTTPConnection(host, port, timeout=timeout)
         connection.tls_generation = generation  # put_back must not give it a newer one
         return connection
 
     def put_back(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
-            if len(self._idle) < POOL_SIZE and connection.sock is not None:
-                self._idle.append((getattr(connection, "tls_generation", -1), connection))
+            if len(self._idle) < self.pool_size and connection.sock is not None:
+                self._idle.append((getattr(connection, "tls_generation", -1), time.monotonic(),
+                                   connection))
                 return
         connection.close()
 
+    def stop_retrying(self) -> None:
+        """From now on a failed request is not retried, and one waiting to be gives up (the
+        daemon is stopping: nothing waits out a backoff)."""
+        self._closing.set()
+
     def close(self) -> None:
+        """Close the idle connections; no retries from now on (:meth:`stop_retrying`)."""
+        self._closing.set()
         with self._lock:
             idle, self._idle = self._idle, []
-        for _, connection in idle:
+        for _, _, connection in idle:
             connection.close()
 
     # ---- requests ------------------------------------------------------------------------------
 
     def request(self, method: str, path: str, *, query: Query = None, body: Any = None,
                 timeout: float, read_timeout: Optional[float] = None,
-                stream: bool = False) -> Response:
+                stream: bool = False, retry: Optional[bool] = None) -> Response:
         """Send one request; the response (2xx), its body read unless ``stream``.
 
-        :param timeout: connect and read timeout, seconds (the caller's deadline, left).
+        :param timeout: seconds for the whole request, retries included (the caller's
+            deadline, left); also each connect and read timeout.
         :param read_timeout: the read timeout of a streamed body instead (a watch's idle bound).
+        :param retry: retry transient failures (:mod:`multusd.kube.retries`); by default
+            yes, except for a ``stream``.
         :raises ApiError: the server answered with an error status.
         :raises OSError: no answer (refused, timed out, cut, TLS); also
             ``http.client.HTTPException`` for an answer that is not HTTP.
@@ -229,14 +275,32 @@ class Transport:
             pairs = query.items() if isinstance(query, dict) else query
             target += "?" + urlencode([(k, _query_value(v)) for k, v in pairs if v is not None])
         if self._proxy and not self.https:
-            target = f"http://{self.host}:{self.port}{target}"  # absolute: the proxy forwards
+            target = f"http://{self.authority}{target}"  # absolute: the proxy forwards
         payload = None if body is None else (
             body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode())
-        started = time.monotonic()
-        retried_auth = False
+        retry = not stream if retry is None else retry
+        attempts = retries.Attempts(timeout)
+        retried_auth = resent_stale = False
+        sends = 0
         while True:
             sent = self.credentials.header(), self.credentials.tls_generation
-            response = self._send(method, target, payload, sent[0], timeout, started)
+            sends += 1
+            outcome = self._attempt(method, target, payload, sent[0], attempts.left(),
+                                    read_body=not stream)
+            if isinstance(outcome, _Failure):
+                error = outcome.error
+                cause = retries.connection_cause(error, outcome.phase, method)
+                # a kept-alive connection closed as it was reused: once more at once
+                if cause and outcome.reused and not resent_stale and \
+                        attempts.left() >= retries.MIN_ATTEMPT:
+                    resent_stale = True
+                    self.retries.add(cause)
+                    continue
+                if retry and cause and self._pause(attempts, cause, None, method, path):
+                    continue
+                error.attempts = sends  # type: ignore[attr-defined]
+                raise error
+            response = outcome
             # a 401 after a rotation (found now, or by another request meanwhile): once more
             if response.status == 401 and not retried_auth and (
                     self.credentials.refresh() or
@@ -246,71 +310,64 @@ class Transport:
                 response.release_conn()
                 continue
             if response.status >= 300:
-                raise _error(response)
-            if stream:
-                if read_timeout and response.connection.sock is not None:
-                    response.connection.sock.settimeout(read_timeout)
-            else:
-                response.data  # noqa: B018 - the whole body, within the timeout
+                failure = _error(response)
+                cause = retries.status_cause(method, failure.status, failure.retry_after)
+                if retry and cause and self._pause(attempts, cause, failure.retry_after,
+                                                   method, path):
+                    continue
+                failure.attempts = sends
+                raise failure
+            if stream and read_timeout and response.connection.sock is not None:
+                response.connection.sock.settimeout(read_timeout)
             return response
 
-    def _send(self, method: str, target: str, payload: Optional[bytes],
-              authorization: Optional[str], timeout: float, started: float) -> Response:
-        headers = {"Host": f"{self.host}:{self.port}", "User-Agent": USER_AGENT,
+    def _pause(self, attempts: retries.Attempts, cause: str, retry_after: Optional[float],
+               method: str, path: str) -> bool:
+        """Wait before the next attempt; False when no retry fits or the transport closes."""
+        delay = attempts.pause(retry_after)
+        if delay is None or self._closing.is_set():
+            return False
+        self.retries.add(cause)
+        LOG.debug("%s %s: %s; sending it again in %.2fs (attempt %d)", method, path,
+                  _CAUSE_TEXT.get(cause, f"answered {cause}"), delay, attempts.count)
+        return not self._closing.wait(delay)
+
+    def _attempt(self, method: str, target: str, payload: Optional[bytes],
+                 authorization: Optional[str], left: float,
+                 read_body: bool) -> Union[Response, _Failure]:
+        """Send the request once; its response, or where and how it failed."""
+        headers = {"Host": self.authority, "User-Agent": USER_AGENT,
                    "Accept": "application/json"}
         if authorization:
             headers["Authorization"] = authorization
         if payload is not None:
             headers["Content-Type"] = "application/json"
-        resent = False
-        while True:
-            left = max(0.001, timeout - (time.monotonic() - started))
-            connection = self._connection(left)
-            reused = connection.sock is not None
-            try:
-                connection.request(method, target, body=payload, headers=headers)
-                return Response(self, connection, connection.getresponse())
-            except _STALE:
-                connection.close()
-                # a kept-alive connection the server had closed: once more, if time is left
-                if not reused or resent or timeout - (time.monotonic() - started) < 0.05:
-                    raise
-                resent = True
-            except BaseException:
-                connection.close()
-                raise
+        connection = self._connection(max(0.001, left))
+        reused = connection.sock is not None
+        phase = retries.SEND if reused else retries.CONNECT
+        try:
+            if not reused:
+                connection.connect()
+                phase = retries.SEND
+            connection.request(method, target, body=payload, headers=headers)
+            phase = retries.ANSWER
+            response = Response(self, connection, connection.getresponse())
+            if read_body:
+                response.data  # noqa: B018 - the whole body, within the timeout
+            return response
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            return _Failure(exc, phase, reused)
+        except BaseException:
+            connection.close()
+            raise
 
 
-class _HTTPConnection(http.client.HTTPConnection):
-    """A connection with TCP keep-alive probes."""
-
-    def connect(self) -> None:
-        super().connect()
-        _keepalive(self.sock)
-
-
-class _HTTPSConnection(http.client.HTTPConnection):
-    """TLS over :class:`_HTTPConnection`, the certificate checked against ``server_name``
-    (``tls-server-name``, else the server's host), through a CONNECT tunnel if one is set."""
-
-    default_port = http.client.HTTPS_PORT
-
-    def __init__(self, host: str, port: int, *, timeout: float, context: ssl.SSLContext,
-                 server_name: str) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._tls = context
-        self._server_name = server_name
-
-    def connect(self) -> None:
-        super().connect()  # TCP, and the proxy's CONNECT when set_tunnel was called
-        _keepalive(self.sock)
-        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
-
-
-def _keepalive(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for level, option, value in _KEEPALIVE:
-        sock.setsockopt(level, option, value)
+_CAUSE_TEXT = {"refused": "the connection was refused", "reset": "the connection was reset",
+               "closed": "the connection ended without an answer",
+               "tls-eof": "the TLS connection ended without an answer",
+               "proxy": "the proxy could not reach the server",
+               "5xx": "answered a server error with Retry-After"}
 
 
 def _error(response: Response) -> ApiError:

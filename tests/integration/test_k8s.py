@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import pytest
 
@@ -388,10 +389,11 @@ def test_unreachable_api_server_is_try_again_later(kube_api, client):
 
 
 def test_server_errors_are_try_again_later(kube_api, client):
-    kube_api.fail_next("GET", pod_path("ghost"), 503)
-    with pytest.raises(TryAgainLater) as info:
-        client.get_pod(NS, "ghost", wait=0)
-    assert "503" in info.value.msg
+    kube_api.fail_next("GET", pod_path("ghost"), 503, times=None)
+    with pytest.raises(TryAgainLater) as info:  # retried until the deadline's end, then this
+        client.get_pod(NS, "ghost", wait=0, deadline=time.monotonic() + 1.0)
+    sent = kube_api.count("GET", pod_path("ghost"))
+    assert sent > 1 and "503" in info.value.msg and f"after {sent} attempts" in info.value.msg
 
 
 def test_forbidden_watch_is_diagnosed(kube_api, make_client):

@@ -100,6 +100,30 @@ def test_the_same_device_name_on_another_node_is_never_used(kube_api, client):
     assert len(kube_api.dra_requests("resourceslices")) == lists + 1  # the miss: one list
 
 
+def test_slice_entries_no_add_uses_are_forgotten_once_stale(kube_api, client):
+    """Pods of other nodes and drivers gone out of use do not pile up over the uptime."""
+    from multusd.kube.dra import SliceCache
+
+    sriov_and_gpu(kube_api)
+    now = [0.0]
+    cache = SliceCache(max_age=60.0, clock=lambda: now[0])
+
+    def lookup(node: str, driver: str) -> None:
+        cache.lookup(client.get_json, client.config, node, driver, "pool-0", "vf-0",
+                     since=now[0], deadline=soon())
+
+    for node in (kube_api.node, "node-b", "node-c"):
+        for driver in (SRIOV, GPU):
+            lookup(node, driver)
+    assert cache.size() == 6 and cache.lists == 6
+    now[0] = 30.0
+    lookup(kube_api.node, SRIOV)  # fresh: served from the cache, nothing forgotten
+    assert cache.size() == 6 and cache.lists == 6
+    now[0] = 61.0
+    lookup(kube_api.node, SRIOV)  # every entry is stale: only the one in use is kept
+    assert cache.size() == 1 and cache.lists == 7
+
+
 def test_slices_a_server_sends_for_another_node_or_driver_are_dropped():
     from multusd.kube.dra import SliceDevice, slice_devices
 
@@ -281,10 +305,11 @@ def test_a_server_error_is_translated_and_retried_by_the_runtime(kube_api, clien
     sriov_and_gpu(kube_api)
     kube_api.add_resource_claim(NS, "c", [("vf", SRIOV, "pool-0", "vf-0")])
     pod = claim_pod(kube_api, "web", "c")
-    kube_api.fail_next("GET", "/apis/resource.k8s.io/v1/resourceslices", 503)
+    kube_api.fail_next("GET", "/apis/resource.k8s.io/v1/resourceslices", 503, times=None)
     from multusd.errors import TryAgainLater
     with pytest.raises(TryAgainLater, match="list the ResourceSlices of driver"):
-        client.pod_dra_devices(pod, deadline=soon())
+        client.pod_dra_devices(pod, deadline=soon(1.0))  # 503 until the deadline's end
+    kube_api.clear_failures()
     # nothing half-cached: the next ADD lists again and finds the device
     assert [d.device for d in client.pod_dra_devices(pod, deadline=soon())] == ["vf-0"]
 

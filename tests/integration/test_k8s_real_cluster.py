@@ -84,9 +84,9 @@ def test_a_failing_nad_api_is_asked_live_and_tried_again_later(kube_api, make_cl
     assert client.wait_synced(10)
     wait_for(lambda: client.nad_problem() is not None, 10, what="the NAD list to fail")
     assert client.nad_problem()[0] == "unavailable"
-    kube_api.fail_next("GET", "/apis/k8s.cni.cncf.io/v1/namespaces", 503, times=1)
-    with pytest.raises(TryAgainLater):
-        client.get_nad(NS, "net1")
+    kube_api.fail_next("GET", "/apis/k8s.cni.cncf.io/v1/namespaces", 503, times=None)
+    with pytest.raises(TryAgainLater):  # 503 to every retry until the deadline's end
+        client.get_nad(NS, "net1", deadline=time.monotonic() + 1.0)
     kube_api.clear_failures()
     assert client.wait_synced(15, nads=True)
 
@@ -347,7 +347,7 @@ class _Proxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - an absolute URI (plain http)
-                proxy.seen.append(("GET", self.path))
+                proxy.seen.append(("GET", self.path, self.headers.get("Host")))
                 request = urllib.request.Request(self.path, headers=dict(self.headers))
                 with urllib.request.urlopen(request, timeout=5) as answer:
                     body = answer.read()
@@ -358,9 +358,9 @@ class _Proxy:
                     self.wfile.write(body)
 
             def do_CONNECT(self):  # noqa: N802 - a tunnel (https)
-                proxy.seen.append(("CONNECT", self.path))
+                proxy.seen.append(("CONNECT", self.path, self.headers.get("Host")))
                 host, port = self.path.rsplit(":", 1)
-                upstream = socket.create_connection((host, int(port)), timeout=5)
+                upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
                 self.send_response(200, "Connection established")
                 self.end_headers()
                 ends = [self.connection, upstream]
@@ -390,9 +390,11 @@ class _Proxy:
         self.thread.join(timeout=5)
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"], ids=["ipv4", "ipv6"])
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https-through-connect"])
-def test_proxy_url_sends_every_request_through_the_proxy(make_kube_api, tmp_path, tls):
-    api = make_kube_api(tls=tls)
+def test_proxy_url_sends_every_request_through_the_proxy(make_kube_api, tmp_path, tls, host):
+    api = make_kube_api(tls=tls, host=host)
+    authority = f"[{host}]:{api.port}" if ":" in host else f"{host}:{api.port}"
     proxy = _Proxy()
     try:
         document = json.loads(open(api.kubeconfig_path).read())
@@ -405,8 +407,8 @@ def test_proxy_url_sends_every_request_through_the_proxy(make_kube_api, tmp_path
             assert client.get_pod(NS, "web", not_found_wait=0) is not None
         finally:
             client.stop()
-        assert proxy.seen == ([("CONNECT", f"127.0.0.1:{api.port}")] if tls else
-                              [("GET", f"{api.url}/api/v1/namespaces/{NS}/pods/web")])
+        assert proxy.seen == ([("CONNECT", authority, authority)] if tls else
+                              [("GET", f"{api.url}/api/v1/namespaces/{NS}/pods/web", authority)])
     finally:
         proxy.stop()
 

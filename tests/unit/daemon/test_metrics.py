@@ -104,6 +104,9 @@ def test_a_fresh_daemon_exposes_every_family_and_nothing_else():
         "# HELP multusd_credential_rotations_total Rotated credentials found and used (token "
         "file, client certificate, plugin).\n"
         "# TYPE multusd_credential_rotations_total counter\n"
+        "# HELP multusd_kube_request_retries_total Requests to the API server sent again after a "
+        "transient failure, by cause (429, 5xx, refused, reset, closed, tls-eof, proxy).\n"
+        "# TYPE multusd_kube_request_retries_total counter\n"
         "# HELP multusd_build_info Always 1; the version label says which multusd runs.\n"
         "# TYPE multusd_build_info gauge\n"
         'multusd_build_info{version="9.9.9"} 1.0\n'
@@ -348,6 +351,18 @@ def test_sources_feed_the_sampled_gauges(tmp_path):
     text = daemon.render()
     assert not re.search(r"^multusd_cached_pods ", text, re.M)
     assert "# TYPE multusd_cached_pods gauge\n" in text
+
+
+def test_api_retries_are_counted_by_cause():
+    retries = {"503": 2, "429": 1}
+    daemon = DaemonMetrics()
+    daemon.set_sources(kube_request_retries=lambda: retries)
+    text = daemon.render()
+    assert sample(text, 'multusd_kube_request_retries_total{cause="503"}') == "2.0"
+    assert sample(text, 'multusd_kube_request_retries_total{cause="429"}') == "1.0"
+    assert_valid_exposition(text)
+    daemon.set_sources(kube_request_retries=lambda: None)  # the client is not built yet
+    assert "\nmultusd_kube_request_retries_total{" not in daemon.render()
 
 
 def test_a_sampled_gauge_without_a_usable_value_has_no_sample():

@@ -1,0 +1,122 @@
+"""Connections to the API server: TCP keep-alive, TLS, an HTTP proxy's CONNECT tunnel, IPv6 literals.
+
+:class:`HTTPConnection` and :class:`HTTPSConnection` are ``http.client`` connections that
+:mod:`multusd.kube.transport` opens, keeps alive and reuses. What they add:
+
+* TCP keep-alive probes (first after 15 s idle, then every 5 s, given up after 3), so a peer
+  that vanished without a word is noticed within about a minute;
+* TLS checked against ``tls-server-name`` (else the server's host, an IP literal included);
+* through an ``http://`` proxy, the CONNECT of an ``https`` server is sent here, not by
+  ``http.client.HTTPConnection.set_tunnel``: up to Python 3.11 that sends
+  ``CONNECT fd00::1:6443 HTTP/1.0`` for an IPv6 server, without brackets and without a Host
+  header, which a proxy reads as host ``fd00::1:6443`` (3.12 changed both); this sends
+  ``CONNECT [fd00::1]:6443 HTTP/1.1`` and ``Host: [fd00::1]:6443`` on every Python;
+* :func:`authority` writes ``host:port`` with an IPv6 literal in brackets, for the Host header,
+  a proxy's absolute URI and the CONNECT line alike;
+* :func:`peer_closed` tells an idle kept-alive connection the server has closed meanwhile
+  (readable while idle: its FIN, RST or TLS close_notify) before a request is sent on it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import select
+import socket
+import ssl
+from typing import Optional
+
+CONNECT_HEAD_LIMIT = 65536
+# TCP keep-alive: first probe after 15 s idle, then every 5 s, given up after 3 unanswered
+_KEEPALIVE = [(socket.IPPROTO_TCP, getattr(socket, name), value)
+              for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+              if hasattr(socket, name)]
+
+
+class TunnelError(OSError):
+    """The proxy refused or failed the CONNECT (its status is in :attr:`status`)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"Tunnel connection failed: {status} {reason}".strip())
+        self.status = status
+
+
+def authority(host: str, port: int) -> str:
+    """``host:port``, an IPv6 literal in brackets (``[fd00::1]:6443``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def keepalive(sock: socket.socket) -> None:
+    """Turn on TCP keep-alive probes (see the module docstring)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for level, option, value in _KEEPALIVE:
+        sock.setsockopt(level, option, value)
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether an idle connection is readable: the server closed or reset it (or sent
+    something unasked, which makes it unusable too)."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    poller = select.poll()  # not select.select: descriptors above 1023
+    try:
+        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
+class HTTPConnection(http.client.HTTPConnection):
+    """A plain connection with TCP keep-alive probes."""
+
+    def connect(self) -> None:
+        super().connect()
+        keepalive(self.sock)
+
+
+class HTTPSConnection(http.client.HTTPConnection):
+    """TLS over a keep-alive TCP connection, through a CONNECT tunnel to ``tunnel_to`` when
+    ``host``/``port`` are a proxy's, the certificate checked against ``server_name``."""
+
+    default_port = http.client.HTTPS_PORT
+
+    def __init__(self, host: str, port: int, *, timeout: float, context: ssl.SSLContext,
+                 server_name: str, tunnel_to: Optional[str] = None,
+                 user_agent: str = "") -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._tls = context
+        self._server_name = server_name
+        self._tunnel_to = tunnel_to
+        self._user_agent = user_agent
+
+    def connect(self) -> None:
+        super().connect()  # TCP (set_tunnel is never called: the CONNECT is ours)
+        keepalive(self.sock)
+        if self._tunnel_to:
+            open_tunnel(self.sock, self._tunnel_to, self._user_agent)
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
+def open_tunnel(sock: socket.socket, target: str, user_agent: str = "") -> None:
+    """Ask the proxy at the other end of ``sock`` for a tunnel to ``target`` (an authority).
+
+    :raises TunnelError: the proxy answered anything but 2xx.
+    :raises http.client.RemoteDisconnected: it closed the connection instead.
+    """
+    head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+    if user_agent:
+        head += f"User-Agent: {user_agent}\r\n"
+    sock.sendall((head + "\r\n").encode("ascii"))
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)  # the proxy sends nothing after its answer until TLS starts
+        if not chunk:
+            raise http.client.RemoteDisconnected("the proxy closed the connection during CONNECT")
+        answer += chunk
+        if len(answer) > CONNECT_HEAD_LIMIT:
+            raise TunnelError(0, "the proxy's answer to CONNECT is too long")
+    status_line = answer.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise TunnelError(0, f"the proxy's answer to CONNECT is not HTTP: {status_line[:80]!r}")
+    if not 200 <= int(parts[1]) < 300:  # any 2xx opens the tunnel (RFC 9110)
+        raise TunnelError(int(parts[1]), parts[2] if len(parts) > 2 else "")
