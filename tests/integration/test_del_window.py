@@ -109,6 +109,8 @@ def assert_unreleased_everywhere(cluster: Cluster, port: int, cid: str, by: str)
     assert failed["state"] == "unreleased" and failed["by"] == by, failed
     assert any(cid in p and "UNRELEASED" in p and "`multusd gc`" in p for p in doc["problems"])
     assert "UNRELEASED" in tool(cluster, "status", as_json=False)[1]
+    assert "DEL:        UNRELEASED: failing since" in tool(cluster, "show", cid, "--no-api",
+                                                           as_json=False)[1]
     code, doctor = tool(cluster, "doctor")
     [check] = [c for c in doctor["checks"] if c["name"] == "unreleased"]
     assert code == 1 and check["status"] == "fail" and cid in " ".join(check["details"])
