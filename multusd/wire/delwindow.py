@@ -161,7 +161,11 @@ def _write(directory: str, name: str, data: bytes, durable: bool = True) -> None
     The daemon writes through :func:`multusd.store.atomic_write`; the shim may import the
     standard library only, so these are the same steps in its own words.
     """
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    for path in (os.path.dirname(directory), directory):  # cniDir, then the marks' own
+        try:
+            os.mkdir(path, 0o700)  # never cniDir's parents: a stale /host/... path stays absent
+        except FileExistsError:
+            pass
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
                  0o600)

@@ -88,6 +88,11 @@ def test_nothing_is_marked_where_no_safe_file_name_or_directory_is(tmp_path):
 def test_an_unwritable_directory_leaves_the_error_as_it_was(tmp_path):
     (tmp_path / "cni").write_text("a file where the directory should be")
     assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x") is None
+    # a cniDir whose parent does not exist (upstream's in-pod /host/... path left in the
+    # config) is not made: the error is reported as before
+    stale = {"cniDir": str(tmp_path / "host" / "var" / "lib" / "cni" / "multus")}
+    assert delwindow.note_failure(stale, ENV, STDIN, "x") is None
+    assert not (tmp_path / "host").exists()
 
 
 def test_the_give_up_line_says_what_happened_and_what_to_do(tmp_path):
