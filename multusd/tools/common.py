@@ -247,8 +247,9 @@ def failed_delete_line(record: Any, now: Optional[float] = None) -> str:
     now = time.time() if now is None else now
     who = f"{record.pod or mark.pod or '?'} {record.container_id}"
     history = (f"its DEL has failed since {unreleased.stamp(mark.first_failure)} "
-               f"({mark.attempts} attempt(s)" + (", multusd not answering the shim"
-                                                  if mark.by == unreleased.BY_SHIM else "")
+               f"({mark.attempts} attempt(s)" + (", recorded by the shim: multusd did not "
+                                                  "record them" if mark.by == unreleased.BY_SHIM
+                                                  else "")
                + f"): {mark.what_failed()}")
     if mark.is_unreleased(now):
         return (f"{who} is UNRELEASED: {history}; DEL answers success since "

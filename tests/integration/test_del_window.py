@@ -215,7 +215,8 @@ def test_a_daemon_that_cannot_start_holds_the_pod_only_for_the_window(cluster):
                       assert_unreleased_everywhere(cluster, port, cid, "shim"), 20,
                       what="the restarted daemon to announce the unreleased sandbox")
     assert failed["attempts"] == 1 + len(answers)
-    assert "multusd not answering the shim" in tool(cluster, "status", as_json=False)[1]
+    assert "recorded by the shim: multusd did not record them" in tool(
+        cluster, "status", as_json=False)[1]
     wait_for(lambda: cluster.events("NetworkNotReleased"), 20, what="the Event")
     assert_released(cluster, port, cid)
 
