@@ -37,12 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "say what to fix when a check fails")
     doctor.add_argument("--rbac", default="", metavar="PATH",
                         help="the RBAC file a fix names (default /usr/share/multusd/rbac.yaml)")
-    gc = commands.add_parser("gc", help="list the sandboxes whose network namespace is gone; "
-                                        "--release runs DEL for them; --forget drops one "
-                                        "sandbox's records")
+    gc = commands.add_parser("gc", help="run DEL again for unreleased sandboxes (their DEL "
+                                        "kept failing past deleteRetryWindow); list the "
+                                        "sandboxes whose network namespace is gone, --release "
+                                        "runs DEL for them; --forget drops one sandbox's records")
     mode = gc.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true",
-                      help="only list them, change nothing (the default)")
+                      help="only list them, change nothing")
     mode.add_argument("--release", action="store_true",
                       help="release them: DEL each from its own records, as the runtime would")
     mode.add_argument("--forget", metavar="CONTAINER_ID", default="",
@@ -108,7 +109,7 @@ def run_tool(args: argparse.Namespace) -> int:
 
     if args.forget:
         return gc.forget(args.config, args.forget, as_json=args.json)
-    return gc.run(args.config, release=args.release, as_json=args.json)
+    return gc.run(args.config, release=args.release, dry_run=args.dry_run, as_json=args.json)
 
 
 def check_config(path: str) -> int:

@@ -31,6 +31,20 @@ def state_directory(tmp_path_factory) -> Iterator[str]:
         os.environ["STATE_DIRECTORY"] = before
 
 
+HOST_MARKS = "/var/lib/cni/multus/.multusd-unreleased"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_cni_dir_untouched() -> Iterator[None]:
+    """A shim whose DEL fails marks the sandbox under the ``cniDir`` of its config, the
+    host's /var/lib/cni/multus when it names none: every test's shim config must name one."""
+    before = os.path.exists(HOST_MARKS)
+    yield
+    assert before or not os.path.exists(HOST_MARKS), (
+        f"a test's shim marked a failed DEL in the host's {HOST_MARKS}: give its shim config "
+        "a \"cniDir\" of the test's own (DaemonProcess.shim_conf() does)")
+
+
 KUBE_FIXTURES = {"kube_api", "make_kube_api"}
 
 

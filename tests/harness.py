@@ -145,6 +145,7 @@ class DaemonProcess:
                 "logLevel": "debug", "logToStderr": True}
         full.update(config)
         full = {key: value for key, value in full.items() if value is not None}  # None: unset
+        self.cni_dir = full.get("cniDir", self.cni_dir)
         self.config = full
         os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
         with open(self.config_path, "w") as handle:
@@ -182,7 +183,9 @@ class DaemonProcess:
         wait_for(healthy, timeout, what="multusd /healthz")
 
     def shim_conf(self, cni_version: str = "0.3.1", **extra: Any) -> dict:
-        return shim_conf(self.socket_dir, cni_version, **extra)
+        """What generate-config writes for this daemon: its socket and its cniDir (where the
+        shim marks a sandbox whose DEL failed)."""
+        return shim_conf(self.socket_dir, cni_version, **{"cniDir": self.cni_dir, **extra})
 
     def log(self) -> str:
         return read_log(self.log_path)

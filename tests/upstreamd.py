@@ -5,6 +5,8 @@ It serves what upstream's ``multus-daemon`` serves and nothing more: ``GET /heal
 Go ``net/http`` 404 (``404 page not found``) for everything else, ``/readyz`` included (that
 endpoint arrived after v4.2). Every request is recorded in :attr:`UpstreamDaemon.requests`
 as ``"METHOD /path"`` (``/cni`` with its CNI_COMMAND), so a test sees how the shim polled.
+With :attr:`UpstreamDaemon.del_error` set, DEL fails as upstream's daemon fails it (400 with
+the CNI error; upstream's own shim logs it and exits 0).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class UpstreamDaemon:
         self.result = result
         self.requests: List[str] = []
         self.bodies: List[Dict[str, Any]] = []
+        self.del_error: Dict[str, Any] | None = None
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         self._server = _Server(self.path, _Handler)
         self._server.daemon = self
@@ -88,5 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.daemon.bodies.append(body)
         if command == "ADD":
             self._send(200, json.dumps({"Result": self.server.daemon.result}).encode())
+        elif command == "DEL" and self.server.daemon.del_error is not None:
+            self._send(400, json.dumps(self.server.daemon.del_error).encode())
         else:
             self._send(200, b"")

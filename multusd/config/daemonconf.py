@@ -3,7 +3,9 @@
 The file is upstream's (``/etc/cni/net.d/multus.d/daemon-config.json``) with every upstream
 key accepted, plus host keys of ours: ``kubeconfig``, ``nodeName``, ``requestTimeout``,
 ``workers``, ``parallelDelegates`` (an opt-in, default false: with true a pod's independent
-secondary networks are attached concurrently), and for device plugins ``kubeletRootDir`` (/var/lib/kubelet) and
+secondary networks are attached concurrently), ``deleteRetryWindow`` (how long a failing DEL
+is reported to the runtime before it is answered success and kept as unreleased), and for
+device plugins ``kubeletRootDir`` (/var/lib/kubelet) and
 ``deviceInfoDir`` (/var/run/k8s.cni.cncf.io/devinfo). ``chrootDir`` is refused: multusd runs on the host and executes plugins directly.
 The whole file is also overlaid on every request's config, as upstream does (F09).
 """
@@ -18,6 +20,7 @@ from typing import Any, Mapping
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
 from multusd.store.record import Record, field
+from multusd.wire.delwindow import DEFAULT_WINDOW
 
 LOG = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ CONFGEN_KEYS = {"multusConfigFile", "multusAutoconfigDir", "multusMasterCNI", "c
 OVERLAY_KEYS = {"confDir", "clusterNetwork", "defaultNetworks", "delegates", "multusNamespace",
                 "systemNamespaces", "retryDeleteOnError", "runtimeConfig", "kubeconfig"}
 HOST_KEYS = {"nodeName", "requestTimeout", "workers", "kubeletRootDir", "deviceInfoDir",
-             "parallelDelegates"}
+             "parallelDelegates", "deleteRetryWindow"}
 KNOWN_KEYS = SERVER_KEYS | CONFGEN_KEYS | OVERLAY_KEYS | HOST_KEYS
 
 
@@ -54,6 +57,7 @@ class DaemonConfig(Record):
     request_timeout: float = 110.0
     workers: int = 16
     parallel_delegates: bool = False
+    delete_retry_window: float = DEFAULT_WINDOW
     warnings: tuple[str, ...] = ()
 
     @property
@@ -99,8 +103,9 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
     if raw.get("retryDeleteOnError") is False:
         warnings.append("retryDeleteOnError: false is not followed: multusd keeps a sandbox's "
                         "records until every delegate's DEL succeeded (what upstream does with "
-                        "true), so a failed DEL is retried instead of leaking; drop a record "
-                        "knowingly with `multusd gc --forget CONTAINER_ID`")
+                        "true), so a failed DEL is retried instead of leaking (by the runtime "
+                        "for deleteRetryWindow, then by `multusd gc`); drop a record knowingly "
+                        "with `multusd gc --forget CONTAINER_ID`")
     values = {
         "socket_dir": problems.absolute_path(raw, "socketDir", "/run/multus/"),
         "log_file": problems.string(raw, "logFile", ""),
@@ -114,6 +119,8 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         "request_timeout": problems.positive(raw, "requestTimeout", 110.0, float),
         "workers": problems.positive(raw, "workers", 16, int),
         "parallel_delegates": problems.boolean(raw, "parallelDelegates", False),
+        "delete_retry_window": problems.positive(raw, "deleteRetryWindow", DEFAULT_WINDOW,
+                                                 float),
     }
     limit = raw.get("connectionLimit")
     if limit is not None:

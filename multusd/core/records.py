@@ -5,7 +5,10 @@ One :class:`SandboxRecord` per container ID found in ``<cniDir>/<containerID>`` 
 network namespace come from the result cache (``cniArgs``, ``netns``), the delegates from the
 scratch cache (the result cache alone when it is gone, as DEL falls back to it). A sandbox is
 *stale* when the namespace its records name no longer exists: nothing can use its addresses,
-and the runtime's DEL was evidently lost (the IP leases leak until it is released).
+and the runtime's DEL was evidently lost (the IP leases leak until it is released). A
+sandbox whose DEL failed carries its :class:`~multusd.core.unreleased.FailedDelete`: still
+reported to the runtime, or past its window and *unreleased* (DEL answered success, the
+records kept for ``multusd gc``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from multusd.cni import cache as result_cache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
-from multusd.core import scratch
+from multusd.core import scratch, unreleased
 from multusd.core.dra import DraDevice
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
@@ -95,6 +98,11 @@ class SandboxRecord(PodIdentity, Record):
     attachments: Tuple[Attachment, ...]
     result_files: Tuple[str, ...]
     mtime: float                       # when the sandbox's oldest record was written
+    failed_delete: Optional[unreleased.FailedDelete] = None  # its DEL failed (see unreleased)
+
+    def is_unreleased(self, now: Optional[float] = None) -> bool:
+        """Its DEL failed past the window: answered success, its records kept for gc."""
+        return self.failed_delete is not None and self.failed_delete.is_unreleased(now)
 
     @property
     def pod(self) -> str:
@@ -162,7 +170,8 @@ def read_sandboxes(cni_dir: str) -> List[SandboxRecord]:
     :raises IOFailure: ``cni_dir`` or its ``results/`` cannot be listed.
     """
     entries = result_cache.list_entries(cni_dir)
-    records = [_read(cni_dir, cid, entries) for cid in container_ids(cni_dir)]
+    marks = unreleased.read_all(cni_dir)
+    records = [_read(cni_dir, cid, entries, marks.get(cid)) for cid in container_ids(cni_dir)]
     return sorted(records, key=lambda r: (r.mtime, r.container_id))
 
 
@@ -170,7 +179,8 @@ def read_sandbox(cni_dir: str, container_id: str) -> Optional[SandboxRecord]:
     """The records of one container ID, or None when nothing is recorded for it."""
     if not is_valid_name(container_id):
         return None
-    record = _read(cni_dir, container_id, result_cache.list_entries(cni_dir))
+    record = _read(cni_dir, container_id, result_cache.list_entries(cni_dir),
+                   unreleased.read(cni_dir, container_id))
     return record if record.scratch_file or record.result_files else None
 
 
@@ -213,7 +223,8 @@ def redact(value: Any) -> Any:
 # --- internals -----------------------------------------------------------------------------
 
 
-def _read(cni_dir: str, container_id: str, all_entries: List[dict]) -> SandboxRecord:
+def _read(cni_dir: str, container_id: str, all_entries: List[dict],
+          failed_delete: Optional[unreleased.FailedDelete] = None) -> SandboxRecord:
     entries = [e for e in all_entries if e.get("containerId") == container_id]
     path = os.path.join(cni_dir, container_id)
     data, error = _scratch_bytes(path)
@@ -255,7 +266,8 @@ def _read(cni_dir: str, container_id: str, all_entries: List[dict]) -> SandboxRe
     return SandboxRecord(container_id=container_id, scratch_file=path if has_scratch else "",
                          scratch_error=error, netns=netns, cni_args=cni_args,
                          attachments=tuple(attachments), result_files=result_files,
-                         mtime=min((t for t in times if t), default=0.0))
+                         mtime=min((t for t in times if t), default=0.0),
+                         failed_delete=failed_delete)
 
 
 def _scratch_bytes(path: str) -> Tuple[Optional[bytes], str]:

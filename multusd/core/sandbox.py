@@ -16,7 +16,10 @@ written through k8s.py. The rules it keeps (architecture.md):
   rollback could not release keeps the scratch cache, so that the runtime's DEL finishes;
 * DEL is idempotent and best-effort complete: gone pod, NAD, netns or cache do not stop
   it; a missing or corrupt scratch cache falls back to libcni's result cache;
-* a delegate's DEL error is returned, so that the runtime retries instead of leaking;
+* a delegate's DEL error is returned, so that the runtime retries instead of leaking, for
+  the sandbox's ``deleteRetryWindow`` (:mod:`multusd.core.unreleased`); after it, DEL answers
+  success so that the pod can terminate, and the sandbox's records stay, marked unreleased,
+  for ``multusd gc``; a DEL that succeeds drops the mark;
 * a container that is not a pod (no K8S_POD_NAMESPACE: podman, nerdctl) gets the daemon's
   own networks (``clusterNetwork`` + ``defaultNetworks``, or ``delegates``), never a pod lookup.
 """
@@ -35,7 +38,7 @@ from multusd.core.defaultroute import DefaultRoutes
 from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
 from multusd.node.netns import PodNetns
-from multusd.core import dra, netstatus, parallel, runtimeconf, scratch
+from multusd.core import dra, netstatus, parallel, runtimeconf, scratch, unreleased
 from multusd import store
 from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
@@ -297,14 +300,21 @@ class Multus:
         engine = self.engine(conf)
         # best-effort complete: a failed delegate does not stop the others
         failures = self._delete_all(engine, req, delegates, deadline)
-        errors = [f"{delegate.name} ({delegate.ifname}): {_as_cni_error(exc, log).msg}"
-                  for delegate, exc in failures]
-        if errors:
-            # kept until every delegate's DEL succeeds: upstream's retryDeleteOnError, always
-            raise MultusError(f"{pod_prefix(req)}: DEL failed "
-                              f"for {len(errors)} network(s), the runtime will retry: "
-                              + " / ".join(errors) + missing_plugin_hint(req, failures))
+        if failures:
+            # kept until every delegate's DEL succeeds (upstream's retryDeleteOnError, always);
+            # the error reaches the runtime for the sandbox's window, then DEL answers success
+            found = [unreleased.Failure(network=delegate.name, ifname=delegate.ifname,
+                                        error=_as_cni_error(exc, log).msg)
+                     for delegate, exc in failures]
+            unreleased.report(cni_dir(conf), req, found, f"{pod_prefix(req)}: DEL failed for "
+                              f"{len(found)} network(s), the runtime will retry: "
+                              + " / ".join(f"{f.network} ({f.ifname}): {f.error}" for f in found)
+                              + missing_plugin_hint(req, failures),
+                              window=self.config.delete_retry_window, kube=self.kube, log=log)
+            return
         store.remove(path)
+        if unreleased.clear(cni_dir(conf), req.container_id):
+            log.info("DEL: the sandbox's earlier DEL failures are over")
         log.info("DEL: %d network(s) released", len(delegates))
 
     def forget(self, req: CmdArgs, deadline: float, log) -> list[tuple[Any, str]]:
@@ -325,6 +335,7 @@ class Multus:
                 result_cache.delete(cni_dir(conf), str(entry["networkName"]), req.container_id,
                                     str(entry["ifName"]))
         store.remove(path)
+        unreleased.clear(cni_dir(conf), req.container_id)
         outcome = [(d, failed.get(id(d), "")) for d in delegates]
         for delegate, why in outcome:
             if why:

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from multusd import __version__
 from multusd.core import request as cmdargs
-from multusd.daemon import metrics, systemd
+from multusd.daemon import delretry, metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.hotplug import handle_delegate
 from multusd.core.sandbox import Multus
@@ -113,6 +113,7 @@ class Daemon:
         self.server: Server | None = None
         self.metrics: metrics.DaemonMetrics | metrics.NullMetrics = metrics.NullMetrics()
         self.metrics_server = None
+        self.retrier: delretry.DelRetrier | None = None
         self._owns_socket = False
         self._stopping = threading.Event()
         self._started = time.time()
@@ -139,6 +140,8 @@ class Daemon:
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}")
         if self.kube is not None:
             self.kube.start_building()
+        self.retrier = delretry.DelRetrier(
+            self.config, self.multus, delretry.through_socket(listener.getsockname())).start()
         try:
             self.server.serve_forever()
             self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
@@ -200,6 +203,8 @@ class Daemon:
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:
+        if self.retrier is not None:
+            self.retrier.stop()
         if self.metrics_server is not None:
             self.metrics_server.close()
         if self.kube is not None:

@@ -10,6 +10,7 @@ Series (see :class:`DaemonMetrics`)::
     multusd_cached_pods / multusd_cached_nads        gauges, read from the watch caches
     multusd_scratch_cache_entries                    gauge, files in cniDir
     multusd_stale_sandboxes                          gauge, sandboxes whose netns is gone
+    multusd_unreleased_sandboxes                     gauge, DEL answered success after failing
     multusd_pod_cache_misses_total / multusd_watch_relists_total  counters, from the caches
     multusd_watch_idle_restarts_total                counter, silent watches resumed anew
     multusd_nad_api_unavailable                      gauge, 1 while the NAD watch fails
@@ -80,6 +81,9 @@ _SAMPLED = (
      "gauge"),
     ("multusd_stale_sandboxes", "Sandboxes whose network namespace is gone (multusd gc).",
      "gauge"),
+    ("multusd_unreleased_sandboxes", "Sandboxes whose DEL kept failing past deleteRetryWindow: "
+     "answered success, their records kept for multusd gc (multusd status lists them).",
+     "gauge"),
     ("multusd_pod_cache_misses_total",
      "Pod lookups the watch cache could not answer (one live GET each).", "counter"),
     ("multusd_node_name_mismatch", "1 when this node's pods are scheduled on another node name "
@@ -120,6 +124,12 @@ def count_scratch_entries(cni_dir: str) -> Optional[int]:
 
 def _stale_counter(cni_dir: str) -> Callable[[], Optional[int]]:
     return lambda: count_stale_sandboxes(cni_dir)
+
+
+def _unreleased_counter(cni_dir: str) -> Callable[[], Optional[int]]:
+    from multusd.core.unreleased import count_unreleased  # only when metrics are on
+
+    return lambda: count_unreleased(cni_dir)
 
 
 def handler_label(path: str) -> str:
@@ -293,6 +303,8 @@ class DaemonMetrics:
             None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))
         self.sampled.set_function("multusd_stale_sandboxes",
                                   None if cni_dir is None else _stale_counter(cni_dir))
+        self.sampled.set_function("multusd_unreleased_sandboxes",
+                                  None if cni_dir is None else _unreleased_counter(cni_dir))
 
     def observe_plugin(self, plugin_type: str, command: str, seconds: float,
                        outcome: str = "ok") -> None:

@@ -210,7 +210,9 @@ def record_json(record: Any, *, with_conf: bool = False) -> Dict[str, Any]:
                                                     "uid": record.pod_uid},
         "netns": record.netns, "netnsState": record.netns_state(),
         "recordedAt": record.mtime, "scratchFile": record.scratch_file,
-        "scratchError": record.scratch_error, "files": record.files, "attachments": []}
+        "scratchError": record.scratch_error, "files": record.files,
+        "failedDelete": _failed_delete_json(record.failed_delete),
+        "attachments": []}
     for attachment in record.attachments:
         item: Dict[str, Any] = {
             "network": attachment.network, "netName": attachment.net_name,
@@ -226,6 +228,36 @@ def record_json(record: Any, *, with_conf: bool = False) -> Dict[str, Any]:
             item["result"] = attachment.result
         doc["attachments"].append(item)
     return doc
+
+
+def _failed_delete_json(mark: Any) -> Optional[Dict[str, Any]]:
+    """A sandbox's failed DEL (:class:`~multusd.core.unreleased.FailedDelete`) as JSON."""
+    if mark is None:
+        return None
+    doc = mark.to_json(time.time())
+    doc.pop("request", None)  # the runtime's DEL, kept to run it again: not for reading
+    return doc
+
+
+def failed_delete_line(record: Any, now: Optional[float] = None) -> str:
+    """One sentence on a sandbox whose DEL failed: since when, how often, until when, what."""
+    from multusd.core import unreleased
+
+    mark = record.failed_delete
+    now = time.time() if now is None else now
+    who = f"{record.pod or mark.pod or '?'} {record.container_id}"
+    history = (f"its DEL has failed since {unreleased.stamp(mark.first_failure)} "
+               f"({mark.attempts} attempt(s)" + (", recorded by the shim: multusd did not "
+                                                  "record them" if mark.by == unreleased.BY_SHIM
+                                                  else "")
+               + f"): {mark.what_failed()}")
+    if mark.is_unreleased(now):
+        return (f"{who} is UNRELEASED: {history}; DEL answers success since "
+                f"{unreleased.stamp(mark.until)} so that the pod could terminate; fix the cause, "
+                f"then `multusd gc` releases it (`multusd gc --forget {record.container_id}` "
+                "drops its records instead)")
+    return (f"{who}: {history}; reported to the runtime, which retries, until "
+            f"{unreleased.stamp(mark.until)}")
 
 
 def _redacted_conf(conf: bytes, records: Any) -> Any:

@@ -52,7 +52,7 @@ class Doctor:
                       self.check_api, self.check_permissions, self.check_nad_api,
                       self.check_node, self.check_dra,
                       self.check_plugins, self.check_multus_conf, self.check_readiness,
-                      self.check_stale):
+                      self.check_stale, self.check_unreleased):
             self._add(check)
         return self.checks
 
@@ -356,7 +356,8 @@ class Doctor:
     def check_stale(self) -> Check:
         from multusd.core import records
 
-        stale = records.stale_sandboxes(records.cni_dir_of(self.config.raw))
+        stale = [r for r in records.stale_sandboxes(records.cni_dir_of(self.config.raw))
+                 if r.failed_delete is None]  # those are check_unreleased's
         if not stale:
             return Check("stale", OK, "no sandbox outlived its network namespace")
         details = [f"{r.pod or '?'} {r.container_id}: netns {r.netns} is gone; "
@@ -365,6 +366,27 @@ class Doctor:
         return Check("stale", FAIL, f"{len(stale)} sandbox(es) whose network namespace is gone "
                      "still hold their addresses (the runtime's DEL was lost)",
                      "`multusd gc` lists them, `multusd gc --release` releases them", details)
+
+    def check_unreleased(self) -> Check:
+        """Sandboxes whose DEL failed: past deleteRetryWindow (unreleased), or still failing."""
+        from multusd.core import records
+
+        now = time.time()
+        failed = [r for r in records.read_sandboxes(records.cni_dir_of(self.config.raw))
+                  if r.failed_delete is not None]
+        details = [common.failed_delete_line(r, now) for r in failed]
+        gone = [r for r in failed if r.is_unreleased(now)]
+        if gone:
+            return Check("unreleased", FAIL, f"{len(gone)} sandbox(es) could not be released: "
+                         "their DEL kept failing past deleteRetryWindow and was answered "
+                         "success so that their pods could terminate; what they hold "
+                         "(addresses, interfaces) is still recorded",
+                         "fix what each failure names (a plugin installed again, its daemon "
+                         "running), then `multusd gc` releases them", details)
+        if failed:
+            return Check("unreleased", WARN, f"{len(failed)} sandbox(es) whose DEL is failing "
+                         "(the runtime retries it)", "fix what each failure names", details)
+        return Check("unreleased", OK, "no sandbox has a failing or unreleased DEL")
 
     # -- helpers ------------------------------------------------------------------------------
     def _recorded_pods_elsewhere(self) -> List[str]:

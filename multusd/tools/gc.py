@@ -1,10 +1,15 @@
-"""``multusd gc [--release | --forget ID]``: list or release stale sandboxes, or drop one's records.
+"""``multusd gc [--dry-run | --release | --forget ID]``: retry unreleased sandboxes, list or
+release stale ones, or drop one sandbox's records.
 
-Releasing is a CNI DEL for each sandbox whose netns is gone, from the sandbox's own records,
-exactly as the runtime would send it: through the daemon's socket when it answers (so its
-per-sandbox lock holds), else by the daemon's own DEL path
-(:meth:`multusd.core.sandbox.Multus.delete`) in this process. A sandbox whose network
-namespace exists, or cannot be told, is never touched.
+Unreleased sandboxes (:mod:`multusd.core.unreleased`: their DEL kept failing past
+``deleteRetryWindow`` and was answered success, their records kept) get their DEL again on
+every run but ``--dry-run``: the runtime asked for it already, so running it is never a
+surprise; the runtime's own request is run again as it was sent. Stale sandboxes (their
+netns is gone, no DEL failed) are listed, and released with ``--release`` by a DEL built from
+the sandbox's own records, exactly as the runtime would send it. Either goes through the
+daemon's socket when it answers (so its per-sandbox lock holds), else by the daemon's own
+DEL path (:meth:`multusd.core.sandbox.Multus.delete`) in this process. A stale sandbox whose
+network namespace exists, or cannot be told, is never touched.
 
 ``--forget CONTAINER_ID`` is for the one sandbox whose DEL cannot succeed (a plugin binary
 that is gone for good keeps the runtime's DEL failing, and the pod Terminating): every
@@ -14,7 +19,6 @@ failed delegate set up is reported and left as it is. It runs only when asked, b
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -22,35 +26,37 @@ from typing import Any, Dict, List, Tuple
 
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
-from multusd.core import records
+from multusd.core import records, unreleased
 from multusd.tools import common
 
 LOG = logging.getLogger("multusd.gc")
 
 
-def run(config_path: str, *, release: bool = False, as_json: bool = False) -> int:
+def run(config_path: str, *, release: bool = False, dry_run: bool = False,
+        as_json: bool = False) -> int:
     try:
         config = common.load_config(config_path)
-        stale = [r for r in common.load_records(config) if r.netns_state() == records.GONE]
+        sandboxes = common.load_records(config)
     except common.ToolError as exc:
         print(f"multusd gc: {exc}", file=sys.stderr)
         return exc.code
-    outcomes: List[Dict[str, Any]] = []
+    now = time.time()
+    left = [r for r in sandboxes if r.is_unreleased(now)]
+    stale = [r for r in sandboxes if r.netns_state() == records.GONE and not r.is_unreleased(now)]
     via = ""
-    if release and stale:
+    if (left and not dry_run) or (release and stale):
         via = "daemon" if common.healthz(config.socket_path)[0] else "in-process"
-        for record in stale:
-            outcomes.append(release_one(config, record, via))
-    docs = []
-    for index, record in enumerate(stale):
-        doc = common.record_json(record)
-        doc["released"] = outcomes[index]["released"] if outcomes else False
-        if outcomes and outcomes[index]["error"]:
-            doc["error"] = outcomes[index]["error"]
-        docs.append(doc)
-    failed = [d for d in docs if release and not d["released"]]
-    summary = {"dryRun": not release, "via": via, "stale": docs,
-               "released": sum(1 for d in docs if d["released"]), "failed": len(failed)}
+    if not dry_run:
+        unreleased.prune(records.cni_dir_of(config.raw))
+    retried = [retry_one(config, r, via) for r in left] if not dry_run else []
+    outcomes = [release_one(config, r, via) for r in stale] if release else []
+    unreleased_docs = _docs(left, retried)
+    docs = _docs(stale, outcomes)
+    failed = [d for d in docs if release and not d["released"]] + \
+        [d for d in unreleased_docs if not d["released"]]
+    summary = {"dryRun": not release, "via": via, "stale": docs, "unreleased": unreleased_docs,
+               "released": sum(1 for d in docs + unreleased_docs if d["released"]),
+               "failed": len(failed)}
     if as_json:
         common.emit_json(summary)
     else:
@@ -98,11 +104,42 @@ def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int
     return common.EXIT_OK if left is None else common.EXIT_PROBLEM
 
 
+def _docs(sandboxes: List[records.SandboxRecord],
+          outcomes: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    docs = []
+    for index, record in enumerate(sandboxes):
+        doc = common.record_json(record)
+        doc["released"] = outcomes[index]["released"] if outcomes else False
+        if outcomes and outcomes[index]["error"]:
+            doc["error"] = outcomes[index]["error"]
+        docs.append(doc)
+    return docs
+
+
 def render(summary: Dict[str, Any]) -> str:
+    lines = []
+    for doc in summary["unreleased"]:
+        pod = f"{doc['pod']['namespace']}/{doc['pod']['name']}" if doc["pod"]["name"] else "?"
+        failed = doc["failedDelete"]
+        if doc["released"]:
+            lines.append(f"released: {pod} {doc['containerId']} (unreleased since "
+                         f"{_stamp(failed['until'])})")
+        else:
+            lines.append(f"{'NOT released' if doc.get('error') else 'unreleased'}: {pod} "
+                         f"{doc['containerId']}, DEL failing since "
+                         f"{_stamp(failed['firstFailure'])} ({failed['attempts']} attempt(s)): "
+                         f"{doc.get('error') or _what_failed(failed)}")
+    if summary["unreleased"]:
+        done = sum(1 for d in summary["unreleased"] if d["released"])
+        lines.append(f"released {done} of {len(summary['unreleased'])} unreleased sandbox(es)"
+                     + (f" ({summary['via']})" if summary["via"] else " (dry run)")
+                     + ("; the rest stay recorded: fix what failed and run `multusd gc` again "
+                        "(or drop one with `multusd gc --forget CONTAINER_ID`)"
+                        if done < len(summary["unreleased"]) else ""))
     stale = summary["stale"]
     if not stale:
-        return "no stale sandboxes: every recorded sandbox's network namespace exists"
-    lines = []
+        lines.append("no stale sandboxes: every recorded sandbox's network namespace exists")
+        return "\n".join(lines)
     for doc in stale:
         pod = f"{doc['pod']['namespace']}/{doc['pod']['name']}" if doc["pod"]["name"] else "?"
         nets = ", ".join(f"{a['interface']}={a['network']}({','.join(a['ips']) or '-'})"
@@ -117,11 +154,49 @@ def render(summary: Dict[str, Any]) -> str:
         lines.append(f"{len(stale)} stale sandbox(es); nothing was changed (dry run). "
                      "Release them with: multusd gc --release")
     else:
-        lines.append(f"released {summary['released']} of {len(stale)} stale sandbox(es) "
-                     f"({summary['via']})" + (f"; {summary['failed']} failed: they stay recorded,"
-                                              " fix the cause and run it again"
-                                              if summary["failed"] else ""))
+        done = sum(1 for d in stale if d["released"])
+        lines.append(f"released {done} of {len(stale)} stale sandbox(es) ({summary['via']})"
+                     + (f"; {len(stale) - done} failed: they stay recorded, fix the cause and "
+                        "run it again" if done < len(stale) else ""))
     return "\n".join(lines)
+
+
+def _stamp(epoch: float) -> str:
+    return unreleased.stamp(epoch)
+
+
+def _what_failed(failed: Dict[str, Any]) -> str:
+    if failed.get("failures"):
+        return " / ".join(f"{f['interface']} ({f['network']}): {f['error']}"
+                          for f in failed["failures"])
+    return str(failed.get("error") or "")
+
+
+def retry_one(config, record: records.SandboxRecord, via: str) -> Dict[str, Any]:
+    """The DEL of one unreleased sandbox once more (the runtime's request, as it sent it);
+    ``{"released": bool, "error": str}``.
+
+    The daemon answers such a DEL with success whatever its delegates did (the window is
+    over), so whether it released the sandbox is read from its records afterwards.
+    """
+    mark = record.failed_delete
+    env = dict(mark.request_env, CNI_COMMAND="DEL") if mark is not None else {}
+    conf = str((mark.request or {}).get("config") or "").encode() if mark is not None else b""
+    if not env.get("CNI_CONTAINERID") or not conf:
+        env, conf = del_request(config, record)  # a mark without the request: from records
+    try:
+        error = _via_daemon(config, env, conf) if via == "daemon" else _in_process(
+            config, env, conf)
+    except Exception as exc:  # noqa: BLE001 - one sandbox's failure must not stop the rest
+        error = f"{type(exc).__name__}: {exc}"
+    cni_dir = records.cni_dir_of(config.raw)
+    if records.read_sandbox(cni_dir, record.container_id) is None:
+        return {"released": True, "error": ""}
+    if not error:
+        again = unreleased.read(cni_dir, record.container_id)
+        error = ("DEL failed again: " + again.what_failed() if again is not None else
+                 "DEL succeeded but records remain")
+    return {"released": False, "error": error}
 
 
 def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], bytes]:
@@ -162,15 +237,8 @@ def release_one(config, record: records.SandboxRecord, via: str) -> Dict[str, An
 def _via_daemon(config, env: Dict[str, str], conf: bytes) -> str:
     from multusd.wire import api
 
-    response = api.http_request(config.socket_path, "POST", api.CNI_ENDPOINT,
-                                api.encode_request(env, conf),
-                                timeout=config.request_timeout + 10)
-    if response.status == 200:
-        return ""
-    try:
-        return str(json.loads(response.body).get("msg") or response.status)
-    except (ValueError, AttributeError):
-        return f"HTTP {response.status} from the daemon"
+    return api.post_failure(config.socket_path, api.CNI_ENDPOINT, api.encode_request(env, conf),
+                            timeout=config.request_timeout + 10)
 
 
 def _in_process(config, env: Dict[str, str], conf: bytes) -> str:

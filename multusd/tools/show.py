@@ -129,6 +129,12 @@ def _key(name: Any, interface: Any) -> Tuple[str, str]:
     return str(name or ""), str(interface or "")
 
 
+def _stamp(epoch: float) -> str:
+    from multusd.core.unreleased import stamp
+
+    return stamp(epoch)
+
+
 def render(doc: Dict[str, Any]) -> str:
     pod = doc["pod"]
     lines = [f"pod:        {pod['namespace']}/{pod['name']} (uid {pod['uid'] or '?'})"
@@ -139,6 +145,17 @@ def render(doc: Dict[str, Any]) -> str:
              "files:      " + ("\n            ".join(doc["files"]) or "-")]
     if doc["scratchError"]:
         lines.append(f"problem:    {doc['scratchError']}")
+    failed = doc.get("failedDelete")
+    if failed:
+        what = " / ".join(f"{f['interface']} ({f['network']}): {f['error']}"
+                          for f in failed["failures"]) or failed["error"]
+        since = f"failing since {_stamp(failed['firstFailure'])}, {failed['attempts']} attempt(s)"
+        if failed["state"] == "unreleased":
+            lines.append(f"DEL:        UNRELEASED: {since}, answered success since "
+                         f"{_stamp(failed['until'])} (`multusd gc` retries it): {what}")
+        else:
+            lines.append(f"DEL:        {since}, reported to the runtime until "
+                         f"{_stamp(failed['until'])}: {what}")
     for a in doc["attachments"]:
         lines.append("")
         lines.append(f"{a['interface']}: network {a['network']}"

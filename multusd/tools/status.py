@@ -65,8 +65,14 @@ def render(doc: Dict[str, Any]) -> str:
                  + (f" ({conf['detail']})" if conf["detail"] else ""))
     sandboxes = doc["sandboxes"]
     stale = sum(1 for s in sandboxes if s["netnsState"] == "gone")
+    failed = [s["failedDelete"]["state"] for s in sandboxes if s.get("failedDelete")]
     lines.append(f"sandboxes:  {len(sandboxes)}" + (f", {stale} stale (netns gone: "
-                                                     "`multusd gc` lists them)" if stale else ""))
+                                                     "`multusd gc` lists them)" if stale else "")
+                 + (f", {failed.count('unreleased')} unreleased (DEL failed past "
+                    "deleteRetryWindow: `multusd gc` retries them)"
+                    if "unreleased" in failed else "")
+                 + (f", {failed.count('reporting')} with a failing DEL"
+                    if "reporting" in failed else ""))
     if sandboxes:
         rows = [[s["pod"]["namespace"] + "/" + s["pod"]["name"] if s["pod"]["name"] else "?",
                  common.short(s["containerId"]), _interfaces(s),
@@ -87,7 +93,11 @@ def _interfaces(sandbox: Dict[str, Any]) -> str:
 
 
 def _netns(sandbox: Dict[str, Any]) -> str:
-    return {"present": "ok", "gone": "GONE (stale)", "unknown": "?"}[sandbox["netnsState"]]
+    state = {"present": "ok", "gone": "GONE (stale)", "unknown": "?"}[sandbox["netnsState"]]
+    failed = sandbox.get("failedDelete")
+    if failed:
+        state += ", UNRELEASED" if failed["state"] == "unreleased" else ", DEL FAILING"
+    return state
 
 
 def _duration(seconds: float) -> str:
@@ -170,4 +180,6 @@ def _problems(config, daemon: Dict[str, Any], multus_conf: Dict[str, Any],
     for record in sandboxes:
         if record.scratch_error:
             problems.append(f"sandbox {record.container_id}: {record.scratch_error}")
+        if record.failed_delete is not None:
+            problems.append(f"sandbox {common.failed_delete_line(record)}")
     return problems

@@ -74,6 +74,20 @@ def http_request(sock_path: str, method: str, path: str, body: bytes = b"",
         conn.close()
 
 
+def post_failure(sock_path: str, endpoint: str, body: bytes, timeout: float) -> str:
+    """POST one request to the daemon: "" when it succeeded, else why not (its CNI error's
+    msg, or the HTTP status); raises OSError when the daemon is unreachable."""
+    response = http_request(sock_path, "POST", endpoint, body, timeout=timeout)
+    if response.status == 200:
+        return ""
+    try:
+        answer = quickjson.loads(response.body)
+    except ValueError:
+        answer = None
+    msg = answer.get("msg") if isinstance(answer, dict) else None
+    return str(msg or f"HTTP {response.status} from the daemon")
+
+
 def _read_response(conn: _socket.socket) -> HTTPResponse:
     data = b""
     while b"\r\n\r\n" not in data:

@@ -7,7 +7,10 @@ config, answers VERSION itself, and POSTs everything else to ``/cni`` on the dae
 ``/readyz``; DEL only probes ``/healthz`` so that clean-up proceeds while the daemon drains,
 and so does STATUS, whose job is to say "not ready" at once.
 Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
-leaking addresses; a DEL of something already gone succeeds in the daemon.
+leaking addresses, but only for a bounded window (:mod:`multusd.wire.delwindow`): after it
+the shim answers success, so that the pod can terminate, and the sandbox stays recorded as
+unreleased for multusd to show and release. A DEL of something already gone succeeds in the
+daemon.
 """
 
 import sys
@@ -29,6 +32,7 @@ class ShimConfig:
     """The few keys of the runtime's config that the shim itself reads."""
 
     def __init__(self, conf: dict) -> None:
+        self.raw = conf  # the rest is read only on a failure path (cniDir, for a failed DEL)
         self.cni_version = _setting(conf, "cniVersion", str)
         self.socket_dir = _path_setting(conf, "daemonSocketDir") or api.DEFAULT_SOCKET_DIR
         self.log_file = _path_setting(conf, "logFile")
@@ -48,6 +52,18 @@ class ShimConfig:
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} [{level}] {message}\n"
         if self.log_to_stderr:
             sys.stderr.write(line)
+        if self.log_file:
+            try:
+                with open(self.log_file, "a", encoding="utf-8") as handle:
+                    handle.write(line)
+            except OSError:
+                pass
+
+    def warn(self, message: str) -> None:
+        """A line the operator must see whatever the logging keys say: stderr (the runtime
+        logs a plugin's stderr), logFile if set, and the journal."""
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} [warning] multus-shim: {message}\n"
+        sys.stderr.write(line)
         if self.log_file:
             try:
                 with open(self.log_file, "a", encoding="utf-8") as handle:
@@ -234,7 +250,22 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
                                      f"{exc!s:.500}")
         elif conf is not None:
             conf.log("error", f"{command} (shim): {exc.msg}")
+        if command == "DEL" and conf is not None and del_window_passed(conf, env, stdin, exc.msg):
+            return 0, None
         return 1, exc.to_cni_error(config_version or errors.DEFAULT_CNI_VERSION)
+
+
+def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, error: str) -> bool:
+    """Mark the sandbox whose DEL failed; True once its window is over (answer success)."""
+    from multusd.wire import delwindow
+
+    mark = delwindow.note_failure(conf.raw, env, stdin, error)
+    if mark is None or not delwindow.expired(mark):
+        return False
+    message = delwindow.give_up_message(mark)
+    conf.warn(message)
+    delwindow.to_syslog(message)
+    return True
 
 
 def version_info(stdin: bytes) -> dict:

@@ -479,7 +479,8 @@ def test_del_with_an_empty_container_id_succeeds_and_touches_nothing(sandbox):
 def test_shim_logs_errors_to_its_log_file(tmp_path):
     log_file = tmp_path / "shim.log"
     out = call_shim("DEL", {"cniVersion": "0.4.0", "daemonSocketDir": str(tmp_path / "none"),
-                            "logFile": str(log_file), "logLevel": "error"},
+                            "cniDir": str(tmp_path / "cni"), "logFile": str(log_file),
+                            "logLevel": "error"},
                     container_id="c1", netns="/var/run/netns/none")
     assert out.code == 1 and out.output["code"] == 11  # the runtime retries the DEL
     assert "[error] DEL (shim): multusd is not reachable" in log_file.read_text()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from harness import call_shim, shim_conf
+from testlib import wait_for
 from upstreamd import UpstreamDaemon
 
 RESULT = {"cniVersion": "1.0.0",
@@ -51,3 +55,27 @@ def test_add_converts_the_result_to_the_runtime_config_version(upstream):
     assert add.code == 0, add.output
     assert add.output["cniVersion"] == "0.4.0"
     assert add.output["ips"][0]["address"] == "10.128.0.5/23"
+
+
+def test_a_del_upstreams_daemon_keeps_failing_is_reported_only_for_the_window(upstream,
+                                                                           tmp_path):
+    from multusd.core import unreleased
+
+    cni_dir = str(tmp_path / "cni")
+    unreleased.publish_window(cni_dir, 2, default=300)  # a multusd ran here before
+    conf = shim_conf(upstream.socket_dir, "1.0.0", cniDir=cni_dir)
+    args = {"container_id": "c0ffee", "netns": "/run/netns/x", "pod": ("default", "web")}
+    upstream.del_error = {"code": 7, "msg": "no IP ranges specified"}
+    answers = [call_shim("DEL", conf, **args)]
+    assert answers[0].code == 1 and answers[0].output["msg"] == "no IP ranges specified"
+
+    wait_for(lambda: answers.append(call_shim("DEL", conf, **args)) or answers[-1].code == 0,
+             60, interval=0.2, what="DEL answered success")
+
+    assert all(a.code == 1 for a in answers[:-1])
+    assert "has passed, so DEL answers success" in answers[-1].stderr
+    with open(os.path.join(cni_dir, ".multusd-unreleased", "c0ffee")) as handle:
+        mark = json.load(handle)
+    assert mark["by"] == "shim" and mark["attempts"] == len(answers)
+    assert mark["until"] == mark["firstFailure"] + 2
+    assert upstream.requests.count("POST /cni DEL") == len(answers)  # the wire as it was

@@ -97,7 +97,8 @@ def test_the_shim_names_the_exact_fix_when_the_socket_file_is_gone(config):
     from harness import call_shim
 
     directory = os.path.dirname(sock_path(config))
-    conf = {"cniVersion": "0.4.0", "daemonSocketDir": directory}
+    conf = {"cniVersion": "0.4.0", "daemonSocketDir": directory,
+            "cniDir": os.path.join(os.path.dirname(directory), "cni")}  # the shim's marks
     gone = call_shim("DEL", conf, container_id="c1", netns="")
     assert gone.code == 1 and gone.output["code"] == 11  # the runtime retries
     assert "the socket file is gone" in gone.output["msg"]

@@ -75,3 +75,15 @@ def test_retry_delete_on_error_false_is_a_warning_saying_what_multusd_does():
     assert from_dict({"retryDeleteOnError": True}).warnings == ()
     assert from_dict({}).warnings == ()
 
+
+
+def test_delete_retry_window_is_seconds_five_minutes_by_default():
+    assert config.from_dict({}).delete_retry_window == 300.0
+    assert config.from_dict({"deleteRetryWindow": 90}).delete_retry_window == 90.0
+    assert config.from_dict({"deleteRetryWindow": 0.5}).delete_retry_window == 0.5
+    assert config.from_dict({"deleteRetryWindow": 90}).warnings == ()  # a key of ours
+    for bad in (0, -5, "5m", True):
+        with pytest.raises(ConfigError) as info:
+            config.from_dict({"deleteRetryWindow": bad})
+        assert info.value.problems[0].path == "deleteRetryWindow"
+        assert "must be a number greater than 0" in info.value.msg

@@ -1,0 +1,106 @@
+"""multusd.wire.delwindow: the shim's marks of a sandbox whose DEL failed, and its window."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from multusd.wire import delwindow
+
+ENV = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c0ffee", "CNI_NETNS": "/run/netns/x",
+       "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b",
+       "PATH": "/usr/bin", "HOME": "/root"}
+STDIN = b'{"cniVersion":"0.4.0","name":"multus-cni-network","type":"multus-shim"}'
+
+
+def conf(tmp_path) -> dict:
+    return {"cniVersion": "0.4.0", "cniDir": str(tmp_path / "cni")}
+
+
+def mark_file(tmp_path, cid: str = "c0ffee") -> str:
+    return str(tmp_path / "cni" / delwindow.MARK_DIR / cid)
+
+
+def test_the_first_failure_starts_the_default_window_in_a_root_only_mark(tmp_path):
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "not reachable", now=1000.0)
+
+    assert mark["until"] == 1000.0 + delwindow.DEFAULT_WINDOW == 1300.0
+    assert (mark["by"], mark["attempts"], mark["error"]) == ("shim", 1, "not reachable")
+    # the runtime's request, to run it again: CNI_* only, never the rest of its environment
+    assert mark["request"] == {"env": {k: v for k, v in ENV.items() if k.startswith("CNI_")},
+                               "config": STDIN.decode()}
+    with open(mark_file(tmp_path)) as handle:
+        assert json.load(handle) == mark
+    assert stat.S_IMODE(os.stat(mark_file(tmp_path)).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(mark_file(tmp_path))).st_mode) == 0o700
+    assert sorted(os.listdir(os.path.dirname(mark_file(tmp_path)))) == ["c0ffee"]  # no temp
+    assert not delwindow.expired(mark, now=1299.9) and delwindow.expired(mark, now=1300.0)
+
+
+def test_later_failures_keep_the_first_and_count(tmp_path):
+    delwindow.note_failure(conf(tmp_path), ENV, STDIN, "first", now=1000.0)
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "second", now=1010.0)
+
+    assert (mark["firstFailure"], mark["lastFailure"], mark["until"]) == (1000.0, 1010.0, 1300.0)
+    assert (mark["attempts"], mark["error"]) == (2, "second")
+
+
+def test_the_daemons_published_window_is_used(tmp_path):
+    directory = os.path.dirname(mark_file(tmp_path))
+    os.makedirs(directory)
+    with open(os.path.join(directory, delwindow.SETTINGS_FILE), "w") as handle:
+        json.dump({"deleteRetryWindow": 7}, handle)
+
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=1000.0)
+
+    assert (mark["window"], mark["until"]) == (7.0, 1007.0)
+    for bad in ('{"deleteRetryWindow": -1}', '{"deleteRetryWindow": true}', "[", "{}"):
+        with open(os.path.join(directory, delwindow.SETTINGS_FILE), "w") as handle:
+            handle.write(bad)
+        assert delwindow.window(directory) == delwindow.DEFAULT_WINDOW
+
+
+def test_a_mark_the_daemon_wrote_is_only_read(tmp_path):
+    directory = os.path.dirname(mark_file(tmp_path))
+    os.makedirs(directory)
+    daemons = {"containerId": "c0ffee", "by": "daemon", "firstFailure": 5.0, "until": 65.0,
+               "attempts": 4, "failures": [{"network": "n", "interface": "net1", "error": "e"}]}
+    with open(mark_file(tmp_path), "w") as handle:
+        json.dump(daemons, handle)
+
+    assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=70.0) == daemons
+    assert delwindow.read_mark(mark_file(tmp_path)) == daemons  # unchanged on disk
+    assert delwindow.expired(daemons, now=70.0)
+
+
+def test_nothing_is_marked_where_no_safe_file_name_or_directory_is(tmp_path):
+    for cid in ("", "../escape", ".hidden", "a/b", "x" * 300):
+        assert delwindow.note_failure(conf(tmp_path), dict(ENV, CNI_CONTAINERID=cid), STDIN,
+                                      "x") is None
+    assert delwindow.note_failure({"cniDir": "relative/dir"}, ENV, STDIN, "x") is None
+    assert delwindow.note_failure({"cniDir": 7}, ENV, STDIN, "x") is None
+    assert not os.path.exists(tmp_path / "cni")
+    assert delwindow.cni_dir_of({}) == delwindow.cni_dir_of({"cniDir": ""}) == \
+        "/var/lib/cni/multus"
+
+
+def test_an_unwritable_directory_leaves_the_error_as_it_was(tmp_path):
+    (tmp_path / "cni").write_text("a file where the directory should be")
+    assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x") is None
+    # a cniDir whose parent does not exist (upstream's in-pod /host/... path left in the
+    # config) is not made: the error is reported as before
+    stale = {"cniDir": str(tmp_path / "host" / "var" / "lib" / "cni" / "multus")}
+    assert delwindow.note_failure(stale, ENV, STDIN, "x") is None
+    assert not (tmp_path / "host").exists()
+
+
+def test_the_give_up_line_says_what_happened_and_what_to_do(tmp_path):
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "multusd is not reachable",
+                                  now=1000.0)
+    line = delwindow.give_up_message(mark, now=1400.0)
+    assert "DEL of container c0ffee has failed since 1970-01-01T00:16:40Z (6m40s ago)" in line
+    assert "1 attempt(s), last: multusd is not reachable" in line
+    assert "window (5m00s) has passed, so DEL answers success" in line
+    assert "`multusd status`" in line and "`multusd gc`" in line
+    delwindow.to_syslog(line)  # never raises, with or without /dev/log
