@@ -1,4 +1,4 @@
-"""The one error hierarchy of multusd (every failure becomes CNI error JSON) and the versions it names.
+"""The one error hierarchy of multusd: every failure becomes CNI error JSON.
 
 Standard library only (the shim imports it).
 
@@ -25,9 +25,10 @@ Hierarchy::
 
 from __future__ import annotations
 
+from multusd import CURRENT_VERSION
 
-from multusd import SUPPORTED_VERSIONS  # noqa: F401 - re-exported: the versions errors name
-DEFAULT_CNI_VERSION = SUPPORTED_VERSIONS[-1]
+#: The cniVersion of an error whose request named none.
+DEFAULT_CNI_VERSION = CURRENT_VERSION
 
 
 class MultusError(Exception):

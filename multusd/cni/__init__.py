@@ -2,10 +2,11 @@
 
 Modules, one responsibility each:
 
-* :mod:`.version`  -- spec versions (0.3.0 ... 1.1.0) and what each supports;
+* :mod:`.version`  -- spec versions parsed and compared, and what a config's version allows
+  (the versions and the result conversion themselves are :mod:`multusd`'s, shared with the
+  shim);
 * :mod:`.names`    -- the container-ID, network-name and interface-name rules;
 * :mod:`.args`     -- CNI_ARGS parsing and the delegate's CNI_ARGS;
-* :mod:`.result`   -- result conversion between spec versions (dict based);
 * :mod:`.invoke`   -- finding and executing plugin binaries;
 * :mod:`.cache`    -- :class:`RuntimeConf` (one attachment) and libcni's ``results/`` cache
   files (``cniCacheV1``);

@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from multusd import CURRENT_VERSION, convert_result
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
 from multusd.cni import cache
@@ -31,9 +32,8 @@ from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plugin,
                                 missing_plugin)
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
-from multusd.cni.result import convert_result
-from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
-                      supports_check, supports_status_gc)
+from multusd.cni.version import (is_supported, parse_version, require_supported, supports_check,
+                                 supports_status_gc)
 from multusd.store.record import Record
 
 LOG = logging.getLogger(__name__)

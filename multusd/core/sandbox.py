@@ -41,7 +41,7 @@ from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
 from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
 from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
-from multusd.cni.result import convert_result, ip_addresses, is_empty
+from multusd import CURRENT_VERSION, convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,
@@ -54,7 +54,7 @@ LOG = logging.getLogger(__name__)
 DEFAULT_CNI_DIR = "/var/lib/cni/multus"
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
-WIRE_VERSION = "1.1.0"
+WIRE_VERSION = CURRENT_VERSION  # what ADD answers with
 READINESS_TIMEOUT = 45.0
 
 

@@ -8,6 +8,7 @@ import json
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from multusd import DNS_KEYS
 from multusd.core import dra
 from multusd.core.netconf import conf_object, marshal_raw_map
 from multusd.core.delegate import Delegate, ifname_for
@@ -75,7 +76,7 @@ def _plugin_conf_view(data: Mapping[str, Any]) -> Dict[str, Any]:
     view["ipam"] = {"type": ipam_type} if isinstance(ipam_type, str) and ipam_type else {}
     dns = data.get("dns")
     if isinstance(dns, dict):
-        kept = {k: dns[k] for k in ("nameservers", "domain", "search", "options") if dns.get(k)}
+        kept = {k: dns[k] for k in DNS_KEYS if dns.get(k)}
         if kept:
             view["dns"] = kept
     if isinstance(data.get("prevResult"), dict) and data["prevResult"]:

@@ -1,4 +1,4 @@
-"""multusd.cni.result: golden-file conversion for every pair of supported versions."""
+"""multusd (the package's spec facts): golden-file result conversion for every pair of versions."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import os
 
 import pytest
 
-from multusd.cni.result import convert_result, ip_addresses, is_empty
-from multusd.cni.version import SUPPORTED_VERSIONS
+from multusd import SUPPORTED_VERSIONS, convert_result, ip_addresses, is_empty
 from multusd.errors import DecodeFailure, IncompatibleCNIVersion
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "results")
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "results")
 PAIRS = [(f, t) for f in SUPPORTED_VERSIONS for t in SUPPORTED_VERSIONS]
 
 
