@@ -23,6 +23,7 @@ LOG = logging.getLogger(__name__)
 
 KIND = "cniCacheV1"
 RESULTS_DIR = "results"
+#: Multus's default ``cniDir``, which it gives libcni as its cache directory.
 DEFAULT_CACHE_DIR = "/var/lib/cni/multus"
 
 

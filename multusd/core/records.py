@@ -29,7 +29,7 @@ from multusd.store.record import Record, field
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = "/var/lib/cni/multus"
+DEFAULT_CNI_DIR = result_cache.DEFAULT_CACHE_DIR
 NS_GET_NSTYPE = 0xB703  # ioctl(2) on an nsfs file: which kind of namespace it is
 CLONE_NEWNET = 0x40000000
 PRESENT, GONE, UNKNOWN = "present", "gone", "unknown"

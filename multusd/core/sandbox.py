@@ -51,7 +51,7 @@ from multusd.store.record import replace
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = "/var/lib/cni/multus"
+DEFAULT_CNI_DIR = result_cache.DEFAULT_CACHE_DIR
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 WIRE_VERSION = CURRENT_VERSION  # what ADD answers with

@@ -29,6 +29,7 @@ import time
 from typing import Any, Mapping
 
 from multusd import __version__
+from multusd.cni.cache import DEFAULT_CACHE_DIR
 from multusd.core import request as cmdargs
 from multusd.daemon import metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
@@ -172,7 +173,7 @@ class Daemon:
         self.metrics.set_sources(
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
-            cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"),
+            cni_dir=str(self.config.raw.get("cniDir") or DEFAULT_CACHE_DIR),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),
