@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(args.config)
     if args.command == "generate-config":
         from multusd.daemon import log
-        from multusd.config.confwrite import run
+        from multusd.config.generateconfig import run
 
         log.setup("verbose", to_stderr=True, journal=False)  # a oneshot: stderr is the journal
         return run(args.config, remove=args.remove)
