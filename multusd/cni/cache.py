@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd import store
 from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 

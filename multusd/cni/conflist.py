@@ -34,7 +34,7 @@ from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plu
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.version import (is_supported, parse_version, require_supported, supports_check,
                                  supports_status_gc)
-from multusd.store.record import Record
+from multusd.store.valueclass import Record
 
 LOG = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 

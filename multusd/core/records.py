@@ -25,7 +25,7 @@ from multusd.core.dra import DraDevice
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 

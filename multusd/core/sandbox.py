@@ -47,7 +47,7 @@ from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,
                             PodNotFound, TryAgainLater, UnknownContainer,
                             from_exception)
-from multusd.store.record import replace
+from multusd.store.valueclass import replace
 
 LOG = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from multusd.core.delegate import Delegate, ifname_for
 from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string
 from multusd.core.selection import DEVICE_ID, INFINIBAND_GUID, IPS, MAC, json_value, requested
-from multusd.store.record import replace
+from multusd.store.valueclass import replace
 from multusd.store import go_json
 
 LOG = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname
 from multusd.errors import InvalidNetworkConfig
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 

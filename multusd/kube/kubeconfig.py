@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional
 
 from multusd import store
 from multusd.errors import MultusError
-from multusd.store.record import Record
+from multusd.store.valueclass import Record
 
 DATA_DIR_NAME = "multusd-kubeconfig"
 _PLUGIN_KEYS = ("exec", "auth-provider")

@@ -5,8 +5,8 @@ directory, fsync, rename over the target, fsync of the directory (all but libcni
 cache, which libcni itself never fsyncs and multusd can do without). A reader sees the old
 content or the new, never an empty or partial file. :func:`go_json` is the one encoder of
 JSON that must match upstream's bytes (Go's ``encoding/json``): 00-multus.conf, the scratch
-cache, delegate configs and the network-status annotation. :mod:`multusd.store.record` holds
-the frozen value classes the data is kept in on its way (declared as dataclasses are).
+cache, delegate configs and the network-status annotation. :mod:`multusd.store.valueclass`
+holds the frozen value classes the data is kept in on its way (declared as dataclasses are).
 """
 
 from __future__ import annotations
