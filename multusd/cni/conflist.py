@@ -1,6 +1,6 @@
 """Running a network configuration list: our equivalent of libcni's AddNetworkList & co.
 
-Usage::
+Usage (:class:`~multusd.cni.cache.RuntimeConf` is the cache module's)::
 
     net = NetworkConfigList.load(open("/etc/cni/net.d/10-br.conflist", "rb").read(),
                                  source="/etc/cni/net.d/10-br.conflist")
@@ -27,7 +27,7 @@ from multusd import CURRENT_VERSION, convert_result
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
 from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf  # noqa: F401 (the engine's callers import it here)
+from multusd.cni.cache import RuntimeConf
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plugin,
                                 missing_plugin)

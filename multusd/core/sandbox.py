@@ -39,7 +39,8 @@ from multusd import store
 from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
-from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.cni.conflist import Engine, NetworkConfigList
+from multusd.cni.cache import RuntimeConf
 from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
 from multusd import CURRENT_VERSION, convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
