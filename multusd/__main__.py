@@ -112,11 +112,11 @@ def run_tool(args: argparse.Namespace) -> int:
 
 
 def check_config(path: str) -> int:
-    from multusd.config import daemonconf as config
+    from multusd.config import daemonconf
     from multusd.errors import ConfigError
 
     try:
-        loaded = config.load(path)
+        loaded = daemonconf.load(path)
     except ConfigError as exc:
         print(f"{path}: {len(exc.problems)} problem(s):", file=sys.stderr)
         for problem in exc.problems:
@@ -176,13 +176,13 @@ def plugin_dirs_report(bin_dir: str) -> str:
 
 
 def serve(path: str) -> int:
-    from multusd.config import daemonconf as config
+    from multusd.config import daemonconf
     from multusd.daemon import log
     from multusd.daemon.lifecycle import Daemon, StartupError
     from multusd.errors import ConfigError
 
     try:
-        loaded = config.load(path)
+        loaded = daemonconf.load(path)
     except ConfigError as exc:
         print(f"multusd: {exc.msg}", file=sys.stderr)
         _status(f"cannot start: {exc.msg}; fix it: systemd retries every few seconds")

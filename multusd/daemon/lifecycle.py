@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from multusd import __version__
 from multusd.cni.cache import DEFAULT_CACHE_DIR
-from multusd.core import request as cmdargs
+from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.daemon import metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import MultusError
@@ -200,12 +200,12 @@ class Daemon:
                request_id: str) -> Mapping[str, Any] | None:
         """One /cni or /delegate request (called on a pool slot by the server)."""
         with self.metrics.track_request(endpoint) as tracked:
-            env, config, attributes = cmdargs.decode_body(body)
-            request = cmdargs.parse(env, config, self.config)
+            env, config, attributes = decode_body(body)
+            request = parse(env, config, self.config)
             tracked.command = request.command
             return self._handle(endpoint, request, env, attributes, deadline, request_id)
 
-    def _handle(self, endpoint: str, request: cmdargs.CmdArgs, env: Mapping[str, str],
+    def _handle(self, endpoint: str, request: CmdArgs, env: Mapping[str, str],
                 attributes: Mapping[str, Any] | None, deadline: float,
                 request_id: str) -> Mapping[str, Any] | None:
         started = time.monotonic()
