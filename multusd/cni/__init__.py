@@ -1,6 +1,8 @@
-"""The CNI execution engine: our equivalent of libcni; knows nothing of Kubernetes or Multus.
+"""The CNI execution engine: our equivalent of libcni.
 
-Modules, one responsibility each:
+It has no Kubernetes client and reads no Multus config; what it knows of them is the pod
+identity a delegate gets in CNI_ARGS (:mod:`.args`) and Multus's default cache directory
+(:mod:`.cache`). Modules, one responsibility each:
 
 * :mod:`.version`  -- spec versions parsed and compared, and what a config's version allows
   (the versions and the result conversion themselves are :mod:`multusd`'s, shared with the

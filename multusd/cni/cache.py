@@ -1,10 +1,11 @@
-"""libcni's on-disk result cache (``<cacheDir>/results/<net>-<cid>-<ifname>``), same format.
+"""One attachment (:class:`RuntimeConf`) and libcni's result cache files, in libcni's format.
 
-Each file is one JSON object of kind ``cniCacheV1`` with libcni's keys, in its order:
-``kind``, ``containerId``, ``config`` (base64 of the network configuration bytes),
-``ifName``, ``networkName``, then when set ``netns``, ``cniArgs`` (list of [key, value]),
-``capabilityArgs`` and ``result``. Files are written through :func:`store.atomic_write`
-(0600 in a 0700 directory), so upstream multus, libcni and multusd can read each other's.
+Each file, ``<cacheDir>/results/<net>-<cid>-<ifname>``, is one JSON object of kind
+``cniCacheV1`` with libcni's keys, in its order: ``kind``, ``containerId``, ``config`` (base64
+of the network configuration bytes), ``ifName``, ``networkName``, then when set ``netns``,
+``cniArgs`` (list of [key, value]), ``capabilityArgs`` and ``result``. Files are written
+through :func:`store.atomic_write` (0600 in a 0700 directory; not fsynced, as libcni does
+not), so upstream multus, libcni and multusd can read each other's.
 """
 
 from __future__ import annotations
