@@ -3,9 +3,12 @@
 The shim (``wire/``: the standard library and :mod:`multusd.errors` only) and the engine
 (``cni/``) both need the spec's versions, what each command requires, and the conversion of a
 result between versions; besides the error hierarchy, this package is the one module both may
-import, so each of these is defined here, once. Nothing is imported at module level on
-purpose: the shim is imported through this package once per pod sandbox and must start fast
-(:mod:`multusd.errors` is imported on a failure path only).
+import, so each of these is defined here, once. Nothing is imported here, on purpose: the
+shim is imported through this package once per pod sandbox and must start fast, and the error
+hierarchy imports this package. So a result that cannot be converted is reported as a
+:class:`ResultError` carrying its CNI error code; :func:`multusd.errors.from_exception` makes
+it the error it stands for (the engine's :func:`multusd.cni.result.convert_result` and the
+shim do).
 
 Result conversion follows libcni's converters: a result is first read into the fields the
 spec defines for its version (unknown keys are dropped, as libcni's typed decode does), then
@@ -20,8 +23,7 @@ written out in the target version's shape.
 
 Usage::
 
-    down = convert_result({"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.5/24"}]},
-                          "0.4.0")
+    down = convert({"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.5/24"}]}, "0.4.0")
     # {"cniVersion": "0.4.0", "ips": [{"version": "4", "address": "10.1.0.5/24"}], "dns": {}}
 """
 
@@ -48,11 +50,22 @@ _INTERFACE_KEYS = {True: ("name", "mac", "sandbox"),
 _ZERO_OMITTED = frozenset(("mtu", "advmss", "priority"))
 
 
-def convert_result(result: dict, to_version: str) -> dict:
+class ResultError(ValueError):
+    """A result :func:`convert` cannot convert; ``code`` is the CNI error code it stands for:
+    1 (IncompatibleCNIVersion, a version multusd does not speak) or 6 (DecodeFailure, not a
+    CNI result)."""
+
+    def __init__(self, code: int, msg: str) -> None:
+        super().__init__(msg)
+        self.code = code
+        self.msg = msg
+
+
+def convert(result: dict, to_version: str) -> dict:
     """``result`` rewritten for spec version ``to_version``; ``result`` is not modified.
 
-    :raises IncompatibleCNIVersion: when either version is not supported.
-    :raises DecodeFailure: when ``result`` is not a CNI result object.
+    :raises ResultError: code 1 when either version is not supported, code 6 when ``result``
+        is not a CNI result object.
     """
     if not isinstance(result, dict):
         raise _decode_failure(f"a CNI result must be a JSON object, got {type(result).__name__}")
@@ -72,31 +85,14 @@ def convert_result(result: dict, to_version: str) -> dict:
     return out
 
 
-def is_empty(result: "dict | None") -> bool:
-    """True when ``result`` has no interfaces, addresses, routes or DNS settings."""
-    if not result:
-        return True
-    return not (result.get("interfaces") or result.get("ips") or result.get("routes")
-                or _dns(result.get("dns")))
-
-
-def ip_addresses(result: dict) -> list:
-    """The ``address`` (CIDR) of every entry of ``ips``, in order."""
-    return [ip["address"] for ip in _list(result, "ips") if ip.get("address")]
-
-
 def _require_supported(version: object, what: str) -> None:
     if version not in SUPPORTED_VERSIONS:
-        from multusd.errors import IncompatibleCNIVersion
-
-        raise IncompatibleCNIVersion(f"cniVersion {version!r} in {what} is not supported; use "
-                                     f"one of {', '.join(SUPPORTED_VERSIONS)}")
+        raise ResultError(1, f"cniVersion {version!r} in {what} is not supported; use one of "
+                             f"{', '.join(SUPPORTED_VERSIONS)}")
 
 
-def _decode_failure(msg: str) -> Exception:
-    from multusd.errors import DecodeFailure
-
-    return DecodeFailure(msg)
+def _decode_failure(msg: str) -> ResultError:
+    return ResultError(6, msg)
 
 
 def _convert_ip(ip: object, legacy: bool, from_legacy: bool) -> dict:

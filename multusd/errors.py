@@ -25,7 +25,7 @@ Hierarchy::
 
 from __future__ import annotations
 
-from multusd import CURRENT_VERSION
+from multusd import CURRENT_VERSION, ResultError
 
 #: The cniVersion of an error whose request named none.
 DEFAULT_CNI_VERSION = CURRENT_VERSION
@@ -194,4 +194,7 @@ def from_exception(exc: BaseException) -> MultusError:
     """Any exception as a MultusError; unknown ones become code 100 without a traceback."""
     if isinstance(exc, MultusError):
         return exc
+    if isinstance(exc, ResultError):  # what multusd.convert reports, as the error it stands for
+        return (IncompatibleCNIVersion if exc.code == IncompatibleCNIVersion.code
+                else DecodeFailure)(exc.msg)
     return MultusError(f"internal error: {type(exc).__name__}: {exc}")

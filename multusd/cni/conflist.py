@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from multusd import CURRENT_VERSION, convert_result
+from multusd import CURRENT_VERSION
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
 from multusd.cni import cache
@@ -32,6 +32,7 @@ from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plugin,
                                 missing_plugin)
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
+from multusd.cni.result import convert_result
 from multusd.cni.version import (is_supported, parse_version, require_supported, supports_check,
                                  supports_status_gc)
 from multusd.store.valueclass import Record

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from multusd import CURRENT_VERSION, convert_result
+from multusd import CURRENT_VERSION
 from multusd.core.request import CmdArgs
 from multusd.cni.conflist import NetworkConfigList
+from multusd.cni.result import convert_result
 from multusd.core.delegate import Delegate, cleanup_deadline
 from multusd.errors import InvalidNetworkConfig, MultusError, PodNotFound
 from multusd.core.runtimeconf import inject_cni_args, undeclared_requests

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd.cni import cache as result_cache
 from multusd.cni.conflist import NetworkConfigList
-from multusd import convert_result
+from multusd.cni.result import convert_result
 from multusd.core import scratch
 from multusd.core.dra import DraDevice
 from multusd.core.request import PodIdentity

@@ -35,14 +35,14 @@ from multusd.core.defaultroute import DefaultRoutes
 from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
 from multusd.core import dra, netstatus, parallel, runtimeconf, scratch
-from multusd import store
+from multusd import CURRENT_VERSION, store
 from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.cache import RuntimeConf
 from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
-from multusd import CURRENT_VERSION, convert_result, ip_addresses, is_empty
+from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,

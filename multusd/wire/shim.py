@@ -16,8 +16,8 @@ import time
 # posix, not os: os imports stat, posixpath and the abstract collections, ~2 ms per pod.
 import posix
 
-from multusd import (COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, __version__,
-                     convert_result, wire)
+from multusd import (COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, ResultError,
+                     __version__, convert, wire)
 from multusd.wire import api, quickjson
 
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
@@ -190,7 +190,10 @@ def add_result(body: bytes, cni_version: str) -> dict:
     if result is None:
         raise wire.errors().DecodeFailure("multusd answered ADD without a result")
     if cni_version and cni_version != result.get("cniVersion"):
-        result = convert_result(result, cni_version)
+        try:
+            result = convert(result, cni_version)
+        except ResultError as exc:
+            raise wire.errors().from_exception(exc) from None
     return result
 
 

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from multusd import COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, convert_result
+from multusd import COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS
 from multusd.cni import version
-from multusd.errors import IncompatibleCNIVersion
+from multusd.cni.result import convert_result
+from multusd.errors import DecodeFailure, IncompatibleCNIVersion
 from multusd.wire import shim
 
 ENGINE_ALLOWS = {"CHECK": version.supports_check, "STATUS": version.supports_status_gc,
@@ -36,6 +37,18 @@ def test_the_daemons_answer_is_converted_to_the_configs_version():
     assert shim.add_result(body, "0.3.1") == convert_result(result, "0.3.1")
     assert shim.add_result(body, "0.3.1")["ips"][0]["version"] == "6"
     assert shim.add_result(body, "1.1.0") == result  # the same version is passed on as is
+
+
+@pytest.mark.parametrize("result, error", [
+    ({"cniVersion": "1.1.0", "ips": [{"gateway": "10.0.0.1"}]}, DecodeFailure),
+    ({"cniVersion": "2.0.0"}, IncompatibleCNIVersion)])
+def test_a_result_the_shim_cannot_convert_is_the_engines_cni_error(result, error):
+    body = json.dumps({"Result": result}).encode()
+    with pytest.raises(error) as raised:
+        shim.add_result(body, "0.3.1")
+    with pytest.raises(error) as engine:
+        convert_result(result, "0.3.1")
+    assert raised.value.to_cni_error("0.3.1") == engine.value.to_cni_error("0.3.1")
 
 
 def test_version_without_a_requested_version_answers_the_newest():
