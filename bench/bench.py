@@ -627,7 +627,8 @@ def direct_post(daemon: DaemonProcess, cluster: Cluster, count: int,
 
 def plugins_direct(scratch: Scratch, count: int, failures: List[str]) -> Dict[str, Any]:
     """The three networks run straight through the CNI engine: the plugins' own time."""
-    from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+    from multusd.cni.cache import RuntimeConf
+    from multusd.cni.conflist import Engine, NetworkConfigList
     from multusd.errors import MultusError
 
     engine = Engine([PLUGIN_DIR])

@@ -54,7 +54,7 @@ MODULES: List[Tuple[str, str]] = [
     ("multusd/core/request.py", "request decoding and validation"),
     ("multusd/wire/", "request decoding and validation"),
     ("multusd/cni/invoke.py", "plugin: other (env, decode)"),
-    ("multusd/cni/result.py", "results, network-status"),
+    ("multusd/__init__.py", "results, network-status"),
     ("multusd/core/netstatus.py", "results, network-status"),
 ]
 REQUEST_THREADS = ("MainThread", "multusd-worker", "multusd-netns")

@@ -152,7 +152,7 @@ def lookup_ms(repeats: int = 200) -> Dict[str, Any]:
     import time
 
     from kubeapi import FakeKubeAPI
-    from multusd.kube import dra
+    from multusd.kube import draclaims
     from multusd.kube.client import KubeClient
     from multusd.kube.objects import pod_from_object
 
@@ -176,7 +176,7 @@ def lookup_ms(repeats: int = 200) -> Dict[str, Any]:
             samples = []
             for _ in range(repeats if not fresh else repeats // 4):
                 if fresh:
-                    client._dra_slices = dra.SliceCache()  # noqa: SLF001 - measured on purpose
+                    client._dra_slices = draclaims.SliceCache()  # noqa: SLF001 - measured
                 started = time.perf_counter()
                 client.pod_dra_devices(pod, deadline=time.monotonic() + 10)
                 samples.append((time.perf_counter() - started) * 1000)

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(args.config)
     if args.command == "generate-config":
         from multusd.daemon import log
-        from multusd.config.confwrite import run
+        from multusd.config.generateconfig import run
 
         log.setup("verbose", to_stderr=True, journal=False)  # a oneshot: stderr is the journal
         return run(args.config, remove=args.remove)
@@ -113,11 +113,11 @@ def run_tool(args: argparse.Namespace) -> int:
 
 
 def check_config(path: str) -> int:
-    from multusd.config import daemonconf as config
+    from multusd.config import daemonconf
     from multusd.errors import ConfigError
 
     try:
-        loaded = config.load(path)
+        loaded = daemonconf.load(path)
     except ConfigError as exc:
         print(f"{path}: {len(exc.problems)} problem(s):", file=sys.stderr)
         for problem in exc.problems:
@@ -177,13 +177,13 @@ def plugin_dirs_report(bin_dir: str) -> str:
 
 
 def serve(path: str) -> int:
-    from multusd.config import daemonconf as config
+    from multusd.config import daemonconf
     from multusd.daemon import log
     from multusd.daemon.lifecycle import Daemon, StartupError
     from multusd.errors import ConfigError
 
     try:
-        loaded = config.load(path)
+        loaded = daemonconf.load(path)
     except ConfigError as exc:
         print(f"multusd: {exc.msg}", file=sys.stderr)
         _status(f"cannot start: {exc.msg}; fix it: systemd retries every few seconds")

@@ -1,4 +1,4 @@
-"""The one error hierarchy of multusd (every failure becomes CNI error JSON) and the versions it names.
+"""The one error hierarchy of multusd: every failure becomes CNI error JSON.
 
 Standard library only (the shim imports it).
 
@@ -25,9 +25,10 @@ Hierarchy::
 
 from __future__ import annotations
 
+from multusd import CURRENT_VERSION, ResultError
 
-from multusd import SUPPORTED_VERSIONS  # noqa: F401 - re-exported: the versions errors name
-DEFAULT_CNI_VERSION = SUPPORTED_VERSIONS[-1]
+#: The cniVersion of an error whose request named none.
+DEFAULT_CNI_VERSION = CURRENT_VERSION
 
 
 class MultusError(Exception):
@@ -193,4 +194,7 @@ def from_exception(exc: BaseException) -> MultusError:
     """Any exception as a MultusError; unknown ones become code 100 without a traceback."""
     if isinstance(exc, MultusError):
         return exc
+    if isinstance(exc, ResultError):  # what multusd.convert reports, as the error it stands for
+        return (IncompatibleCNIVersion if exc.code == IncompatibleCNIVersion.code
+                else DecodeFailure)(exc.msg)
     return MultusError(f"internal error: {type(exc).__name__}: {exc}")

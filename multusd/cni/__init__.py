@@ -1,11 +1,14 @@
-"""The CNI execution engine: our equivalent of libcni; knows nothing of Kubernetes or Multus.
+"""The CNI execution engine: our equivalent of libcni.
 
-Modules, one responsibility each:
+It has no Kubernetes client and reads no Multus config; what it knows of them is the pod
+identity a delegate gets in CNI_ARGS (:mod:`.args`) and Multus's default cache directory
+(:mod:`.cache`). Modules, one responsibility each:
 
-* :mod:`.version`  -- spec versions (0.3.0 ... 1.1.0) and what each supports;
+* :mod:`.version`  -- spec versions parsed and compared, and what a config's version allows;
+* :mod:`.result`   -- results converted between versions, failing with CNI errors, and queried
+  (the versions and the conversion themselves are :mod:`multusd`'s, shared with the shim);
 * :mod:`.names`    -- the container-ID, network-name and interface-name rules;
 * :mod:`.args`     -- CNI_ARGS parsing and the delegate's CNI_ARGS;
-* :mod:`.result`   -- result conversion between spec versions (dict based);
 * :mod:`.invoke`   -- finding and executing plugin binaries;
 * :mod:`.cache`    -- :class:`RuntimeConf` (one attachment) and libcni's ``results/`` cache
   files (``cniCacheV1``);

@@ -1,10 +1,11 @@
-"""libcni's on-disk result cache (``<cacheDir>/results/<net>-<cid>-<ifname>``), same format.
+"""One attachment (:class:`RuntimeConf`) and libcni's result cache files, in libcni's format.
 
-Each file is one JSON object of kind ``cniCacheV1`` with libcni's keys, in its order:
-``kind``, ``containerId``, ``config`` (base64 of the network configuration bytes),
-``ifName``, ``networkName``, then when set ``netns``, ``cniArgs`` (list of [key, value]),
-``capabilityArgs`` and ``result``. Files are written through :func:`store.atomic_write`
-(0600 in a 0700 directory), so upstream multus, libcni and multusd can read each other's.
+Each file, ``<cacheDir>/results/<net>-<cid>-<ifname>``, is one JSON object of kind
+``cniCacheV1`` with libcni's keys, in its order: ``kind``, ``containerId``, ``config`` (base64
+of the network configuration bytes), ``ifName``, ``networkName``, then when set ``netns``,
+``cniArgs`` (list of [key, value]), ``capabilityArgs`` and ``result``. Files are written
+through :func:`store.atomic_write` (0600 in a 0700 directory; not fsynced, as libcni does
+not), so upstream multus, libcni and multusd can read each other's.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd import store
 from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 
 KIND = "cniCacheV1"
 RESULTS_DIR = "results"
+#: Multus's default ``cniDir``, which it gives libcni as its cache directory.
 DEFAULT_CACHE_DIR = "/var/lib/cni/multus"
 
 

@@ -1,6 +1,6 @@
 """Running a network configuration list: our equivalent of libcni's AddNetworkList & co.
 
-Usage::
+Usage (:class:`~multusd.cni.cache.RuntimeConf` is the cache module's)::
 
     net = NetworkConfigList.load(open("/etc/cni/net.d/10-br.conflist", "rb").read(),
                                  source="/etc/cni/net.d/10-br.conflist")
@@ -23,18 +23,19 @@ import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from multusd import CURRENT_VERSION
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
 from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf  # noqa: F401 (the engine's callers import it here)
+from multusd.cni.cache import RuntimeConf
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plugin,
                                 missing_plugin)
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.result import convert_result
-from multusd.cni.version import (CURRENT_VERSION, is_supported, parse_version, require_supported,
-                      supports_check, supports_status_gc)
-from multusd.store.record import Record
+from multusd.cni.version import (is_supported, parse_version, require_supported, supports_check,
+                                 supports_status_gc)
+from multusd.store.valueclass import Record
 
 LOG = logging.getLogger(__name__)
 

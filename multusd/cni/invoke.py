@@ -1,4 +1,4 @@
-"""Finding and running CNI plugin binaries: the only module of multusd that executes a program.
+"""Finding and running CNI plugin binaries: the only module of multusd that executes a plugin.
 
 Every plugin runs with an environment built for that one call (``os.environ`` is never
 written: upstream's setenv race), in its own process group so that a plugin that hangs

@@ -1,8 +1,9 @@
 """passthru: the no-op CNI plugin at the head of an auxiliaryCNIChainName chain (F56).
 
-Standard library and :mod:`multusd.errors` only. ADD prints an empty, valid result at the config's cniVersion (the
-chained plugins that follow, e.g. tuning, then act on the pod's interfaces); DEL and CHECK
-do nothing; VERSION lists what it speaks. Installed as /opt/cni/bin/passthru.
+Standard library and the versions of :mod:`multusd` only. ADD prints an empty, valid result at
+the config's cniVersion (the chained plugins that follow, e.g. tuning, then act on the pod's
+interfaces); DEL and CHECK do nothing; VERSION lists what it speaks. Installed as
+/opt/cni/bin/passthru.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ import json
 import os
 import sys
 
-from multusd.errors import SUPPORTED_VERSIONS
+from multusd import CURRENT_VERSION, SUPPORTED_VERSIONS
 
 
 def run(command: str, stdin: bytes) -> tuple:
     """(exit code, JSON to print or None) for one call."""
     try:
         conf = json.loads(stdin) if stdin.strip() else {}
-        version = str(conf.get("cniVersion") or "1.1.0") if isinstance(conf, dict) else ""
+        version = str(conf.get("cniVersion") or CURRENT_VERSION) if isinstance(conf, dict) else ""
         if not version:
             raise ValueError("the configuration is not a JSON object")
     except ValueError as exc:
-        return 1, {"cniVersion": "1.1.0", "code": 6,
+        return 1, {"cniVersion": CURRENT_VERSION, "code": 6,
                    "msg": f"passthru cni: error parsing CNI configuration: {exc}", "details": ""}
     if command == "VERSION":
         return 0, {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}

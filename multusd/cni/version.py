@@ -1,18 +1,21 @@
-"""CNI specification versions: parsing, comparison and what each version can do."""
+"""CNI spec versions in the engine: parsing, comparison, and what a config's version allows.
+
+The versions themselves (:data:`~multusd.SUPPORTED_VERSIONS`, :data:`~multusd.CURRENT_VERSION`)
+and each command's minimum (:data:`~multusd.COMMAND_MIN_VERSION`) are defined in the
+:mod:`multusd` package, which the shim shares.
+"""
 
 from __future__ import annotations
 
-from multusd.errors import SUPPORTED_VERSIONS, IncompatibleCNIVersion  # the list lives in errors
+from multusd import COMMAND_MIN_VERSION, SUPPORTED_VERSIONS
+from multusd.errors import IncompatibleCNIVersion
 
-#: The newest version we implement; what ``cniVersions`` lists are capped at.
-CURRENT_VERSION = SUPPORTED_VERSIONS[-1]
 
 def parse_version(v: str) -> tuple:
     """``"1.0.0"`` -> ``(1, 0, 0)``.
 
     :raises IncompatibleCNIVersion: when ``v`` is not three dot-separated numbers.
     """
-    # No regular expression: the shim imports this module and ``re`` costs it milliseconds.
     parts = v.split(".") if isinstance(v, str) else []
     if len(parts) != 3 or not all(part.isdigit() and part.isascii() for part in parts):
         raise IncompatibleCNIVersion(
@@ -48,12 +51,12 @@ def require_supported(v: str, source: str = "") -> str:
 
 def supports_check(v: str) -> bool:
     """CHECK (and a cached prevResult on DEL) exist from spec 0.4.0 on."""
-    return at_least(v, "0.4.0")
+    return at_least(v, COMMAND_MIN_VERSION["CHECK"])
 
 
 def supports_status_gc(v: str) -> bool:
     """STATUS and GC exist from spec 1.1.0 on."""
-    return at_least(v, "1.1.0")
+    return all(at_least(v, COMMAND_MIN_VERSION[command]) for command in ("STATUS", "GC"))
 
 
 def is_legacy(v: str) -> bool:

@@ -1,13 +1,15 @@
 """daemon-config.json: loading, validation (every problem at once) and the per-request overlay.
 
 The file is upstream's (``/etc/cni/net.d/multus.d/daemon-config.json``) with every upstream
-key accepted, plus host keys of ours: ``kubeconfig``, ``nodeName``, ``requestTimeout``,
-``workers``, ``parallelDelegates`` (an opt-in, default false: with true a pod's independent
-secondary networks are attached concurrently), ``deleteRetryWindow`` (how long a failing DEL
-is reported to the runtime before it is answered success and kept as unreleased), and for
-device plugins ``kubeletRootDir`` (/var/lib/kubelet) and
-``deviceInfoDir`` (/var/run/k8s.cni.cncf.io/devinfo). ``chrootDir`` is refused: multusd runs on the host and executes plugins directly.
-The whole file is also overlaid on every request's config, as upstream does (F09).
+key accepted but ``chrootDir`` and an enabled ``perNodeCertificate`` (multusd runs on the host,
+executes plugins directly and uses the ``kubeconfig`` it is given), plus host keys of ours:
+``nodeName``, ``requestTimeout``, ``workers``, ``parallelDelegates`` (an opt-in, default false:
+with true a pod's independent secondary networks are attached concurrently),
+``deleteRetryWindow`` (how long a failing DEL is reported to the runtime before it is answered
+success and kept as unreleased), and for device
+plugins ``kubeletRootDir`` (/var/lib/kubelet) and ``deviceInfoDir``
+(/var/run/k8s.cni.cncf.io/devinfo). The whole file is also overlaid on every request's config,
+as upstream does (F09).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Mapping
 
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 from multusd.wire.delwindow import DEFAULT_WINDOW
 
 LOG = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import socket
 from typing import Callable, Mapping, Optional
 
-from multusd.store.record import Record
+from multusd.store.valueclass import Record
 
 ENV_VAR = "MULTUS_NODE_NAME"
 

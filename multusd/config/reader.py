@@ -1,7 +1,7 @@
 """Typed reads of JSON config objects that collect every problem instead of failing at the first.
 
 The one reader behind daemon-config.json (:mod:`.daemonconf`), the 00-multus.conf generator
-(:mod:`.confgen`) and the multus settings the delegates are resolved from
+(:mod:`.multusconf`) and the multus settings the delegates are resolved from
 (:mod:`multusd.core.delegates`). A ``null`` value counts as absent, as Go's decoder treats
 it; a value of the wrong JSON type is recorded as a :class:`~multusd.errors.ConfigProblem`
 (``key: must be <what>, got <value>``) and the default is used, so that the caller can

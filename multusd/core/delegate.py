@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Tuple
 from multusd.core.dra import DraDevice
 from multusd.core.netconf import conf_object
 from multusd.core.selection import NetworkSelection
-from multusd.store.record import Record
+from multusd.store.valueclass import Record
 
 
 class Delegate(Record):

@@ -27,7 +27,7 @@ from multusd.core.delegate import Delegate, ifname_for
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                       nad_config, nad_resource_name, network_name, resolve_network)
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig, MultusError
-from multusd.store.record import Record, replace
+from multusd.store.valueclass import Record, replace
 from multusd.store import go_json
 from multusd.core.runtimeconf import inject_cni_args
 from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,

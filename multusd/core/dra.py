@@ -15,7 +15,7 @@ import logging
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from multusd.store.record import Record, replace
+from multusd.store.valueclass import Record, replace
 
 LOG = logging.getLogger(__name__)
 

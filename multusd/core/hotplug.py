@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from multusd import CURRENT_VERSION
 from multusd.core.request import CmdArgs
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
@@ -25,7 +26,7 @@ COMMANDS = ("ADD", "DEL", "CHECK", "STATUS")
 
 def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
                     log) -> dict | None:
-    """Run one hot-plug request; returns the 1.1.0 result for ADD."""
+    """Run one hot-plug request; returns the result for ADD, at :data:`CURRENT_VERSION`."""
     if req.command not in COMMANDS:
         raise InvalidNetworkConfig(f"unknown cmd type: {req.command}; /delegate takes "
                                    f"{', '.join(COMMANDS)}")
@@ -60,7 +61,7 @@ def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadlin
         raise
     multus.event_added(pod, delegate, result)
     log.info("hot-plugged %s (%s)", delegate.ifname, delegate.name)
-    return convert_result(result, "1.1.0")
+    return convert_result(result, CURRENT_VERSION)
 
 
 def _remove_half_made(engine, net, rt, deadline: float, log) -> None:

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 from typing import Any, Dict, List, Mapping, Optional
 
+from multusd import DNS_KEYS
 from multusd.store import go_json
 
 LOG = logging.getLogger(__name__)
@@ -25,7 +26,6 @@ _DEVICE_NESTED_KEYS = {
     "vhost-user": ("mode", "path"),
     "memif": ("role", "path", "mode"),
 }
-_DNS_KEYS = ("nameservers", "domain", "search", "options")
 
 
 def status_entries(name: str, result: Mapping[str, Any], *, default: bool,
@@ -171,7 +171,7 @@ def _default_gateways(routes: Any) -> List[str]:
 def _dns(dns: Any) -> Dict[str, Any]:
     if not isinstance(dns, dict):
         return {}
-    return {key: dns[key] for key in _DNS_KEYS if dns.get(key)}
+    return {key: dns[key] for key in DNS_KEYS if dns.get(key)}
 
 
 def _device_info(info: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:

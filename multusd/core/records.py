@@ -28,11 +28,11 @@ from multusd.core.dra import DraDevice
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = "/var/lib/cni/multus"
+DEFAULT_CNI_DIR = result_cache.DEFAULT_CACHE_DIR
 NS_GET_NSTYPE = 0xB703  # ioctl(2) on an nsfs file: which kind of namespace it is
 CLONE_NEWNET = 0x40000000
 PRESENT, GONE, UNKNOWN = "present", "gone", "unknown"

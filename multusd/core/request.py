@@ -16,7 +16,7 @@ from multusd.cni.names import IFNAME_RULE, NAME_RULE, is_valid_ifname, is_valid_
 from multusd.cni.version import require_supported
 from multusd.config.daemonconf import DaemonConfig, overlay
 from multusd.errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 SANDBOX_FREE_COMMANDS = ("STATUS", "GC")

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig
 from multusd.store import go_json
-from multusd.core.selection import parse_ip_or_cidr, parse_mac
+from multusd.core.selection import (BANDWIDTH, DEVICE_ID, INFINIBAND_GUID, IPS, MAC,
+                                    PORT_MAPPINGS, REQUESTS, json_value, parse_ip_or_cidr,
+                                    parse_mac, requested)
 
 if TYPE_CHECKING:
     from multusd.core.delegate import Delegate
@@ -28,22 +30,11 @@ LOG = logging.getLogger(__name__)
 
 DEVINFO_CNI_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
 
+# The requests in the order upstream's mergeCNIRuntimeConfig sets them (F38), which the
+# result cache's capabilityArgs keep.
+_CAPABILITY_ORDER = (PORT_MAPPINGS, BANDWIDTH, IPS, MAC, INFINIBAND_GUID, DEVICE_ID)
 # runtimeConfig keys upstream only passes on when they carry a value.
-_CAPABILITY_KEYS = ("portMappings", "bandwidth", "ips", "mac", "infinibandGUID", "deviceID",
-                    "CNIDeviceInfoFile")
-
-# NetworkSelection attribute -> (annotation key, the capability that hands it over) (F38).
-_REQUESTED_CAPABILITIES = (
-    ("ips", "ips", "ips"),
-    ("mac", "mac", "mac"),
-    ("infiniband_guid", "infiniband-guid", "infinibandGUID"),
-    ("port_mappings", "portMappings", "portMappings"),
-    ("bandwidth", "bandwidth", "bandwidth"),
-    ("device_id", "deviceID", "deviceID"),
-)
-
-# Requests upstream also hands on as deprecated CNI_ARGS, declared or not (F39).
-_LEGACY_ARGS = {"ips": "IP", "mac": "MAC"}
+_CAPABILITY_KEYS = tuple(r.capability for r in _CAPABILITY_ORDER) + ("CNIDeviceInfoFile",)
 
 
 def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],
@@ -59,18 +50,10 @@ def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],
     """
     args: Dict[str, Any] = copy.deepcopy(dict(global_runtime_config or {}))
     if not delegate.master:
-        if delegate.port_mappings:
-            args["portMappings"] = [dict(m) for m in delegate.port_mappings]
-        if delegate.bandwidth is not None:
-            args["bandwidth"] = dict(delegate.bandwidth)
-        if delegate.ip_request:
-            args["ips"] = list(delegate.ip_request)
-        if delegate.mac_request:
-            args["mac"] = delegate.mac_request
-        if delegate.infiniband_guid_request:
-            args["infinibandGUID"] = delegate.infiniband_guid_request
-        if delegate.device_id:
-            args["deviceID"] = delegate.device_id
+        for request in _CAPABILITY_ORDER:
+            value = getattr(delegate, request.delegate)
+            if requested(value):
+                args[request.capability] = json_value(value)
     if args.get("deviceID") and container_id:
         # Always our own path, even if the runtime sent one: two delegates must not share it.
         args["CNIDeviceInfoFile"] = device_info_path(delegate.name, container_id,
@@ -101,7 +84,7 @@ def legacy_cni_args(delegate: "Delegate") -> List[Tuple[str, str]]:
             raise InvalidNetworkConfig(
                 f"network {delegate.name!r}: failed to parse mac address "
                 f"{delegate.mac_request!r}; request a MAC such as 'c2:11:22:33:44:55'") from None
-        extra.append(("MAC", delegate.mac_request))
+        extra.append((MAC.legacy_arg, delegate.mac_request))
     if delegate.ip_request:
         for ip in delegate.ip_request:
             try:
@@ -110,7 +93,7 @@ def legacy_cni_args(delegate: "Delegate") -> List[Tuple[str, str]]:
                 raise InvalidNetworkConfig(
                     f"network {delegate.name!r}: failed to parse IP address {ip!r}; request "
                     "an IP or CIDR such as '10.1.1.5/24'") from None
-        extra.append(("IP", ",".join(delegate.ip_request)))
+        extra.append((IPS.legacy_arg, ",".join(delegate.ip_request)))
     return extra
 
 
@@ -166,19 +149,18 @@ def undeclared_requests(delegate: "Delegate") -> List[str]:
     declared = declared_capabilities(delegate.conf)
     network = f"{selection.namespace}/{selection.name}"
     lines = []
-    for attribute, annotation_key, capability in _REQUESTED_CAPABILITIES:
-        value = getattr(selection, attribute)
-        if attribute == "device_id" and delegate.resource_name:
+    for request in REQUESTS:
+        if request is DEVICE_ID and delegate.resource_name:
             continue  # the device plugin's ID is written into the config itself (F41)
-        if value is None or value == () or value == "" or capability in declared:
+        if not requested(getattr(selection, request.attribute)) or request.capability in declared:
             continue
-        legacy = _LEGACY_ARGS.get(annotation_key)
-        fate = (f"passed on only as the legacy CNI_ARGS {legacy}=, as upstream does"
-                if legacy else "not passed on, as upstream does")
+        fate = (f"passed on only as the legacy CNI_ARGS {request.legacy_arg}=, as upstream does"
+                if request.legacy_arg else "not passed on, as upstream does")
         lines.append(
-            f"network {network!r}: the pod requests {annotation_key!r} but no plugin of its "
-            f"config declares \"capabilities\": {{\"{capability}\": true}}: {fate}; declare "
-            f"the capability on the plugin that applies it to hand it over as runtimeConfig")
+            f"network {network!r}: the pod requests {request.key!r} but no plugin of its "
+            f"config declares \"capabilities\": {{\"{request.capability}\": true}}: {fate}; "
+            f"declare the capability on the plugin that applies it to hand it over as "
+            f"runtimeConfig")
     return lines
 
 

@@ -39,11 +39,12 @@ from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
 from multusd.node.netns import PodNetns
 from multusd.core import dra, netstatus, parallel, runtimeconf, scratch, unreleased
-from multusd import store
+from multusd import CURRENT_VERSION, store
 from multusd.core.request import CmdArgs
 from multusd.cni import cache as result_cache
 from multusd.cni.args import build_delegate_args
-from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.cni.conflist import Engine, NetworkConfigList
+from multusd.cni.cache import RuntimeConf
 from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
@@ -51,14 +52,14 @@ from multusd.config.daemonconf import DaemonConfig
 from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,
                             PodNotFound, TryAgainLater, UnknownContainer,
                             from_exception)
-from multusd.store.record import replace
+from multusd.store.valueclass import replace
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = "/var/lib/cni/multus"
+DEFAULT_CNI_DIR = result_cache.DEFAULT_CACHE_DIR
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
-WIRE_VERSION = "1.1.0"
+WIRE_VERSION = CURRENT_VERSION  # what ADD answers with
 READINESS_TIMEOUT = 45.0
 
 

@@ -8,12 +8,14 @@ import json
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from multusd import DNS_KEYS
 from multusd.core import dra
 from multusd.core.netconf import conf_object, marshal_raw_map
 from multusd.core.delegate import Delegate, ifname_for
 from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string
-from multusd.store.record import replace
+from multusd.core.selection import DEVICE_ID, INFINIBAND_GUID, IPS, MAC, json_value, requested
+from multusd.store.valueclass import replace
 from multusd.store import go_json
 
 LOG = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ def _plugin_conf_view(data: Mapping[str, Any]) -> Dict[str, Any]:
     view["ipam"] = {"type": ipam_type} if isinstance(ipam_type, str) and ipam_type else {}
     dns = data.get("dns")
     if isinstance(dns, dict):
-        kept = {k: dns[k] for k in ("nameservers", "domain", "search", "options") if dns.get(k)}
+        kept = {k: dns[k] for k in DNS_KEYS if dns.get(k)}
         if kept:
             view["dns"] = kept
     if isinstance(data.get("prevResult"), dict) and data["prevResult"]:
@@ -108,24 +110,30 @@ def _cache_entry(delegate: Delegate) -> Dict[str, Any]:
     }
     if delegate.ifname_request:
         entry["ifnameRequest"] = delegate.ifname_request
-    if delegate.mac_request:
-        entry["macRequest"] = delegate.mac_request
-    if delegate.infiniband_guid_request:
-        entry["infinibandGUIDRequest"] = delegate.infiniband_guid_request
-    if delegate.ip_request:
-        entry["ipRequest"] = list(delegate.ip_request)
+    _put_requests(entry, delegate, _CACHED_REQUESTS)
     if delegate.gateway_request is not None:
         entry["default-route"] = [go_ip_string(gw) for gw in delegate.gateway_request]
     entry["IsFilterV4Gateway"] = delegate.filter_v4_gateway
     entry["IsFilterV6Gateway"] = delegate.filter_v6_gateway
-    if delegate.device_id:
-        entry["deviceID"] = delegate.device_id
+    _put_requests(entry, delegate, (DEVICE_ID,))
     if delegate.resource_name:
         entry["resourceName"] = delegate.resource_name
     if delegate.dra_device is not None:  # ours: upstream's reader ignores the key
         entry[dra.CACHE_KEY] = delegate.dra_device.to_cache()
     entry["Bytes"] = base64.b64encode(delegate.conf).decode()
     return entry
+
+
+# The requests upstream's DelegateNetConf records between ifnameRequest and default-route, in
+# its field order (deviceID comes after the gateway flags).
+_CACHED_REQUESTS = (MAC, INFINIBAND_GUID, IPS)
+
+
+def _put_requests(entry: Dict[str, Any], delegate: Delegate, requests: Sequence) -> None:
+    for request in requests:
+        value = getattr(delegate, request.delegate)
+        if requested(value):
+            entry[request.cache_key] = json_value(value)
 
 
 def _cached_string(item: Mapping[str, Any], key: str, index: int) -> str:
@@ -226,11 +234,11 @@ def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
     return Delegate(
         name=_cached_string(item, "Name", index), conf=conf, ifname="", master=index == 0,
         resource_name=_cached_string(item, "resourceName", index),
-        device_id=_cached_string(item, "deviceID", index),
+        device_id=_cached_string(item, DEVICE_ID.cache_key, index),
         ifname_request=_cached_string(item, "ifnameRequest", index),
-        mac_request=_cached_string(item, "macRequest", index),
-        ip_request=_cached_strings(item, "ipRequest", index) or (),
-        infiniband_guid_request=_cached_string(item, "infinibandGUIDRequest", index),
+        mac_request=_cached_string(item, MAC.cache_key, index),
+        ip_request=_cached_strings(item, IPS.cache_key, index) or (),
+        infiniband_guid_request=_cached_string(item, INFINIBAND_GUID.cache_key, index),
         gateway_request=_cached_strings(item, "default-route", index),
         filter_v4_gateway=item.get("IsFilterV4Gateway") is True,
         filter_v6_gateway=item.get("IsFilterV6Gateway") is True,

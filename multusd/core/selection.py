@@ -16,11 +16,11 @@ import ipaddress
 import json
 import logging
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname
 from multusd.errors import InvalidNetworkConfig
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 
@@ -32,6 +32,35 @@ NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _COMMA_FORM = "[<namespace>/]<name>[@<interface>] items separated by commas"
 _JSON_FORM = 'a JSON list of objects such as [{"name": "net1", "interface": "net1"}]'
+
+
+class Request(NamedTuple):
+    """One per-attachment request a selection element carries to its delegate, by its name in
+    each place it goes."""
+
+    key: str          # in the selection element (the annotation's JSON form)
+    attribute: str    # of :class:`NetworkSelection`
+    delegate: str     # of :class:`multusd.core.delegate.Delegate`
+    capability: str   # the runtimeConfig capability that hands it to a plugin
+    cache_key: str    # in the scratch cache; "" where upstream does not record it
+    legacy_arg: str   # the deprecated CNI_ARGS name upstream also sets; "" for none
+
+
+IPS = Request("ips", "ips", "ip_request", "ips", "ipRequest", "IP")
+MAC = Request("mac", "mac", "mac_request", "mac", "macRequest", "MAC")
+INFINIBAND_GUID = Request("infiniband-guid", "infiniband_guid", "infiniband_guid_request",
+                          "infinibandGUID", "infinibandGUIDRequest", "")
+PORT_MAPPINGS = Request("portMappings", "port_mappings", "port_mappings", "portMappings", "", "")
+BANDWIDTH = Request("bandwidth", "bandwidth", "bandwidth", "bandwidth", "", "")
+DEVICE_ID = Request("deviceID", "device_id", "device_id", "deviceID", "deviceID", "")
+#: Every per-attachment request, in the element's key order (upstream's NetworkSelectionElement).
+REQUESTS = (IPS, MAC, INFINIBAND_GUID, PORT_MAPPINGS, BANDWIDTH, DEVICE_ID)
+
+
+def requested(value: Any) -> bool:
+    """True when a request's value asks for something: set and not empty (an empty
+    ``bandwidth`` object is a request)."""
+    return value is not None and (isinstance(value, dict) or bool(value))
 
 
 class NetworkSelection(Record):
@@ -64,28 +93,13 @@ class NetworkSelection(Record):
         return _element_from_dict(data, default_namespace)
 
     def to_dict(self) -> Dict[str, Any]:
-        """The element as JSON, with upstream's keys in upstream's order, empty values left out."""
-        out: Dict[str, Any] = {"name": self.name}
-        if self.namespace:
-            out["namespace"] = self.namespace
-        if self.ips:
-            out["ips"] = list(self.ips)
-        if self.mac:
-            out["mac"] = self.mac
-        if self.infiniband_guid:
-            out["infiniband-guid"] = self.infiniband_guid
-        if self.interface:
-            out["interface"] = self.interface
-        if self.port_mappings:
-            out["portMappings"] = [dict(p) for p in self.port_mappings]
-        if self.bandwidth is not None:
-            out["bandwidth"] = dict(self.bandwidth)
-        if self.device_id:
-            out["deviceID"] = self.device_id
-        if self.cni_args is not None:
-            out["cni-args"] = dict(self.cni_args)
-        if self.default_route is not None:
-            out["default-route"] = list(self.default_route)
+        """The element as JSON, with upstream's keys in upstream's order, values left at their
+        default (or empty) left out."""
+        out: Dict[str, Any] = {}
+        for key, (attribute, _) in _FIELDS.items():
+            value = getattr(self, attribute, _ABSENT)  # "interfaceRequest" has no attribute
+            if value is not _ABSENT and value != getattr(NetworkSelection, attribute, ""):
+                out[key] = json_value(value)
         return out
 
 
@@ -183,9 +197,19 @@ def parse_ip_or_cidr(text: str) -> None:
         raise ValueError(f"failed to parse IP address {text!r}") from None
 
 
+def json_value(value: Any) -> Any:
+    """``value`` as JSON holds it: tuples as lists, objects copied."""
+    if isinstance(value, (tuple, list)):
+        return [json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: json_value(v) for k, v in value.items()}
+    return value
+
+
 # --- internals -------------------------------------------------------------------------------
 
 Fail = Callable[[str], InvalidNetworkConfig]
+_ABSENT = object()
 
 
 def _failer(pod: str, annotation: str) -> Fail:
@@ -324,17 +348,18 @@ def _cni_args(value: Any) -> Optional[Dict[str, Any]]:
     return dict(value)
 
 
+# In upstream's NetworkSelectionElement order, which to_dict keeps.
 _FIELDS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     "name": ("name", _string("name")),
     "namespace": ("namespace", _string("namespace")),
-    "ips": ("ips", _string_list("ips")),
-    "mac": ("mac", _string("mac")),
-    "infiniband-guid": ("infiniband_guid", _string("infiniband-guid")),
+    IPS.key: (IPS.attribute, _string_list(IPS.key)),
+    MAC.key: (MAC.attribute, _string(MAC.key)),
+    INFINIBAND_GUID.key: (INFINIBAND_GUID.attribute, _string(INFINIBAND_GUID.key)),
     "interface": ("interface", _string("interface")),
     "interfaceRequest": ("interface_request", _string("interfaceRequest")),
-    "portMappings": ("port_mappings", _port_mappings),
-    "bandwidth": ("bandwidth", _bandwidth),
-    "deviceID": ("device_id", _string("deviceID")),
+    PORT_MAPPINGS.key: (PORT_MAPPINGS.attribute, _port_mappings),
+    BANDWIDTH.key: (BANDWIDTH.attribute, _bandwidth),
+    DEVICE_ID.key: (DEVICE_ID.attribute, _string(DEVICE_ID.key)),
     "cni-args": ("cni_args", _cni_args),
     "default-route": ("default_route", _string_list("default-route")),
 }
@@ -349,26 +374,16 @@ def _element_from_dict(data: Mapping[str, Any], default_namespace: str) -> Netwo
             continue  # unknown keys (e.g. ipam-claim-reference) are ignored, as upstream does
         attribute, convert = _FIELDS[known]
         values[attribute] = convert(value)
-    name = values.get("name") or ""
+    name = values.pop("name", "")
     if not name:
         raise ValueError('"name" is missing or empty; every element must name a '
                          "network-attachment-definition")
+    namespace = values.pop("namespace", "") or default_namespace
     # "interfaceRequest" is the pre-3.2 spelling of "interface"; the new key wins.
-    interface = values.get("interface") or values.get("interface_request") or ""
-    return NetworkSelection(
-        name=name,
-        namespace=values.get("namespace") or default_namespace,
-        interface=interface,
-        ips=values.get("ips") or (),
-        mac=values.get("mac", ""),
-        infiniband_guid=values.get("infiniband_guid", ""),
-        cni_args=values.get("cni_args"),
-        port_mappings=values.get("port_mappings", ()),
-        bandwidth=values.get("bandwidth"),
-        default_route=values.get("default_route"),
-        device_id=values.get("device_id", ""),
-        raw=dict(data),
-    )
+    interface, interface_request = values.pop("interface", ""), values.pop("interface_request", "")
+    given = {attribute: value for attribute, value in values.items() if value is not None}
+    return NetworkSelection(name=name, namespace=namespace,  # a null leaves a field's default
+                            interface=interface or interface_request, raw=dict(data), **given)
 
 
 def _validate_requests(selection: NetworkSelection, index: int, fail: Fail) -> None:

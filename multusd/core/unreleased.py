@@ -35,7 +35,7 @@ from multusd.cni.args import parse_cni_args
 from multusd.cni.cache import RESULTS_DIR
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
-from multusd.store.record import Record, replace
+from multusd.store.valueclass import Record, replace
 
 LOG = logging.getLogger(__name__)
 

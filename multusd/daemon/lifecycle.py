@@ -34,7 +34,8 @@ import time
 from typing import Any, Mapping
 
 from multusd import __version__
-from multusd.core import request as cmdargs
+from multusd.cni.cache import DEFAULT_CACHE_DIR
+from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.daemon import delretry, metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.hotplug import handle_delegate
@@ -191,7 +192,7 @@ class Daemon:
         self.metrics.set_sources(
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
-            cni_dir=str(self.config.raw.get("cniDir") or "/var/lib/cni/multus"),
+            cni_dir=str(self.config.raw.get("cniDir") or DEFAULT_CACHE_DIR),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),
@@ -221,12 +222,12 @@ class Daemon:
                request_id: str) -> Mapping[str, Any] | None:
         """One /cni or /delegate request (called on a pool slot by the server)."""
         with self.metrics.track_request(endpoint) as tracked:
-            env, config, attributes = cmdargs.decode_body(body)
-            request = cmdargs.parse(env, config, self.config)
+            env, config, attributes = decode_body(body)
+            request = parse(env, config, self.config)
             tracked.command = request.command
             return self._handle(endpoint, request, env, attributes, deadline, request_id)
 
-    def _handle(self, endpoint: str, request: cmdargs.CmdArgs, env: Mapping[str, str],
+    def _handle(self, endpoint: str, request: CmdArgs, env: Mapping[str, str],
                 attributes: Mapping[str, Any] | None, deadline: float,
                 request_id: str) -> Mapping[str, Any] | None:
         started = time.monotonic()

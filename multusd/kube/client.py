@@ -32,7 +32,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from multusd.errors import DeadlineExceeded, MultusError
-from multusd.kube import dra
+from multusd.kube import draclaims
 from multusd.kube import status as status_mod
 from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
 from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
@@ -92,7 +92,7 @@ class KubeClient:
         self._empty_misses = 0
         self._mismatch: Optional[Tuple[str, str]] = None
         self._warned_empty = False
-        self._dra_slices = dra.SliceCache()
+        self._dra_slices = draclaims.SliceCache()
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -417,11 +417,11 @@ class KubeClient:
         """Queue an event about ``pod`` (sent by a background thread); never raises."""
         self._events.emit(pod, event_type, reason, message)
 
-    # ---- DRA devices (through get_json, the one request kube/dra.py sends) ---------------------
+    # ---- DRA devices (through get_json, the one request kube/draclaims.py sends) ----------------
 
     def pod_dra_devices(self, pod: Pod, *,
-                        deadline: Optional[float] = None) -> List[dra.AllocatedDevice]:
-        """The DRA devices of ``pod`` a NAD's resourceName can name (see :mod:`multusd.kube.dra`).
+                        deadline: Optional[float] = None) -> List[draclaims.AllocatedDevice]:
+        """The DRA devices of ``pod`` a NAD's resourceName can name (:mod:`multusd.kube.draclaims`).
 
         No request for a pod without ResourceClaims; each claim is read once, ResourceSlices
         come from a cache per (node, driver). Searched on the pod's node (its spec.nodeName;
@@ -430,8 +430,8 @@ class KubeClient:
         :raises MultusError: a claim is missing or unallocated, an extended-resource device
             does not match, or a request failed.
         """
-        return dra.pod_devices(pod, self.get_json, self.config, self._dra_slices,
-                               node=pod.node_name or self.node_name, deadline=deadline)
+        return draclaims.pod_devices(pod, self.get_json, self.config, self._dra_slices,
+                                     node=pod.node_name or self.node_name, deadline=deadline)
 
     @property
     def dra_slice_lists(self) -> int:

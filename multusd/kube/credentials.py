@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from multusd.kube import kubeconfig as reader
+from multusd.kube import kubeconfig
 
 LOG = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Credentials:
         that runs the package's loader again and returns a new one.
     """
 
-    def __init__(self, settings: reader.Settings, secrets: Secrets, *,
+    def __init__(self, settings: kubeconfig.Settings, secrets: Secrets, *,
                  plugin: Optional[Tuple[Any, Callable[[], Any]]] = None) -> None:
         self.settings = settings
         self.secrets = secrets
@@ -118,7 +118,7 @@ class Credentials:
         if settings.token:
             self._header = f"Bearer {settings.token}"
         elif settings.basic:
-            self._header = reader.basic_header(settings.basic)
+            self._header = kubeconfig.basic_header(settings.basic)
         elif settings.token_file:
             self._read_token_file(force=True)
         self.secrets.add(self._header, AUTHORIZATION)
@@ -136,7 +136,7 @@ class Credentials:
         if self.settings.token_file:
             self._read_token_file(force=False)
         elif self._plugin_configuration is not None:
-            header = reader.configuration_token(self._plugin_configuration)
+            header = kubeconfig.configuration_token(self._plugin_configuration)
             if header != self._header:
                 with self._lock:
                     self._header = header
@@ -164,10 +164,10 @@ class Credentials:
             return
         with self._lock:
             try:
-                token = reader.read_token_file(path)
+                token = kubeconfig.read_token_file(path)
             except (OSError, ValueError) as exc:  # mid-rotation: keep the token we have
                 if self._header is None:
-                    raise reader.KubeconfigError(
+                    raise kubeconfig.KubeconfigError(
                         f"its 'tokenFile' {path!r} cannot be read "
                         f"({type(exc).__name__})") from None
                 LOG.warning("cannot re-read the token file %s (%s); keeping the token read "
@@ -195,7 +195,7 @@ class Credentials:
                             type(exc).__name__)
                 return
             self._plugin_configuration = configuration
-        header = reader.configuration_token(configuration)
+        header = kubeconfig.configuration_token(configuration)
         if header != self._header:
             self.rotations += 1
             self.secrets.add(header, AUTHORIZATION)

@@ -5,7 +5,8 @@ forms, which :func:`load` reads itself, with client-go's rules:
 
 * the current context's cluster: ``server`` (trailing ``/`` dropped), and for ``https`` only
   ``certificate-authority`` / ``certificate-authority-data``, ``insecure-skip-tls-verify``,
-  ``tls-server-name``; ``proxy-url`` (``http``/``https`` proxies);
+  ``tls-server-name``; ``proxy-url`` (read as written: the transport takes an ``http://``
+  proxy, and refuses an ``https://`` or SOCKS one when it is built);
 * its user: ``token`` or ``tokenFile`` (kept as a path: it is re-read when it changes),
   ``client-certificate`` / ``client-key`` (and their ``-data``; loaded for ``https`` only; the
   files are named, not read, so a rotated kubelet certificate is picked up),
@@ -30,7 +31,7 @@ from typing import Any, Dict, Optional
 
 from multusd import store
 from multusd.errors import MultusError
-from multusd.store.record import Record
+from multusd.store.valueclass import Record
 
 DATA_DIR_NAME = "multusd-kubeconfig"
 _PLUGIN_KEYS = ("exec", "auth-provider")

@@ -6,7 +6,7 @@ import json
 import types
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd.store.record import Record, field
+from multusd.store.valueclass import Record, field
 
 NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"

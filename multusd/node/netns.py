@@ -3,9 +3,8 @@
 Interface lookups are one ioctl on the namespace's socket; pyroute2 is imported only for
 routes (pods with a ``default-route`` request).
 
-Upstream: ``netutils.go`` (``DeleteDefaultGW``,
-``SetDefaultGW``, ``DeleteDefaultGWCache``, ``AddDefaultGWCache``), the default-route part of
-``multus.go:CmdAdd`` and ``validateIfName`` (F37, F50).
+Upstream: the netlink half of ``netutils.go`` (``DeleteDefaultGW``, ``SetDefaultGW``) and
+the interface lookup of ``validateIfName`` (F37, F50).
 
 How a namespace is entered: a short-lived thread of its own opens the netns file,
 ``setns()`` into it (which changes that thread's namespace only), creates a NETLINK_ROUTE

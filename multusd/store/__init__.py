@@ -1,12 +1,14 @@
 """What multusd writes and how: the one atomic-write helper, its JSON-file reader, Go's JSON text.
 
-Every file multusd writes goes through :func:`atomic_write`: a temp file in the same
-directory, fsync, rename over the target, fsync of the directory (all but libcni's result
-cache, which libcni itself never fsyncs and multusd can do without). A reader sees the old
-content or the new, never an empty or partial file. :func:`go_json` is the one encoder of
+Every file multusd writes goes through :func:`atomic_write` (but the systemd generator's
+drop-in, written once into a fresh tmpfs): a temp file in the same directory, fsync, rename
+over the target, fsync of the directory. The fsyncs are skipped for libcni's result cache
+(libcni never fsyncs it) and the kubeconfig's ``-data`` files (rewritten at every start), and
+left to a :class:`Flush` for the scratch cache (it runs while the plugins do). A reader sees
+the old content or the new, never an empty or partial file. :func:`go_json` is the one encoder of
 JSON that must match upstream's bytes (Go's ``encoding/json``): 00-multus.conf, the scratch
-cache, delegate configs and the network-status annotation. :mod:`multusd.store.record` holds
-the frozen value classes the data is kept in on its way (declared as dataclasses are).
+cache, delegate configs and the network-status annotation. :mod:`multusd.store.valueclass`
+holds the frozen value classes the data is kept in on its way (declared as dataclasses are).
 """
 
 from __future__ import annotations

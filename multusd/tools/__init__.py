@@ -1,1 +1,1 @@
-"""Operator tools: status, show, doctor and gc, from the node's on-disk state (beside the CLI)."""
+"""Operator commands (status, show, doctor, gc, socket-check): what the node holds, for the CLI."""

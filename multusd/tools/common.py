@@ -291,11 +291,11 @@ def multus_conf_state(config: daemonconf.DaemonConfig) -> Dict[str, Any]:
     ``state`` is ``current``, ``differs``, ``missing``, ``empty``, ``waiting`` (nothing to
     write yet: no primary network or no readiness indicator) or ``error``.
     """
-    from multusd.config import confgen
+    from multusd.config import multusconf
     from multusd.errors import IOFailure
 
     try:
-        plan = confgen.plan(config.raw, source=config.path)
+        plan = multusconf.plan(config.raw, source=config.path)
     except ConfigError as exc:
         return {"path": "", "state": "error",
                 "detail": "; ".join(p.format() for p in exc.problems)}

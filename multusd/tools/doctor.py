@@ -259,7 +259,7 @@ class Doctor:
         from multusd.cni import invoke
         from multusd.cni.conflist import NetworkConfigList
         from multusd.config.daemonconf import overlay
-        from multusd.core import delegates as delegates_mod
+        from multusd.core.delegates import build_delegates
         from multusd.core.sandbox import Multus
         from multusd.errors import MultusError
 
@@ -272,7 +272,7 @@ class Doctor:
         warnings = []
         for label, namespace, name, pod_annotations in sources:
             try:
-                delegates = delegates_mod.build_delegates(
+                delegates = build_delegates(
                     conf, pod_namespace=namespace, pod_name=name, annotations=pod_annotations,
                     cni_ifname="eth0", get_nad=get_nad)
             except MultusError as exc:

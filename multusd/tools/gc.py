@@ -66,7 +66,7 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
 
 def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int:
     """``multusd gc --forget CONTAINER_ID``: DEL what can be released, drop every record."""
-    from multusd.core import request as cmdargs
+    from multusd.core import request
     from multusd.core.sandbox import Multus
 
     try:
@@ -81,7 +81,7 @@ def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int
               "full container ID the DEL error names)", file=sys.stderr)
         return common.EXIT_NOT_FOUND
     env, conf = del_request(config, record)
-    req = cmdargs.parse(env, conf, config)
+    req = request.parse(env, conf, config)
     outcome = Multus(config, None).forget(req, time.monotonic() + config.request_timeout,
                                           logging.LoggerAdapter(LOG, {}))
     left = records.read_sandbox(cni_dir, container_id)
@@ -242,12 +242,12 @@ def _via_daemon(config, env: Dict[str, str], conf: bytes) -> str:
 
 
 def _in_process(config, env: Dict[str, str], conf: bytes) -> str:
-    from multusd.core import request as cmdargs
+    from multusd.core import request
     from multusd.core.sandbox import Multus
     from multusd.errors import MultusError
 
     try:
-        req = cmdargs.parse(env, conf, config)
+        req = request.parse(env, conf, config)
         deadline = time.monotonic() + config.request_timeout
         Multus(config, None).delete(req, deadline, logging.LoggerAdapter(LOG, {}))
     except MultusError as exc:

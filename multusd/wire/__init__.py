@@ -1,4 +1,4 @@
-"""The shim and its wire contract with the daemon: standard library and ``multusd.errors`` only."""
+"""The shim and its wire contract with the daemon: stdlib, :mod:`multusd` and its errors only."""
 
 
 def errors():

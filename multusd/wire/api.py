@@ -2,9 +2,11 @@
 
 HTTP/1.1 over the unix socket ``<socketDir>/multus.sock``:
 
-* ``POST /cni`` with ``{"env": {CNI_*...}, "config": "<stdin bytes, base64>"}``; ADD answers
-  200 ``{"Result": <result at cniVersion 1.1.0>}``, the other commands 200 with an empty body,
-  a failure 400 with CNI error JSON.
+* ``POST /cni`` with ``{"env": {...}, "config": "<stdin bytes, base64>"}``, ``env`` being the
+  shim's whole environment (the ``CNI_*`` variables and the rest, as upstream's shim sends
+  ``os.Environ()``); ADD answers 200 ``{"Result": <result>}`` at the daemon's newest version
+  (1.1.0 from multusd, 1.0.0 from upstream's), the other commands 200 with an empty body, a
+  failure 400 with CNI error JSON.
 * ``POST /delegate``: the same plus ``"interfaceAttributes"`` (hot-plug of one interface).
 * ``GET|POST /healthz`` (always 200 while serving), ``/readyz`` (500 once stopping).
 * ``GET /status``: the daemon's own facts as JSON (version, uptime, request counts), for

@@ -1,4 +1,4 @@
-"""JSON for the shim's start-up path: the stdlib's C accelerator without importing ``json``.
+"""JSON for short-lived processes (the shim, the systemd generator): ``_json`` without ``json``.
 
 ``import json`` costs the shim about a third of its run time: json.decoder compiles regular
 expressions at import, which pulls in ``re`` and ``enum``. The shim runs once per pod sandbox,

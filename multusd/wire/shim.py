@@ -19,7 +19,8 @@ import time
 # posix, not os: os imports stat, posixpath and the abstract collections, ~2 ms per pod.
 import posix
 
-from multusd import SUPPORTED_VERSIONS, __version__, wire
+from multusd import (COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, ResultError,
+                     __version__, convert, wire)
 from multusd.wire import api, quickjson
 
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
@@ -113,10 +114,6 @@ def parse_config(stdin: bytes) -> ShimConfig:
     return ShimConfig(conf)
 
 
-# The oldest config version that has each command (as the CNI skel library checks).
-COMMAND_MIN_VERSION = {"CHECK": (0, 4, 0), "STATUS": (1, 1, 0), "GC": (1, 1, 0)}
-
-
 def check_command_allowed(command: str, cni_version: str) -> None:
     """Refuse CHECK below 0.4.0 and STATUS/GC below 1.1.0 without asking the daemon."""
     minimum = COMMAND_MIN_VERSION.get(command)
@@ -126,7 +123,7 @@ def check_command_allowed(command: str, cni_version: str) -> None:
         version = tuple(int(part) for part in cni_version.split("."))
     except ValueError:
         raise wire.errors().IncompatibleCNIVersion(f"invalid cniVersion {cni_version!r} in the CNI config") from None
-    if version < minimum:
+    if version < tuple(int(part) for part in minimum.split(".")):
         raise wire.errors().IncompatibleCNIVersion(f"config version does not allow {command}")
 
 
@@ -209,9 +206,10 @@ def add_result(body: bytes, cni_version: str) -> dict:
     if result is None:
         raise wire.errors().DecodeFailure("multusd answered ADD without a result")
     if cni_version and cni_version != result.get("cniVersion"):
-        from multusd.wire.result import for_runtime
-
-        result = for_runtime(result, cni_version)
+        try:
+            result = convert(result, cni_version)
+        except ResultError as exc:
+            raise wire.errors().from_exception(exc) from None
     return result
 
 
@@ -274,7 +272,7 @@ def version_info(stdin: bytes) -> dict:
     except (ValueError, AttributeError):
         requested = None
     if not isinstance(requested, str) or not requested:
-        requested = "1.1.0"
+        requested = CURRENT_VERSION
     return {"cniVersion": requested, "supportedVersions": list(SUPPORTED_VERSIONS)}
 
 

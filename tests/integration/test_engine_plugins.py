@@ -17,7 +17,8 @@ import pytest
 
 from testlib import PLUGIN_DIR, netns_links, netns_routes, run, unique
 from multusd.cni import cache
-from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.cni.cache import RuntimeConf
+from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.errors import MultusError, PluginError
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]

@@ -15,7 +15,8 @@ from typing import List
 import pytest
 
 from multusd.cni import cache
-from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.cni.cache import RuntimeConf
+from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.errors import (DeadlineExceeded, DelegateError, IncompatibleCNIVersion,
                             InvalidNetworkConfig, MultusError, PluginError,
                             UnknownContainer)

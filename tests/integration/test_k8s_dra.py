@@ -1,4 +1,4 @@
-"""DRA lookups (multusd.kube.dra) through the real client against the stand-in API server.
+"""DRA lookups (multusd.kube.draclaims) through the real client against the stand-in API server.
 
 ResourceClaims and this node's ResourceSlices as kube-apiserver serves them (tests/kubedra.py):
 which devices a pod gets, which it does not (a GPU, another node's device of the same name, an
@@ -102,7 +102,7 @@ def test_the_same_device_name_on_another_node_is_never_used(kube_api, client):
 
 def test_slice_entries_no_add_uses_are_forgotten_once_stale(kube_api, client):
     """Pods of other nodes and drivers gone out of use do not pile up over the uptime."""
-    from multusd.kube.dra import SliceCache
+    from multusd.kube.draclaims import SliceCache
 
     sriov_and_gpu(kube_api)
     now = [0.0]
@@ -125,7 +125,7 @@ def test_slice_entries_no_add_uses_are_forgotten_once_stale(kube_api, client):
 
 
 def test_slices_a_server_sends_for_another_node_or_driver_are_dropped():
-    from multusd.kube.dra import SliceDevice, slice_devices
+    from multusd.kube.draclaims import SliceDevice, slice_devices
 
     def item(node, driver, pool, generation, device, device_id):
         return {"spec": {"nodeName": node, "driver": driver,

@@ -15,7 +15,8 @@ import pytest
 
 from testlib import PLUGIN_DIR, netns_routes, run, unique
 from multusd.cni import cache
-from multusd.cni.conflist import Engine, NetworkConfigList, RuntimeConf
+from multusd.cni.cache import RuntimeConf
+from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.core.delegates import Delegate, mark_gateway_filters
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, UnknownContainer
 from multusd.core.defaultroute import DefaultRoutes, with_default_routes, without_default_routes

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from multusd.cni import cache
-from multusd.cni.conflist import RuntimeConf
+from multusd.cni.cache import RuntimeConf
 from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
 
 RESULT = {"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.5/24"}]}

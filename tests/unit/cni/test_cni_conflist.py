@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from multusd.cni.conflist import NetworkConfigList, RuntimeConf
+from multusd.cni.cache import RuntimeConf
+from multusd.cni.conflist import NetworkConfigList
 from multusd.errors import DecodeFailure, IncompatibleCNIVersion, InvalidNetworkConfig
 
 CONFLIST = {"cniVersion": "1.0.0", "name": "br-net", "disableCheck": "TRUE",

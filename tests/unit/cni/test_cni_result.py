@@ -1,4 +1,4 @@
-"""multusd.cni.result: golden-file conversion for every pair of supported versions."""
+"""Result conversion (multusd.convert, through multusd.cni.result): golden files, every pair."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from multusd import SUPPORTED_VERSIONS, ResultError, convert
 from multusd.cni.result import convert_result, ip_addresses, is_empty
-from multusd.cni.version import SUPPORTED_VERSIONS
 from multusd.errors import DecodeFailure, IncompatibleCNIVersion
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "results")
@@ -91,3 +91,19 @@ def test_is_empty_and_ip_addresses():
     full = _load("input-1.0.0.json")
     assert not is_empty(full)
     assert ip_addresses(full) == ["10.1.0.5/24", "fd00:10::5/64", "192.168.7.9/32"]
+
+
+@pytest.mark.parametrize("bad, code, error", [
+    ([], 6, DecodeFailure), ({"cniVersion": "9.9.9"}, 1, IncompatibleCNIVersion),
+    ({"cniVersion": "1.0.0", "ips": [{"gateway": "10.0.0.1"}]}, 6, DecodeFailure),
+    ({"cniVersion": "1.0.0", "routes": "x"}, 6, DecodeFailure),
+])
+def test_the_package_reports_what_the_engine_raises(bad, code, error):
+    # multusd.convert imports nothing (the shim's happy path, and errors imports multusd):
+    # it reports a ResultError with the code; the engine raises the error that code names.
+    with pytest.raises(ResultError) as reported:
+        convert(bad, "0.3.1")
+    assert reported.value.code == code and not isinstance(reported.value, error)
+    with pytest.raises(error) as raised:
+        convert_result(bad, "0.3.1")
+    assert raised.value.msg == reported.value.msg and raised.value.code == code

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from multusd import SUPPORTED_VERSIONS
 from multusd.cni import version
 from multusd.errors import IncompatibleCNIVersion
 
@@ -23,7 +24,7 @@ def test_parse_version_rejects_garbage(garbage):
 
 
 def test_supported_versions_and_helpers():
-    assert version.SUPPORTED_VERSIONS == ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+    assert SUPPORTED_VERSIONS == ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
     assert not version.supports_check("0.3.1")
     assert version.supports_check("0.4.0") and version.supports_check("1.1.0")
     assert not version.supports_status_gc("1.0.0")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from multusd.config import daemonconf as config
+from multusd.config import daemonconf
 from multusd.errors import ConfigError
 
 
@@ -22,7 +22,7 @@ def test_upstream_thick_config_loads(tmp_path):
         "cniConfigDir": "/host/etc/cni/net.d", "multusAutoconfigDir": "/host/etc/cni/net.d",
         "multusConfigFile": "auto", "socketDir": "/host/run/multus/",
     }
-    loaded = config.load(write(tmp_path, upstream))
+    loaded = daemonconf.load(write(tmp_path, upstream))
     assert loaded.socket_path == "/host/run/multus/multus.sock"
     assert loaded.log_level == "verbose"
     assert loaded.warnings == ()
@@ -32,7 +32,7 @@ def test_every_problem_is_reported_together(tmp_path):
     bad = {"chrootDir": "/hostroot", "socketDir": "run/multus", "logLevel": "loud",
            "metricsPort": 70000, "connectionLimit": 0, "logToStderr": "yes"}
     with pytest.raises(ConfigError) as info:
-        config.load(write(tmp_path, bad))
+        daemonconf.load(write(tmp_path, bad))
     paths = [p.path for p in info.value.problems]
     assert paths == ["chrootDir", "socketDir", "logLevel", "logToStderr", "metricsPort",
                      "connectionLimit"]
@@ -41,29 +41,29 @@ def test_every_problem_is_reported_together(tmp_path):
 
 
 def test_unknown_key_is_a_warning_not_an_error(tmp_path):
-    loaded = config.load(write(tmp_path, {"socketDri": "/x"}))
+    loaded = daemonconf.load(write(tmp_path, {"socketDri": "/x"}))
     assert loaded.warnings == ("socketDri: unknown key, ignored (check its spelling)",)
 
 
 def test_missing_and_invalid_files_say_what_to_do(tmp_path):
     with pytest.raises(ConfigError, match="cannot read it"):
-        config.load(str(tmp_path / "nope.json"))
+        daemonconf.load(str(tmp_path / "nope.json"))
     with pytest.raises(ConfigError, match="not valid JSON"):
-        config.load(write(tmp_path, "{"))
+        daemonconf.load(write(tmp_path, "{"))
 
 
 def test_connection_limit_sizes_the_worker_pool(tmp_path):
-    assert config.load(write(tmp_path, {"connectionLimit": 3})).workers == 3
+    assert daemonconf.load(write(tmp_path, {"connectionLimit": 3})).workers == 3
 
 
 def test_overlay_replaces_top_level_keys_whole():
-    daemon = config.from_dict({"namespaceIsolation": True, "runtimeConfig": {"a": 1},
+    daemon = daemonconf.from_dict({"namespaceIsolation": True, "runtimeConfig": {"a": 1},
                                "readinessindicatorfile": "/x"})
-    merged = config.overlay({"name": "multus", "runtimeConfig": {"b": 2},
+    merged = daemonconf.overlay({"name": "multus", "runtimeConfig": {"b": 2},
                              "readinessindicatorfile": "/y"}, daemon)
     assert merged == {"name": "multus", "runtimeConfig": {"a": 1}, "namespaceIsolation": True}
-    assert "readinessindicatorfile" in config.overlay(
-        {}, config.from_dict({"multusConfigFile": "/etc/x.conf", "readinessindicatorfile": "/x"}))
+    assert "readinessindicatorfile" in daemonconf.overlay(
+        {}, daemonconf.from_dict({"multusConfigFile": "/etc/x.conf", "readinessindicatorfile": "/x"}))
 
 
 def test_retry_delete_on_error_false_is_a_warning_saying_what_multusd_does():
@@ -76,14 +76,13 @@ def test_retry_delete_on_error_false_is_a_warning_saying_what_multusd_does():
     assert from_dict({}).warnings == ()
 
 
-
 def test_delete_retry_window_is_seconds_five_minutes_by_default():
-    assert config.from_dict({}).delete_retry_window == 300.0
-    assert config.from_dict({"deleteRetryWindow": 90}).delete_retry_window == 90.0
-    assert config.from_dict({"deleteRetryWindow": 0.5}).delete_retry_window == 0.5
-    assert config.from_dict({"deleteRetryWindow": 90}).warnings == ()  # a key of ours
+    assert daemonconf.from_dict({}).delete_retry_window == 300.0
+    assert daemonconf.from_dict({"deleteRetryWindow": 90}).delete_retry_window == 90.0
+    assert daemonconf.from_dict({"deleteRetryWindow": 0.5}).delete_retry_window == 0.5
+    assert daemonconf.from_dict({"deleteRetryWindow": 90}).warnings == ()  # a key of ours
     for bad in (0, -5, "5m", True):
         with pytest.raises(ConfigError) as info:
-            config.from_dict({"deleteRetryWindow": bad})
+            daemonconf.from_dict({"deleteRetryWindow": bad})
         assert info.value.problems[0].path == "deleteRetryWindow"
         assert "must be a number greater than 0" in info.value.msg

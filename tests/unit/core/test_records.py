@@ -6,7 +6,7 @@ import os
 
 from multusd import store
 from multusd.cni import cache
-from multusd.cni.conflist import RuntimeConf
+from multusd.cni.cache import RuntimeConf
 from multusd.core import records, scratch
 from multusd.core.delegates import Delegate
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from multusd.store.record import replace
+from multusd.store.valueclass import replace
 
 from multusd.core.delegates import Delegate
 from multusd.errors import InvalidNetworkConfig

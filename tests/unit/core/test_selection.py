@@ -6,9 +6,11 @@ import pytest
 
 from multusd.errors import InvalidNetworkConfig
 from multusd.cni.names import is_valid_ifname
-from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
-                               parse_default_network, parse_ip_or_cidr,
-                               parse_mac, parse_selections)
+from multusd.core.delegate import Delegate
+from multusd.core.scratch import delegates_from_cache, delegates_to_cache
+from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, REQUESTS,
+                                    NetworkSelection, parse_default_network, parse_ip_or_cidr,
+                                    parse_mac, parse_selections, requested)
 
 POD = "test/mypod"
 
@@ -203,3 +205,22 @@ def test_default_network_errors(value, expected):
         parse_default_network(value, "kube-system", POD)
     assert expected in err.value.msg
     assert repr(DEFAULT_NETWORK_ANNOTATION) in err.value.msg and repr(POD) in err.value.msg
+
+
+def test_every_request_is_a_key_of_the_element_and_a_field_of_the_selection_and_delegate():
+    element = {"name": "n", "ips": ["10.1.1.5/24"], "mac": "c2:11:22:33:44:55",
+               "infiniband-guid": "c2:11:22:33:44:55:66:77",
+               "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+               "bandwidth": {"ingressRate": 1000}, "deviceID": "0000:3b:00.1"}
+    selection = NetworkSelection.from_dict(element, "ns")
+    assert [r.key for r in REQUESTS] == list(element)[1:]
+    assert list(selection.to_dict()) == ["name", "namespace"] + [r.key for r in REQUESTS]
+    requests = {r.delegate: getattr(selection, r.attribute) for r in REQUESTS}
+    assert all(requested(value) for value in requests.values())
+    delegate = Delegate(name="n", conf=b'{"cniVersion": "1.0.0", "name": "n", "type": "x"}',
+                        ifname="net1", master=False, **requests)
+    # What the scratch cache records comes back on DEL; the rest is not recorded, as upstream.
+    back = delegates_from_cache(delegates_to_cache([delegate]))[0]
+    for request in REQUESTS:
+        kept = getattr(back, request.delegate)
+        assert (kept == getattr(delegate, request.delegate)) == bool(request.cache_key), request

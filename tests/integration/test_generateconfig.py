@@ -1,4 +1,4 @@
-"""confwrite.run() on real directories: what multusd-config.service does on each trigger.
+"""generateconfig.run() on real directories: what multusd-config.service does on each trigger.
 
 Covers content and mode, atomicity under a concurrent reader, "unchanged input writes
 nothing" (checked with a real inotify watch, as systemd's path unit sees it), a vanished
@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from multusd.config import confwrite
+from multusd.config import generateconfig
 
 from testlib import REPO, wait_for  # tests/conftest.py (pytest puts tests/ on sys.path)
 
@@ -52,7 +52,7 @@ def node(tmp_path):
             return str(path)
 
         def run(self, remove=False):
-            return confwrite.run(self.config_path, remove=remove)
+            return generateconfig.run(self.config_path, remove=remove)
 
     yield Node()
     shutil.rmtree(str(tmp_path), ignore_errors=True)
@@ -152,7 +152,7 @@ def test_primary_removed_keeps_the_file_and_warns(node, caplog):
     assert node.run() == 0
     before = node.generated.read_bytes()
     os.unlink(primary)
-    with caplog.at_level("WARNING", logger="multusd.config.confgen"):
+    with caplog.at_level("WARNING", logger="multusd.config.multusconf"):
         assert node.run() == 0
     assert node.generated.read_bytes() == before
     assert any("keeping" in r.getMessage() and "stale" in r.getMessage() for r in caplog.records)
@@ -170,7 +170,7 @@ def test_new_primary_regenerates(node):
 
 def test_no_primary_writes_nothing_and_exits_0(node, caplog):
     node.configure()
-    with caplog.at_level("WARNING", logger="multusd.config.confgen"):
+    with caplog.at_level("WARNING", logger="multusd.config.multusconf"):
         assert node.run() == 0
     assert not node.generated.exists()
     assert any("waiting for a primary network config" in r.getMessage() for r in caplog.records)
@@ -222,7 +222,7 @@ def test_force_cni_version_rewrites_the_primary_once(node, caplog):
     primary = node.primary("10-mycni.conf", cniVersion="0.3.1")
     os.chmod(primary, 0o640)
     node.configure(forceCNIVersion=True)
-    with caplog.at_level("WARNING", logger="multusd.config.confgen"):
+    with caplog.at_level("WARNING", logger="multusd.config.multusconf"):
         assert node.run() == 0
     assert json.loads(open(primary).read())["cniVersion"] == "0.4.0"
     assert stat.S_IMODE(os.stat(primary).st_mode) == 0o640
@@ -304,19 +304,19 @@ def test_remove_leaves_a_file_rewritten_since_even_with_the_same_bytes(node):
 
 def test_a_file_with_multusds_bytes_but_no_record_is_adopted(node):
     """Written by a multusd from before the record: removal still deletes it."""
-    from multusd.config import written
+    from multusd.config import ownership
 
     node.primary("10-mycni.conf")
     node.configure()
     assert node.run() == 0
-    written.forget(str(node.generated))
-    assert not written.is_recorded(str(node.generated))
+    ownership.forget(str(node.generated))
+    assert not ownership.is_recorded(str(node.generated))
     assert node.run() == 0 and node.run(remove=True) == 0
     assert not node.generated.exists()
 
 
 def test_the_record_lives_in_the_state_directory(node, state_directory):
-    from multusd.config import written
+    from multusd.config import ownership
 
     node.primary("10-mycni.conf")
     node.configure()
@@ -324,7 +324,7 @@ def test_the_record_lives_in_the_state_directory(node, state_directory):
     record = json.loads(open(os.path.join(state_directory, "written.json")).read())
     entry = record[str(node.generated)]
     assert entry["sha256"] == __import__("hashlib").sha256(node.generated.read_bytes()).hexdigest()
-    assert written.record_path() == os.path.join(state_directory, "written.json")
+    assert ownership.record_path() == os.path.join(state_directory, "written.json")
     assert node.run(remove=True) == 0
     assert str(node.generated) not in json.loads(
         open(os.path.join(state_directory, "written.json")).read())
@@ -362,7 +362,7 @@ def _subprocess(*argv):
 
 
 def test_run_as_a_subprocess(node):
-    code = "import sys; from multusd.config.confwrite import run; sys.exit(run(sys.argv[1]))"
+    code = "import sys; from multusd.config.generateconfig import run; sys.exit(run(sys.argv[1]))"
     result = _subprocess("-c", code, node.config_path)
     assert result.returncode == 1 and "does not exist" in result.stderr
     node.primary("10-mycni.conf")

@@ -1,9 +1,9 @@
 """Writing and removing ``00-multus.conf``: the ``multusd generate-config [--remove]`` oneshot.
 
-What the file holds is :mod:`multusd.config.confgen`'s decision; this module applies it
+What the file holds is :mod:`multusd.config.multusconf`'s decision; this module applies it
 atomically, never rewrites unchanged bytes, re-plans when an input changed while it worked
 (the path unit may drop that event), and on ``--remove`` deletes only what multusd wrote and
-nobody rewrote since (:mod:`multusd.config.written`).
+nobody rewrote since (:mod:`multusd.config.ownership`).
 
 Exit codes of :func:`run`: 0 done or nothing to do yet, 1 a configuration problem, 2 an I/O
 failure.
@@ -18,11 +18,11 @@ from typing import Any, List, Mapping, Tuple
 
 from multusd import store
 from multusd.store import read_or_none
-from multusd.config.confgen import (AUTO, CONF_DIR_MODE, CONF_MODE, DEFAULT_CNI_CONFIG_DIR,
-                                    EXIT_CONFIG, EXIT_IO, EXIT_OK,
-                                    MULTUS_CONF_NAME, Plan, is_candidate,
-                                    load_daemon_config, plan, stat_key)
-from multusd.config import written
+from multusd.config.multusconf import (AUTO, CONF_DIR_MODE, CONF_MODE, DEFAULT_CNI_CONFIG_DIR,
+                                       EXIT_CONFIG, EXIT_IO, EXIT_OK,
+                                       MULTUS_CONF_NAME, Plan, is_candidate,
+                                       load_daemon_config, plan, stat_key)
+from multusd.config import ownership
 from multusd.config.reader import lenient_str
 from multusd.errors import ConfigError, IOFailure
 
@@ -76,14 +76,14 @@ def _apply(decision: Plan) -> None:
         _rewrite_primary(decision.primary, decision.primary_rewrite)
     if read_or_none(decision.target) == decision.content:
         LOG.debug("%s is up to date; not rewriting it", decision.target)
-        if not written.is_recorded(decision.target):
+        if not ownership.is_recorded(decision.target):
             # the bytes multusd would write, never recorded: a multusd from before the record
             # wrote it. A recorded file that changed since was rewritten by someone else
             # (upstream's daemon writes the same bytes in place): it stays theirs.
-            written.remember(decision.target)
+            ownership.remember(decision.target)
         return
     store.atomic_write(decision.target, decision.content, mode=CONF_MODE, dir_mode=CONF_DIR_MODE)
-    written.remember(decision.target)
+    ownership.remember(decision.target)
     LOG.info("wrote %s%s", decision.target,
              f" for primary network {decision.primary}" if decision.primary else "")
 
@@ -138,12 +138,12 @@ def _remove(conf: Mapping[str, Any]) -> int:
     for path in candidates:
         if not os.path.lexists(path):
             LOG.info("%s does not exist; nothing to remove", path)
-        elif not written.is_ours(path):
+        elif not ownership.is_ours(path):
             LOG.warning("leaving %s in place: multusd did not write it, or it was rewritten "
                         "since (by upstream Multus, its installer or an operator)", path)
         else:
             store.remove(path)
-            written.forget(path)
+            ownership.forget(path)
             LOG.info("removed %s", path)
     return EXIT_OK
 

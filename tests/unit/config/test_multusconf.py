@@ -1,4 +1,4 @@
-"""confgen.generate(): upstream's generator cases (pkg/server/config/*_test.go), plus ours.
+"""multusconf.generate(): upstream's generator cases (pkg/server/config/*_test.go), plus ours.
 
 Each test writes real primary configs in a temp directory and compares the exact bytes
 upstream's Go generator produces (key order, omitempty, escaping).
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from multusd.config import confgen
+from multusd.config import multusconf
 from multusd.errors import ConfigError
 
 PRIMARY_040 = {"cniVersion": "0.4.0", "name": "mycni-name", "type": "mycni", "ipam": {},
@@ -38,9 +38,9 @@ def daemon(confdir, **extra):
 
 
 def generated(conf):
-    doc = confgen.generate(conf)
+    doc = multusconf.generate(conf)
     assert doc is not None
-    return confgen.render(doc).decode()
+    return multusconf.render(doc).decode()
 
 
 def problems(excinfo):
@@ -64,7 +64,7 @@ def test_basic_conf_primary_matches_upstream_bytes(confdir):
 ])
 def test_conf_capabilities_keep_only_enabled(confdir, capabilities, expected):
     write(confdir / "10-a.conf", dict(PRIMARY_040, capabilities=capabilities))
-    doc = confgen.generate(daemon(confdir))
+    doc = multusconf.generate(daemon(confdir))
     assert doc.get("capabilities") == expected
     assert list(doc)[0] == ("capabilities" if expected else "cniVersion")
 
@@ -81,7 +81,7 @@ def test_conf_capabilities_keep_only_enabled(confdir, capabilities, expected):
 ])
 def test_conflist_capabilities_are_the_union_of_its_plugins(confdir, plugins, expected):
     write(confdir / "10-a.conflist", {"cniVersion": "0.4.0", "name": "n", "plugins": plugins})
-    assert confgen.generate(daemon(confdir))["capabilities"] == expected
+    assert multusconf.generate(daemon(confdir))["capabilities"] == expected
 
 
 def test_capabilities_are_emitted_sorted_like_a_go_map(confdir):
@@ -91,14 +91,14 @@ def test_capabilities_are_emitted_sorted_like_a_go_map(confdir):
 
 def test_daemon_capabilities_are_merged_with_the_primary(confdir):
     write(confdir / "10-a.conf", dict(PRIMARY_040, capabilities={"portMappings": True}))
-    doc = confgen.generate(daemon(confdir, capabilities={"bandwidth": True}))
+    doc = multusconf.generate(daemon(confdir, capabilities={"bandwidth": True}))
     assert doc["capabilities"] == {"bandwidth": True, "portMappings": True}
 
 
 def test_version_mismatch_has_upstreams_exact_wording(confdir):
     primary = write(confdir / "00-mycni.conf", dict(PRIMARY_040, cniVersion="0.3.1"))
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate(daemon(confdir))
+        multusconf.generate(daemon(confdir))
     [problem] = problems(excinfo)
     assert problem.startswith(f"{primary}: failed to load the primary CNI configuration as a "
                               "multus delegate with error 'delegate cni version is 0.3.1 while "
@@ -108,13 +108,13 @@ def test_version_mismatch_has_upstreams_exact_wording(confdir):
 
 def test_old_multus_version_accepts_an_old_primary(confdir):
     write(confdir / "00-mycni.conf", dict(PRIMARY_040, cniVersion="0.3.1"))
-    assert confgen.generate(daemon(confdir, cniVersion="0.3.1"))["cniVersion"] == "0.3.1"
+    assert multusconf.generate(daemon(confdir, cniVersion="0.3.1"))["cniVersion"] == "0.3.1"
 
 
 def test_primary_without_cni_version_is_refused(confdir):
     primary = write(confdir / "10-a.conf", {"name": "n", "type": "bridge"})
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate(daemon(confdir))
+        multusconf.generate(daemon(confdir))
     assert len(problems(excinfo)) == 1
     assert "'couldn't get cni version of delegate'" in problems(excinfo)[0]
     assert problems(excinfo)[0].startswith(primary)
@@ -124,10 +124,10 @@ def test_force_cni_version_generates_without_touching_the_primary(confdir):
     primary = confdir / "10-a.conf"
     write(primary, dict(PRIMARY_040, cniVersion="0.3.1"))
     before = primary.read_bytes()
-    doc = confgen.generate(daemon(confdir, forceCNIVersion=True))
+    doc = multusconf.generate(daemon(confdir, forceCNIVersion=True))
     assert doc["cniVersion"] == "0.4.0"
     assert primary.read_bytes() == before  # generate() only plans; run() rewrites
-    decision = confgen.plan(daemon(confdir, forceCNIVersion=True))
+    decision = multusconf.plan(daemon(confdir, forceCNIVersion=True))
     assert json.loads(decision.primary_rewrite)["cniVersion"] == "0.4.0"
     assert "forceCNIVersion" not in doc
 
@@ -142,7 +142,7 @@ def test_override_network_name_uses_the_primary_name(confdir):
 def test_override_network_name_needs_a_primary_name(confdir):
     write(confdir / "10-a.conf", {"cniVersion": "0.4.0", "type": "bridge"})
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate(daemon(confdir, overrideNetworkName=True))
+        multusconf.generate(daemon(confdir, overrideNetworkName=True))
     assert problems(excinfo)[0].startswith("overrideNetworkName: ")
 
 
@@ -150,20 +150,20 @@ def test_master_cni_by_name_wins_over_lexical_order(confdir):
     write(confdir / "05-first.conf", PRIMARY_040)
     chosen = write(confdir / "20-chosen.conflist", {"cniVersion": "1.0.0", "name": "c",
                                                     "plugins": [{"type": "bridge"}]})
-    doc = confgen.generate(daemon(confdir, multusMasterCNI="20-chosen.conflist"))
+    doc = multusconf.generate(daemon(confdir, multusMasterCNI="20-chosen.conflist"))
     assert doc["clusterNetwork"] == chosen
 
 
 def test_master_cni_missing_means_waiting(confdir):
     write(confdir / "05-other.conf", PRIMARY_040)
-    decision = confgen.plan(daemon(confdir, multusMasterCNI="10-late.conf"))
+    decision = multusconf.plan(daemon(confdir, multusMasterCNI="10-late.conf"))
     assert decision.document is None and decision.content is None
     assert "10-late.conf" in decision.waiting_for
 
 
 def test_master_cni_cannot_be_our_own_file(confdir):
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate(daemon(confdir, multusMasterCNI="00-multus.conf"))
+        multusconf.generate(daemon(confdir, multusMasterCNI="00-multus.conf"))
     assert problems(excinfo)[0].startswith("multusMasterCNI: ")
 
 
@@ -175,27 +175,27 @@ def test_lexically_first_conf_or_conflist_is_the_primary(confdir):
     write(confdir / "00-multus-old.conf", PRIMARY_040)
     write(confdir / "01-ignored.json", PRIMARY_040)
     (confdir / "02-dir.conf").mkdir()
-    assert confgen.generate(daemon(confdir))["clusterNetwork"] == first
+    assert multusconf.generate(daemon(confdir))["clusterNetwork"] == first
 
 
 @pytest.mark.parametrize("setup", ["empty", "missing"])
 def test_no_primary_means_nothing_to_write(confdir, setup):
     directory = confdir if setup == "empty" else confdir / "absent"
     conf = daemon(confdir, multusAutoconfigDir=str(directory))
-    assert confgen.generate(conf) is None
-    assert str(directory) in confgen.plan(conf).waiting_for
+    assert multusconf.generate(conf) is None
+    assert str(directory) in multusconf.plan(conf).waiting_for
 
 
 def test_logging_keys_follow_go_omitempty(confdir):
     write(confdir / "10-a.conf", PRIMARY_040)
-    quiet = confgen.generate(daemon(confdir, logToStderr=False, logFile="", logLevel=""))
+    quiet = multusconf.generate(daemon(confdir, logToStderr=False, logFile="", logLevel=""))
     assert not {"logToStderr", "logFile", "logLevel", "logOptions"} & set(quiet)
-    loud = confgen.generate(daemon(confdir, logToStderr=True, logFile="/var/log/m.log",
+    loud = multusconf.generate(daemon(confdir, logToStderr=True, logFile="/var/log/m.log",
                                    logLevel="debug",
                                    logOptions={"maxAge": 0, "compress": True, "other": 1}))
     assert loud["logToStderr"] is True
     assert loud["logOptions"] == {"maxAge": 0, "compress": True}  # a 0 pointer is not nil
-    empty = confgen.generate(daemon(confdir, logOptions={}))
+    empty = multusconf.generate(daemon(confdir, logOptions={}))
     assert empty["logOptions"] == {}
 
 
@@ -220,20 +220,20 @@ def test_every_key_in_upstreams_order(confdir):
 
 def test_namespace_isolation_false_is_omitted(confdir):
     write(confdir / "10-a.conf", PRIMARY_040)
-    doc = confgen.generate(daemon(confdir, namespaceIsolation=False, globalNamespaces=""))
+    doc = multusconf.generate(daemon(confdir, namespaceIsolation=False, globalNamespaces=""))
     assert "namespaceIsolation" not in doc and "globalNamespaces" not in doc
 
 
 def test_go_html_escaping():
-    assert confgen.render({"p": "/a<b>&c\u2028"}) == b'{"p":"/a\\u003cb\\u003e\\u0026c\\u2028"}'
-    assert confgen.render({"p": "caf\u00e9"}) == '{"p":"café"}'.encode()
+    assert multusconf.render({"p": "/a<b>&c\u2028"}) == b'{"p":"/a\\u003cb\\u003e\\u0026c\\u2028"}'
+    assert multusconf.render({"p": "caf\u00e9"}) == '{"p":"café"}'.encode()
 
 
 # ---------------------------------------------------------------- problems and waiting
 
 def test_auto_mode_lists_every_missing_key():
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate({"logToStderr": "yes", "capabilities": {"a": 1}})
+        multusconf.generate({"logToStderr": "yes", "capabilities": {"a": 1}})
     found = problems(excinfo)
     assert [p.split(":")[0] for p in found] == [
         "logToStderr", "capabilities.a", "multusAutoconfigDir", "cniVersion"]
@@ -243,7 +243,7 @@ def test_auto_mode_lists_every_missing_key():
 
 def test_bad_top_level_version_and_log_options(confdir):
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate(daemon(confdir, cniVersion="1.0", logOptions={"maxAge": "5"},
+        multusconf.generate(daemon(confdir, cniVersion="1.0", logOptions={"maxAge": "5"},
                                 globalNamespaces=["default"]))
     found = problems(excinfo)
     assert any(p.startswith("cniVersion: couldn't get top level cni version") for p in found)
@@ -254,7 +254,7 @@ def test_bad_top_level_version_and_log_options(confdir):
 def test_invalid_json_primary_is_a_problem_not_an_empty_file(confdir):
     primary = write(confdir / "10-a.conf", '{"cniVersion": "0.4.0",')
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate(daemon(confdir))
+        multusconf.generate(daemon(confdir))
     [problem] = problems(excinfo)
     assert problem.startswith(f"{primary}: the primary network config is not valid JSON")
 
@@ -263,11 +263,11 @@ def test_readiness_indicator_absent_means_waiting(confdir, tmp_path):
     write(confdir / "10-a.conf", PRIMARY_040)
     indicator = tmp_path / "run" / "ready"
     conf = daemon(confdir, readinessindicatorfile=str(indicator))
-    assert confgen.generate(conf) is None
-    assert str(indicator) in confgen.plan(conf).waiting_for
+    assert multusconf.generate(conf) is None
+    assert str(indicator) in multusconf.plan(conf).waiting_for
     indicator.parent.mkdir()
     indicator.write_text("")
-    doc = confgen.generate(conf)
+    doc = multusconf.generate(conf)
     assert "readinessindicatorfile" not in doc and doc["type"] == "multus-shim"
 
 
@@ -275,8 +275,8 @@ def test_static_mode_returns_the_operator_file(tmp_path, confdir):
     static = write(tmp_path / "my-multus.conf", {"cniVersion": "1.0.0", "name": "m",
                                                  "type": "multus-shim", "clusterNetwork": "x"})
     conf = {"multusConfigFile": static, "cniConfigDir": str(confdir)}
-    assert confgen.generate(conf)["name"] == "m"
-    decision = confgen.plan(conf)
+    assert multusconf.generate(conf)["name"] == "m"
+    decision = multusconf.plan(conf)
     assert decision.target == os.path.join(str(confdir), "my-multus.conf")
     assert decision.content == (tmp_path / "my-multus.conf").read_bytes()
 
@@ -287,17 +287,17 @@ def test_static_mode_returns_the_operator_file(tmp_path, confdir):
 ])
 def test_static_mode_problems(value, fragment):
     with pytest.raises(ConfigError) as excinfo:
-        confgen.generate({"multusConfigFile": value})
+        multusconf.generate({"multusConfigFile": value})
     assert fragment in problems(excinfo)[0]
 
 
 def test_looks_generated_recognises_only_generator_output(confdir):
     write(confdir / "10-a.conf", PRIMARY_040)
-    ours = confgen.render(confgen.generate(daemon(confdir)))
-    assert confgen.looks_generated(ours)
+    ours = multusconf.render(multusconf.generate(daemon(confdir)))
+    assert multusconf.looks_generated(ours)
     thin = json.dumps({"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus",
                        "kubeconfig": "/etc/cni/net.d/multus.d/multus.kubeconfig",
                        "delegates": [PRIMARY_040]}).encode()
-    assert not confgen.looks_generated(thin)
-    assert not confgen.looks_generated(b"")
-    assert not confgen.looks_generated(b'{"name":"x","type":"multus-shim"}')
+    assert not multusconf.looks_generated(thin)
+    assert not multusconf.looks_generated(b"")
+    assert not multusconf.looks_generated(b'{"name":"x","type":"multus-shim"}')

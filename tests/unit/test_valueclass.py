@@ -1,11 +1,11 @@
-"""multusd.store.record: value classes that behave as frozen dataclasses do, without dataclasses."""
+"""multusd.store.valueclass: classes that behave as frozen dataclasses do, without dataclasses."""
 
 import dataclasses
 from typing import Dict, Mapping
 
 import pytest
 
-from multusd.store.record import FrozenInstanceError, Record, field, replace
+from multusd.store.valueclass import FrozenInstanceError, Record, field, replace
 
 
 class Point(Record):

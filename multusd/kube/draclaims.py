@@ -42,7 +42,7 @@ from urllib.parse import quote
 
 from multusd.errors import DeadlineExceeded, MultusError
 from multusd.kube.objects import Obj, Pod
-from multusd.store.record import Record
+from multusd.store.valueclass import Record
 
 LOG = logging.getLogger(__name__)
 

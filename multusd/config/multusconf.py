@@ -2,8 +2,9 @@
 
 Upstream's daemon writes this file at start-up and then watches the primary network's
 config with fsnotify. multusd does not sit watching: ``multusd-config.path`` watches the
-directory and starts ``multusd-config.service``, a oneshot that runs
-``multusd generate-config`` (:func:`multusd.config.confwrite.run`). Every run looks at the directory afresh:
+directory and starts ``multusd-config.service``, a oneshot that runs ``multusd
+generate-config`` (:func:`multusd.config.generateconfig.run`). Every run looks at the
+directory afresh:
 
 * ``multusConfigFile: "auto"`` (the default): pick the primary network (``multusMasterCNI``,
   else the lexically first ``*.conf``/``*.conflist`` in ``multusAutoconfigDir`` that is not
@@ -19,7 +20,7 @@ safer than a half-configured node. Only ``--remove`` (package removal) deletes i
 when it looks like ours.
 
 This module decides what the file holds (:func:`plan`, :func:`generate`); writing and
-removing it is :mod:`multusd.config.confwrite`'s.
+removing it is :mod:`multusd.config.generateconfig`'s.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def load_daemon_config(config_path: str) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- settings
 
 def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
-    """Validate the keys confgen reads; collect every problem before failing."""
+    """Validate the keys this module reads; collect every problem before failing."""
     problems = ConfigReader()
     if not isinstance(conf, Mapping):
         raise ConfigError(source, [ConfigProblem(source, "must be a JSON object {...}")])
