@@ -11,7 +11,7 @@ Series (see :class:`DaemonMetrics`)::
     multusd_scratch_cache_entries                    gauge, files in cniDir
     multusd_stale_sandboxes                          gauge, sandboxes whose netns is gone
     multusd_pod_cache_misses_total / multusd_watch_relists_total  counters, from the caches
-    multusd_watch_idle_restarts_total                counter, silent watches resumed anew
+    multusd_watch_reopens_total{resource,cause}      counter, watches ended and opened again
     multusd_nad_api_unavailable                      gauge, 1 while the NAD watch fails
     multusd_nad_refusals_total                       counter, ADDs refused: no NAD CRD/access
     multusd_credential_rotations_total               counter, rotated credentials picked up
@@ -84,14 +84,22 @@ _SAMPLED = (
      "than the one watched (the log names both); set nodeName.", "gauge"),
     ("multusd_watch_relists_total",
      "Watches that expired (410 Gone, lost history) and were listed again.", "counter"),
-    ("multusd_watch_idle_restarts_total",
-     "Watches that stayed silent past their idle bound and were resumed anew.", "counter"),
     ("multusd_nad_api_unavailable", "1 while the NetworkAttachmentDefinition watch fails (CRD "
      "not installed, forbidden, or not answering: multusd status says which).", "gauge"),
     ("multusd_nad_refusals_total", "ADDs refused because the NetworkAttachmentDefinition API "
      "is not installed or not readable with the node's credentials.", "counter"),
     ("multusd_credential_rotations_total",
      "Rotated credentials found and used (token file, client certificate, plugin).", "counter"),
+)
+
+# (name, help, kind, labels) of the series read from a function returning {labels: value}.
+_SAMPLED_LABELLED = (
+    ("multusd_watch_reopens_total",
+     "Watches of the API server that ended and were opened again, by resource and cause "
+     "(ended: by the server at its timeout; expired: 410 or lost history, then a relist; "
+     "error: an ERROR event or an error answer; connection: the connection failed or was "
+     "cut; silence: nothing arrived within the silence bound).", "counter",
+     ("resource", "cause")),
 )
 
 
@@ -176,10 +184,11 @@ class _Sampled:
 
     def __init__(self, families: Mapping[str, Callable[[str, str], Any]]) -> None:
         self._families = families  # kind -> prometheus_client's Gauge/CounterMetricFamily
-        self._functions: Dict[str, Optional[Callable[[], Optional[float]]]] = {
+        self._functions: Dict[str, Optional[Callable[[], Any]]] = {
             name: None for name, _, _ in _SAMPLED}
+        self._functions.update({entry[0]: None for entry in _SAMPLED_LABELLED})
 
-    def set_function(self, name: str, function: Optional[Callable[[], Optional[float]]]) -> None:
+    def set_function(self, name: str, function: Optional[Callable[[], Any]]) -> None:
         self._functions[name] = function
 
     def value(self, name: str) -> Optional[float]:
@@ -194,7 +203,9 @@ class _Sampled:
         return None if value is None else float(value)
 
     def describe(self) -> list:
-        return [self._families[kind](name, text) for name, text, kind in _SAMPLED]
+        return [self._families[kind](name, text) for name, text, kind in _SAMPLED] + \
+            [self._families[kind](name, text, labels=labels)
+             for name, text, kind, labels in _SAMPLED_LABELLED]
 
     def collect(self) -> Iterator[Any]:
         for name, text, kind in _SAMPLED:
@@ -202,6 +213,17 @@ class _Sampled:
             value = self.value(name)
             if value is not None:
                 family.add_metric([], value)
+            yield family
+        for name, text, kind, labels in _SAMPLED_LABELLED:
+            family = self._families[kind](name, text, labels=labels)
+            function = self._functions[name]
+            try:
+                samples = function() if function is not None else None
+            except Exception:
+                LOG.debug("metric %s: the sampling function failed", name, exc_info=True)
+                samples = None
+            for label_values, sample in sorted((samples or {}).items()):
+                family.add_metric(list(label_values), float(sample))
             yield family
 
 
@@ -250,11 +272,13 @@ class DaemonMetrics:
                     pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
                     node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
                     watch_relists: Optional[Callable[[], Optional[float]]] = None,
+                    watch_reopens: Optional[Callable[[], Optional[Mapping]]] = None,
                     **kube: Optional[Callable[[], Optional[float]]]) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty.
 
-        ``kube`` may name ``watch_idle_restarts``, ``nad_api_unavailable``, ``nad_refusals``
-        and ``credential_rotations`` (the series of the same name, ``_total`` for counters).
+        ``kube`` may name ``nad_api_unavailable``, ``nad_refusals`` and
+        ``credential_rotations`` (the series of the same name, ``_total`` for counters);
+        ``watch_reopens`` returns {(resource, cause): count}.
         """
         for key, function in kube.items():
             name = f"multusd_{key}" + ("" if key == "nad_api_unavailable" else "_total")
@@ -266,6 +290,7 @@ class DaemonMetrics:
         self.sampled.set_function("multusd_pod_cache_misses_total", pod_cache_misses)
         self.sampled.set_function("multusd_node_name_mismatch", node_name_mismatch)
         self.sampled.set_function("multusd_watch_relists_total", watch_relists)
+        self.sampled.set_function("multusd_watch_reopens_total", watch_reopens)
         self.sampled.set_function(
             "multusd_scratch_cache_entries",
             None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))
