@@ -29,6 +29,13 @@ long; a watch that ends at once without news backs off on its own scale; a relis
 expiry of a watch that lived is delayed by a random part of :data:`RELIST_SPREAD`, so that the
 nodes of a cluster whose watches expire together do not relist in the same second.
 
+WatchList (``sendInitialEvents=true``) is not used: client-go's form of it (no version) makes
+a server whose etcd cannot answer progress requests wait up to 3 s for a quiet resource and
+then answer 504; the form with ``resourceVersion=0`` saves one request per start but works
+by default only on servers of 1.34 or later (earlier ones refuse it while their WatchList gate
+is off, and those before 1.27 ignore it and never send the end-of-initial-events bookmark,
+which only a timeout could tell).
+
 While a cache is known stale (expired, until its relist completes) it does not count as synced
 and its readers ask the API server instead. A failing list keeps its HTTP status (404: the
 resource type is not installed, 403: forbidden) for the readers to name, and a reader that
