@@ -25,9 +25,10 @@ relist. Every end of a watch is counted by cause (:data:`REOPEN_CAUSES`).
 *Recovery without a herd.* Failed requests back off exponentially with jitter up to
 :data:`BACKOFF_MAX` (so the first list after an API server comes back follows within seconds),
 and the first answer resets the backoff; a 429 (or any answer) carrying Retry-After waits that
-long; a watch that ends at once without news backs off on its own scale; a relist after the
-expiry of a watch that lived is delayed by a random part of :data:`RELIST_SPREAD`, so that the
-nodes of a cluster whose watches expire together do not relist in the same second.
+long; a watch that ends at once without news backs off on its own scale; a relist after an
+expiry waits a random part of :data:`RELIST_SPREAD`, so that the nodes of a cluster whose
+watches expire together (an API server restart, a compaction) do not relist in the same
+second. Readers do not wait for it (see below).
 
 WatchList (``sendInitialEvents=true``) is not used: client-go's form of it (no version) makes
 a server whose etcd cannot answer progress requests wait up to 3 s for a quiet resource and
@@ -62,9 +63,9 @@ WATCH_TIMEOUT_SECONDS = (240, 300)  # the server ends a watch after this (random
 WATCH_SILENCE_MARGIN = 30.0  # a stream silent this long past its timeoutSeconds is dead
 LIST_PAGE = 500  # client-go's pager size
 BACKOFF_INITIAL = 0.25
-BACKOFF_MAX = 4.0  # a server back after an outage gets its first list within this (+ jitter)
+BACKOFF_MAX = 3.0  # a server back after an outage is asked again within this
 RETRY_AFTER_MAX = 60.0
-RELIST_SPREAD = 2.0  # a relist after a lived watch expired waits up to this long (at random)
+RELIST_SPREAD = 1.5  # a relist after an expiry waits up to this long (at random)
 YOUNG_WATCH = 1.0  # a watch that ends sooner without news ended "at once" (client-go's rule)
 # why a watch ended and another was opened (the label of multusd_watch_reopens_total)
 REOPEN_CAUSES = ("ended", "expired", "error", "connection", "silence")
@@ -169,9 +170,7 @@ class Reflector:
                 LOG.info("%s watch at version %s expired (%s); listing again", self.kind,
                          self.version, exc)
                 self._stale()
-                pause = self._young_pause()
-                if self._opened is not None and not pause:  # a watch that lived: spread out
-                    pause = random.uniform(0.0, RELIST_SPREAD)
+                pause = max(self._young_pause(), random.uniform(0.0, RELIST_SPREAD))
             except WatchError as exc:
                 cause, need_list = "error", True  # client-go: an error event ends in a LIST
                 self._report(exc)
@@ -184,7 +183,8 @@ class Reflector:
                     LOG.info("%s watch at version %s answered 410 Gone; listing again",
                              self.kind, self.version)
                     self._stale()
-                    pause = self.churn.next()  # it never lived: as a watch that ended at once
+                    # it never lived: as a watch that ended at once
+                    pause = max(self.churn.next(), random.uniform(0.0, RELIST_SPREAD))
                 else:
                     cause = "error" if getattr(exc, "status", None) else "connection"
                     self._report(exc)

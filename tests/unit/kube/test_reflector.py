@@ -306,6 +306,33 @@ def test_a_silent_stream_is_resumed_from_its_version(kube_api, run):
     assert len(nads.lists()) == 1
 
 
+def test_backoff_doubles_to_its_cap_with_jitter_and_resets():
+    backoff = reflector_mod.Backoff(0.25, 4.0)
+    steps = []
+    for _ in range(8):
+        step = backoff.current
+        delay = backoff.next()
+        assert step / 2 <= delay <= step  # at random in the second half of the step
+        steps.append(step)
+    assert steps == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    backoff.reset()
+    assert backoff.current == 0.25
+    assert len({round(reflector_mod.Backoff(4.0, 4.0).next(), 6) for _ in range(50)}) > 10
+
+
+def test_retry_after_comes_from_the_header_or_the_status():
+    from multusd.kube.transport import ApiError
+
+    header = ApiError(429, "Too Many Requests", "{}", {"Retry-After": "3"})
+    assert 3.0 <= reflector_mod._retry_after(header) <= 3.6
+    status = ApiError(504, "Gateway Timeout", json.dumps(
+        {"kind": "Status", "code": 504, "details": {"retryAfterSeconds": 1}}))
+    assert 1.0 <= reflector_mod._retry_after(status) <= 1.2
+    assert reflector_mod._retry_after(ApiError(503, "Unavailable", "")) is None
+    huge = ApiError(429, "Too Many Requests", "", {"retry-after": "86400"})
+    assert reflector_mod._retry_after(huge) <= reflector_mod.RETRY_AFTER_MAX * 1.2
+
+
 def test_the_default_silence_bound_is_past_the_servers_own_end():
     low, high = reflector_mod.WATCH_TIMEOUT_SECONDS
     assert low > 60  # the server's bookmark cadence
