@@ -34,10 +34,11 @@ the real ``kubernetes`` client to work against it:
 Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`add_nad`,
 :meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
 (same port), :meth:`fail_next`, :meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; watch
-expiry: :meth:`expire_watches` (ERROR 410 in open streams), :attr:`expired_as_http` (HTTP 410 at
-the start of a watch from a compacted version) and :meth:`restart` with ``lose_history`` or
-``new_watch_cache``; reads: :meth:`hold_watch_cache`, :attr:`watch_cache_ready`,
-:attr:`list_reads`, :meth:`count_list_reads`, :attr:`bookmark_interval` (tests/kubecache.py).
+expiry: :meth:`expire_watches` (ERROR 410 in open streams; :meth:`fail_watches`: any ERROR
+event), :attr:`expired_as_http` (HTTP 410 at the start of a watch from a compacted version)
+and :meth:`restart` with ``lose_history`` or ``new_watch_cache``; reads:
+:meth:`hold_watch_cache`, :attr:`watch_cache_ready`, :attr:`list_reads`,
+:meth:`count_list_reads`, :attr:`bookmark_interval` (tests/kubecache.py).
 
 Usage::
 
