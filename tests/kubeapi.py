@@ -17,10 +17,15 @@ the real ``kubernetes`` client to work against it:
   :meth:`delete_node`); SelfSubjectAccessReview (``POST`` to authorization.k8s.io/v1);
 * RBAC in a small way: everything is allowed until :meth:`deny` takes a (verb, resource)
   away, after which reviews answer ``allowed: false`` and real requests 403 Forbidden;
-* one increasing resourceVersion shared by every object (like etcd's revision); watches resume
-  from a resourceVersion and answer an ERROR event with 410 Gone once it was compacted away;
-  a watch with ``sendInitialEvents=true`` (WatchList, what client-go 0.35's informers open)
-  streams the objects as ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``;
+* one increasing resourceVersion shared by every object (like etcd's revision); lists are read
+  from the watch cache (``resourceVersion=0`` or not older than N: a state that may lag behind
+  the newest write) or from etcd (consistent and exact reads, ``limit``/``continue`` pages
+  whose token can expire), counted by source: tests/kubecache.py says which is which;
+  watches resume from a resourceVersion and answer an ERROR event with 410 Gone once it was
+  compacted away, and send bookmarks as kube-apiserver does (every minute, and 2 s before
+  their ``timeoutSeconds``); a watch with ``sendInitialEvents=true`` (WatchList, what
+  client-go 0.35's informers open) streams the objects as ADDED, then the BOOKMARK annotated
+  ``k8s.io/initial-events-end``;
 * bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``;
 * request bodies in JSON, or in Kubernetes' protobuf (``Content-Type:
   application/vnd.kubernetes.protobuf``, what client-go clients such as upstream Multus's
@@ -34,8 +39,11 @@ without an answer, a TLS EOF over TLS), :meth:`fail_connections` (the next conne
 they are accepted, before the request and the TLS handshake), :attr:`connections_accepted`,
 :meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; ``host="::1"`` listens on IPv6
 (the TLS certificate names 127.0.0.1, ::1 and localhost); watch
-expiry: :meth:`expire_watches` (ERROR 410 in open streams), :attr:`expired_as_http` (HTTP 410 at
-the start of a watch from a compacted version) and :meth:`restart` with ``lose_history``.
+expiry: :meth:`expire_watches` (ERROR 410 in open streams; :meth:`fail_watches`: any ERROR
+event), :attr:`expired_as_http` (HTTP 410 at the start of a watch from a compacted version)
+and :meth:`restart` with ``lose_history`` or ``new_watch_cache``; reads:
+:meth:`hold_watch_cache`, :attr:`watch_cache_ready`, :attr:`list_reads`,
+:meth:`count_list_reads`, :attr:`bookmark_interval` (tests/kubecache.py).
 
 Usage::
 
@@ -68,6 +76,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+import kubecache
 import kubedra
 import kubeproto
 from kubeauth import Authenticator, ClientCertificates, node_restriction
@@ -111,24 +120,6 @@ def not_found(resource: str, name: str) -> ApiError:
                     {"name": name, "group": group, "kind": plural})
 
 
-class _History:
-    """Every change, by resourceVersion, for watches to replay; older entries can be compacted."""
-
-    def __init__(self) -> None:
-        self.entries: List[Tuple[int, str, str, Optional[Obj], Optional[Obj]]] = []
-        self.compacted = 0  # watches from a resourceVersion below this get 410 Gone
-
-    def record(self, rv: int, kind: str, etype: str, old: Optional[Obj], new: Optional[Obj]) -> None:
-        self.entries.append((rv, kind, etype, copy.deepcopy(old), copy.deepcopy(new)))
-
-    def since(self, rv: int) -> List[Tuple[int, str, str, Optional[Obj], Optional[Obj]]]:
-        return [entry for entry in self.entries if entry[0] > rv]
-
-    def compact(self, upto: int) -> None:
-        self.entries = [entry for entry in self.entries if entry[0] > upto]
-        self.compacted = upto
-
-
 class _FieldSelector:
     """``fieldSelector`` terms of the form ``field=value``/``field==value``/``field!=value``."""
 
@@ -154,7 +145,7 @@ class _FieldSelector:
         return all((get(obj) == value) == equal for get, value, equal in self.terms)
 
 
-class FakeKubeAPI(kubedra.DraStore):
+class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
     """The fake API server and its test controls. Thread-safe; see the module docstring."""
 
     def __init__(self, workdir: str, *, token: str = DEFAULT_TOKEN, node: str = DEFAULT_NODE,
@@ -178,7 +169,7 @@ class FakeKubeAPI(kubedra.DraStore):
         self._rv = 1
         self._pods: Dict[Key, Obj] = {}
         self._nads: Dict[Key, Obj] = {}
-        self._history = _History()
+        self._init_reads()
         self._init_dra()
         self._failures: List[Dict[str, Any]] = []
         self._connection_faults: List[str] = []  # cuts of the next accepted connections
@@ -188,7 +179,8 @@ class FakeKubeAPI(kubedra.DraStore):
         self._generation = 0  # bumped by stop(): watches of an earlier run end
         self._running = False
         self._watchers = 0  # watch streams open now
-        self._expiries = 0  # bumped by expire_watches(): open watches get ERROR 410
+        self._expiries = 0  # bumped by expire_watches()/fail_watches(): open watches end ...
+        self._expiry: Optional[Obj] = None  # ... with this ERROR event (None: 410 Expired)
         # expired_as_http: a watch from a compacted version is answered HTTP 410 at its
         # start instead of a 200 stream carrying an ERROR event (both happen in real clusters)
         self.expired_as_http = False
@@ -454,9 +446,10 @@ class FakeKubeAPI(kubedra.DraStore):
             return (verb, group, resource) not in self._denied
 
     def compact(self) -> None:
-        """Forget the change history: watches resuming from an older version get 410 Gone."""
+        """Forget the change history: watches resuming from an older version get 410 Gone,
+        and so do reads and ``continue`` tokens at an older version."""
         with self._cond:
-            self._history.compact(self._rv)
+            self._history.compact(self._rv, self._horizon())
 
     # ---- test controls: watch expiry (410 Gone in its three forms) --------------------------
 
@@ -464,28 +457,47 @@ class FakeKubeAPI(kubedra.DraStore):
         """Send an ERROR event with code 410 into every open watch stream now, then end them
         (etcd compacted the history while they were open); returns how many were open."""
         with self._cond:
-            self._history.compact(self._rv)
+            self._history.compact(self._rv, self._horizon())
             self._expiries += 1
+            self._expiry = None
             self._cond.notify_all()
             return self._watchers
 
-    def restart(self, *, lose_history: bool = False) -> None:
+    def fail_watches(self, code: int, reason: str, message: str) -> int:
+        """Send an ERROR event with this Status into every open watch stream now, then end
+        them (what kube-apiserver sends when a watch fails: etcd or the cacher broke it);
+        returns how many were open."""
+        with self._cond:
+            self._expiries += 1
+            self._expiry = status_object(code, reason, message)
+            self._cond.notify_all()
+            return self._watchers
+
+    def restart(self, *, lose_history: bool = False, new_watch_cache: bool = False) -> None:
         """Stop and start on the same port; with ``lose_history`` the API server comes back
         with a new etcd: objects kept, resourceVersions restarted from 1, no watch history.
 
         A watch resuming from a version the new history does not reach gets what
         kube-apiserver sends: an ERROR event "Too large resource version" (code 504, cause
         ResourceVersionTooLarge) when it is ahead, 410 Gone when it is behind.
+
+        With ``new_watch_cache`` it comes back as a real kube-apiserver does after a restart
+        (etcd kept): its new watch cache starts at the newest version, so a watch resuming
+        from an older one gets 410 (the reflectors relist).
         """
         self.stop()
-        if lose_history:
-            with self._cond:
+        with self._cond:
+            if lose_history:
                 self._rv = 1
                 for store in (self._pods, self._nads):
                     for obj in store.values():
                         obj["metadata"]["resourceVersion"] = self._bump()
-                self._history = _History()
+                self._history = kubecache.History()
                 self._history.compacted = self._rv
+                self._cache_held = None
+            if new_watch_cache:
+                self._history.compact(self._rv)
+                self._cache_held = None
         self.start()
 
     def _store_update(self, kind: str, store: Dict[Key, Obj], old: Obj, new: Obj) -> Obj:
@@ -790,7 +802,13 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             _cut(self.connection, self.answer_lost)
             return
         body = json.dumps(obj).encode()
-        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+        headers = dict(headers or {})
+        # kube-apiserver sends Retry-After with every Status that carries retryAfterSeconds
+        retry_after = (obj.get("details") or {}).get("retryAfterSeconds") \
+            if obj.get("kind") == "Status" else None
+        if retry_after and "Retry-After" not in headers:
+            headers["Retry-After"] = str(retry_after)
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-cache, private\r\n{extra}\r\n").encode()
@@ -810,18 +828,24 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
     def _list_or_watch(self, kind: str, store: Dict[Key, Obj], list_kind: str, api_version: str,
                        query: Dict[str, str], ns: str, generation: int) -> None:
         selector = _FieldSelector(query.get("fieldSelector", ""))
+        selects = bool(selector.terms or query.get("labelSelector"))
         if ns:
             selector.terms.append((_FieldSelector.FIELDS["metadata.namespace"], ns, True))
         api = self.server.api
+        with api._cond:
+            api.read_log.append((time.monotonic(), kind, _is_watch(query)))
         if _is_watch(query):
             self._watch(kind, store, selector, query, generation,
                         (list_kind[:-len("List")], api_version))
             return
-        with api._cond:
-            items = [copy.deepcopy(o) for o in store.values() if selector.matches(o)]
-            rv = str(api._rv)
-        self._send_json(200, {"kind": list_kind, "apiVersion": api_version,
-                              "metadata": {"resourceVersion": rv}, "items": items})
+        with api._cond:  # tests/kubecache.py: from the watch cache or from etcd
+            items, meta = api._answer_list(kind, store, selector, query, selects)
+            between = api.between_pages if meta.get("continue") else None
+            api.between_pages = None if between is not None else api.between_pages
+        if between is not None:
+            between()  # after this page was read, before its client can ask for the next
+        self._send_json(200, {"kind": list_kind, "apiVersion": api_version, "metadata": meta,
+                              "items": items})
 
     def _watch(self, kind: str, store: Dict[Key, Obj], selector: _FieldSelector,
                query: Dict[str, str], generation: int, type_meta: Tuple[str, str]) -> None:
@@ -829,11 +853,15 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         # WatchList (kube-apiserver 1.32+, client-go 0.35's informers by default): the state
         # streamed as ADDED events, then a BOOKMARK marking the end of the initial events.
         stream_list = query.get("sendInitialEvents", "").lower() == "true"
-        timeout = float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks", "").lower() == "true"
+        timeout = min(float(query.get("timeoutSeconds") or 1800), api.watch_timeout_cap)
         deadline = time.monotonic() + timeout
         requested = query.get("resourceVersion", "")
         with api._cond:
             compacted, expiries = api._history.compacted, api._expiries
+            if not api.watch_cache_ready:
+                raise ApiError(429, "TooManyRequests", "storage is (re)initializing",
+                               {"retryAfterSeconds": 1})
         if api.expired_as_http and requested not in ("", "0") and int(requested) < compacted:
             raise ApiError(410, "Gone", f"too old resource version: {requested} ({compacted})")
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -842,12 +870,14 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             with api._cond:
                 api._watchers += 1
                 api._cond.notify_all()
-                if requested in ("", "0") or (stream_list and int(requested) <= api._rv):
+                horizon = api._horizon()
+                if requested in ("", "0") or (stream_list and int(requested) <= horizon):
                     # "any version" (or "not older than"): synthetic ADDED events for what
-                    # exists, then changes
-                    initial = [("ADDED", copy.deepcopy(o)) for o in store.values()
+                    # the watch cache holds, then changes
+                    initial = [("ADDED", copy.deepcopy(o))
+                               for o in api._cache_objects(kind, store).values()
                                if selector.matches(o)]
-                    sent = api._rv
+                    sent = horizon
                     if stream_list:
                         initial.append(("BOOKMARK", _initial_events_end(type_meta, sent)))
                 elif int(requested) < api._history.compacted:
@@ -863,34 +893,45 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                                                         "message": "Too large resource version"}],
                                             "retryAfterSeconds": 1}
                     initial, sent, deadline = [("ERROR", too_large)], api._rv, 0.0
-                else:
+                else:  # from that version on (silent while the watch cache is behind it)
                     initial, sent = [], int(requested)
             for etype, obj in initial:
                 self._send_event(etype, obj)
+            told = sent  # the newest version this watcher was told (an event or a bookmark)
+            due = kubecache.next_bookmark(time.monotonic(), deadline, api.bookmark_interval) \
+                if bookmarks and deadline else None
             while deadline:
                 with api._cond:
                     gone = lambda: api._generation != generation or not api._running  # noqa: E731
                     api._cond.wait_for(lambda: gone() or not api._blackholed)  # silent meanwhile
-                    api._cond.wait_for(lambda: gone() or api._blackholed or api._rv > sent
-                                       or time.monotonic() >= deadline
+                    until = deadline if due is None else min(deadline, due)
+                    api._cond.wait_for(lambda: gone() or api._blackholed or api._horizon() > sent
+                                       or time.monotonic() >= until
                                        or api._expiries != expiries,
-                                       max(0.0, deadline - time.monotonic()))
+                                       max(0.0, until - time.monotonic()))
                     if api._blackholed and not gone():
                         continue  # a dead server says nothing, not even the end
                     if api._generation != generation or not api._running:
                         self.close_connection = True
                         return  # the server is going away: cut the stream without its end
                     if api._expiries != expiries:
-                        self._send_event("ERROR", status_object(
+                        self._send_event("ERROR", api._expiry or status_object(
                             410, "Expired", f"too old resource version: {sent} "
                             f"({api._history.compacted})"))
                         break
-                    changes = api._history.since(sent)
-                    sent = api._rv
-                for _rv, entry_kind, etype, old, new in changes:
-                    if entry_kind == kind:
-                        self._send_change(etype, old, new, selector)
-                if time.monotonic() >= deadline:
+                    horizon = api._horizon()
+                    changes = api._history.since(sent, horizon) if horizon > sent else []
+                    sent = max(sent, horizon)
+                for rv, entry_kind, etype, old, new in changes:
+                    if entry_kind == kind and self._send_change(etype, old, new, selector):
+                        told = rv
+                now = time.monotonic()
+                if due is not None and now >= due:
+                    if sent > told:  # a bookmark no newer than what it was told is dropped
+                        self._send_event("BOOKMARK", kubecache.bookmark(type_meta, sent))
+                        told = sent
+                    due = kubecache.next_bookmark(now, deadline, api.bookmark_interval)
+                if now >= deadline:
                     break
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
@@ -900,18 +941,21 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 api._watchers -= 1
 
     def _send_change(self, etype: str, old: Optional[Obj], new: Optional[Obj],
-                     selector: _FieldSelector) -> None:
+                     selector: _FieldSelector) -> bool:
+        """Send one change as this watcher sees it; whether anything was sent."""
         # kube-apiserver turns selector transitions into ADDED/DELETED for the watcher
         was, now = selector.matches(old), selector.matches(new)
         if etype == "DELETED":
-            if was:
-                self._send_event("DELETED", new)
+            sent = "DELETED" if was else ""
         elif was and now:
-            self._send_event("MODIFIED", new)
+            sent = "MODIFIED"
         elif now:
-            self._send_event("ADDED", new)
-        elif was:
-            self._send_event("DELETED", new)
+            sent = "ADDED"
+        else:
+            sent = "DELETED" if was else ""
+        if sent:
+            self._send_event(sent, new)
+        return bool(sent)
 
     def _send_event(self, etype: str, obj: Optional[Obj]) -> None:
         line = json.dumps({"type": etype, "object": obj}).encode() + b"\n"

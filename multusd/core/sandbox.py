@@ -74,8 +74,8 @@ class Multus:
         self._daemon_cni_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
 
     def ready(self) -> bool:
-        """Ready to serve ADD: the Kubernetes caches (if any) have synced."""
-        return self.kube is None or self.kube.synced()
+        """Ready to serve ADD: the pod cache (if any) has listed once (stale: live GETs)."""
+        return self.kube is None or self.kube.ready()
 
     # -- dispatch ---------------------------------------------------------------------------
     def cni(self, req: CmdArgs, deadline: float, log: logging.LoggerAdapter) -> dict | None:

@@ -313,7 +313,7 @@ def _cached_pod(kube: Any, namespace: str, name: str, uid: str) -> Tuple[bool, A
     if kube is None or not namespace or not name:
         return False, None
     try:
-        if not kube.synced() or getattr(kube, "node_mismatch", None) is not None:
+        if not kube.synced() or kube.node_mismatch is not None:
             return False, None  # a wrong node name makes every pod look gone
         pod = kube.cached_pod(namespace, name)
     except MultusError:

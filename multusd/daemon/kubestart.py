@@ -3,9 +3,11 @@
 Reading the kubeconfig and importing the transport (http.client, ssl, yaml) costs tens of ms,
 and a credential plugin user imports the whole ``kubernetes`` package: building the client
 before serving would hold up ``/healthz`` and every shim queued on a socket-activated
-start. Until it is built the client is not :meth:`BackgroundKube.synced` (``/readyz`` answers 500, as while the first list runs);
-a request that needs it waits for it, while status lines, ``/status`` and metrics read
-:attr:`BackgroundKube.client` and never wait. A kubeconfig that cannot be loaded stops the
+start. Until it is built the daemon is not :meth:`BackgroundKube.ready` (``/readyz``
+answers 500, as while the first list runs). The requests that need the client (the lookups
+and writes of an ADD, DEL, CHECK) wait for it through :meth:`BackgroundKube.wait_for_client`,
+each one named below; everything else (readiness, status lines, ``/status``, metrics) reads
+:attr:`BackgroundKube.client` and never waits. A kubeconfig that cannot be loaded stops the
 daemon (``failure`` says why), as it did when the client was built before serving.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from multusd.config import nodename
 from multusd.daemon import log
@@ -24,7 +26,12 @@ LOG = logging.getLogger(__name__)
 
 
 class BackgroundKube:
-    """A :class:`~multusd.kube.client.KubeClient` being built; its attributes once it is."""
+    """A :class:`~multusd.kube.client.KubeClient` being built, and what the core asks of it.
+
+    The lookups and writes wait for the client (:meth:`wait_for_client`, up to
+    :attr:`BUILD_WAIT` s); :meth:`ready`, :meth:`synced`, :attr:`last_error` and
+    :attr:`server_url` never wait.
+    """
 
     BUILD_WAIT = 60.0
 
@@ -69,8 +76,24 @@ class BackgroundKube:
         else:
             self._on_built()
 
+    # ---- what never waits ---------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Built, and its pod cache has listed once (see :meth:`KubeClient.ready`)."""
+        return self.client is not None and self.client.ready()
+
     def synced(self) -> bool:
+        """Built, and its pod cache is complete and not known stale."""
         return self.client is not None and self.client.synced()
+
+    def cached_pod(self, namespace: str, name: str) -> Any:
+        """The pod as the watch cache has it now (None before the client is built)."""
+        return None if self.client is None else self.client.cached_pod(namespace, name)
+
+    @property
+    def node_mismatch(self) -> Optional[Tuple[str, str]]:
+        """:attr:`KubeClient.node_mismatch` (None before the client is built)."""
+        return None if self.client is None else self.client.node_mismatch
 
     @property
     def last_error(self) -> Optional[str]:
@@ -78,12 +101,46 @@ class BackgroundKube:
             return self.failure or "the Kubernetes client is still starting"
         return self.client.last_error
 
+    @property
+    def server_url(self) -> str:
+        """The API server's URL once the client is built (until then, the kubeconfig's)."""
+        if self.client is None:
+            return f"the API server of {self.kubeconfig}"
+        return self.client.server_url
+
     def stop(self) -> None:
         if self.client is not None:
             self.client.stop()
 
-    def __getattr__(self, name: str) -> Any:
+    # ---- what waits for the client -------------------------------------------------------------
+
+    def wait_for_client(self) -> Any:
+        """The built :class:`~multusd.kube.client.KubeClient`, waiting up to
+        :attr:`BUILD_WAIT` s for it.
+
+        :raises TryAgainLater: it is not built by then, or could not be built.
+        """
         if not self._built.wait(self.BUILD_WAIT) or self.client is None:
             raise TryAgainLater(f"the Kubernetes client is not available: "
                                 f"{self.failure or 'still starting'}")
-        return getattr(self.client, name)
+        return self.client
+
+    def get_pod(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`KubeClient.get_pod`, after :meth:`wait_for_client`."""
+        return self.wait_for_client().get_pod(*args, **kwargs)
+
+    def get_nad(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`KubeClient.get_nad`, after :meth:`wait_for_client`."""
+        return self.wait_for_client().get_nad(*args, **kwargs)
+
+    def set_network_status(self, *args: Any, **kwargs: Any) -> None:
+        """:meth:`KubeClient.set_network_status`, after :meth:`wait_for_client`."""
+        self.wait_for_client().set_network_status(*args, **kwargs)
+
+    def emit_event(self, *args: Any, **kwargs: Any) -> None:
+        """:meth:`KubeClient.emit_event`, after :meth:`wait_for_client`."""
+        self.wait_for_client().emit_event(*args, **kwargs)
+
+    def pod_dra_devices(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`KubeClient.pod_dra_devices`, after :meth:`wait_for_client`."""
+        return self.wait_for_client().pod_dra_devices(*args, **kwargs)

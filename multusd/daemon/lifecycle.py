@@ -196,7 +196,7 @@ class Daemon:
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),
-            watch_idle_restarts=from_client(lambda c: c.watch_idle_restarts),
+            watch_reopens=from_client(lambda c: c.watch_reopens),
             nad_api_unavailable=from_client(lambda c: int(c.nad_problem() is not None)),
             nad_refusals=from_client(lambda c: c.nad_refusals),
             credential_rotations=from_client(lambda c: c.config.credentials.rotations),

@@ -12,7 +12,7 @@ Series (see :class:`DaemonMetrics`)::
     multusd_stale_sandboxes                          gauge, sandboxes whose netns is gone
     multusd_unreleased_sandboxes                     gauge, DEL answered success after failing
     multusd_pod_cache_misses_total / multusd_watch_relists_total  counters, from the caches
-    multusd_watch_idle_restarts_total                counter, silent watches resumed anew
+    multusd_watch_reopens_total{resource,cause}      counter, watches ended and opened again
     multusd_nad_api_unavailable                      gauge, 1 while the NAD watch fails
     multusd_nad_refusals_total                       counter, ADDs refused: no NAD CRD/access
     multusd_credential_rotations_total               counter, rotated credentials picked up
@@ -90,20 +90,27 @@ _SAMPLED = (
      "than the one watched (the log names both); set nodeName.", "gauge"),
     ("multusd_watch_relists_total",
      "Watches that expired (410 Gone, lost history) and were listed again.", "counter"),
-    ("multusd_watch_idle_restarts_total",
-     "Watches that stayed silent past their idle bound and were resumed anew.", "counter"),
     ("multusd_nad_api_unavailable", "1 while the NetworkAttachmentDefinition watch fails (CRD "
      "not installed, forbidden, or not answering: multusd status says which).", "gauge"),
     ("multusd_nad_refusals_total", "ADDs refused because the NetworkAttachmentDefinition API "
      "is not installed or not readable with the node's credentials.", "counter"),
     ("multusd_credential_rotations_total",
      "Rotated credentials found and used (token file, client certificate, plugin).", "counter"),
+)
+
+# (name, help, kind, labels) of the series read from a function returning {labels: value}
+# (a label value alone for a series of one label).
+_SAMPLED_LABELLED = (
     ("multusd_kube_request_retries_total", "Requests to the API server sent again after a "
      "transient failure, by cause (429, 5xx, refused, reset, closed, tls-eof, proxy).",
-     "counter"),
+     "counter", ("cause",)),
+    ("multusd_watch_reopens_total",
+     "Watches of the API server that ended and were opened again, by resource and cause "
+     "(ended: by the server at its timeout; expired: 410 or lost history, then a relist; "
+     "error: an ERROR event or an error answer; connection: the connection failed or was "
+     "cut; silence: nothing arrived within the silence bound).", "counter",
+     ("resource", "cause")),
 )
-# sampled series whose function returns {label value: sample}, and that label's name
-_LABELLED = {"multusd_kube_request_retries_total": "cause"}
 
 
 def count_scratch_entries(cni_dir: str) -> Optional[int]:
@@ -191,10 +198,11 @@ class _Sampled:
 
     def __init__(self, families: Mapping[str, Callable[[str, str], Any]]) -> None:
         self._families = families  # kind -> prometheus_client's Gauge/CounterMetricFamily
-        self._functions: Dict[str, Optional[Callable[[], Optional[float]]]] = {
+        self._functions: Dict[str, Optional[Callable[[], Any]]] = {
             name: None for name, _, _ in _SAMPLED}
+        self._functions.update({entry[0]: None for entry in _SAMPLED_LABELLED})
 
-    def set_function(self, name: str, function: Optional[Callable[[], Optional[float]]]) -> None:
+    def set_function(self, name: str, function: Optional[Callable[[], Any]]) -> None:
         self._functions[name] = function
 
     def value(self, name: str) -> Optional[float]:
@@ -209,22 +217,23 @@ class _Sampled:
         return None if value is None else float(value)
 
     def describe(self) -> list:
-        return [self._family(name, text, kind) for name, text, kind in _SAMPLED]
-
-    def _family(self, name: str, text: str, kind: str) -> Any:
-        label = _LABELLED.get(name)
-        return self._families[kind](name, text, labels=[label] if label else None)
+        return [self._families[kind](name, text) for name, text, kind in _SAMPLED] + \
+            [self._families[kind](name, text, labels=labels)
+             for name, text, kind, labels in _SAMPLED_LABELLED]
 
     def collect(self) -> Iterator[Any]:
         for name, text, kind in _SAMPLED:
-            family = self._family(name, text, kind)
-            if name in _LABELLED:
-                for label, value in sorted((self._sample(name) or {}).items()):
-                    family.add_metric([str(label)], float(value))
-            else:
-                value = self.value(name)
-                if value is not None:
-                    family.add_metric([], value)
+            family = self._families[kind](name, text)
+            value = self.value(name)
+            if value is not None:
+                family.add_metric([], value)
+            yield family
+        for name, text, kind, labels in _SAMPLED_LABELLED:
+            family = self._families[kind](name, text, labels=labels)
+            samples = self._sample(name)
+            for label_values, sample in sorted((samples or {}).items()):
+                family.add_metric(list(label_values) if isinstance(label_values, tuple)
+                                  else [str(label_values)], float(sample))
             yield family
 
     def _sample(self, name: str) -> Any:
@@ -281,12 +290,13 @@ class DaemonMetrics:
                     pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
                     node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
                     watch_relists: Optional[Callable[[], Optional[float]]] = None,
+                    watch_reopens: Optional[Callable[[], Optional[Mapping]]] = None,
                     **kube: Optional[Callable[[], Optional[float]]]) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty.
 
-        ``kube`` may name ``watch_idle_restarts``, ``nad_api_unavailable``, ``nad_refusals``,
-        ``credential_rotations`` and ``kube_request_retries`` (a dict by cause) (the series of
-        the same name, ``_total`` for counters).
+        ``kube`` may name ``nad_api_unavailable``, ``nad_refusals``, ``credential_rotations``
+        and ``kube_request_retries`` (a dict by cause) (the series of the same name, ``_total``
+        for counters); ``watch_reopens`` returns {(resource, cause): count}.
         """
         for key, function in kube.items():
             name = f"multusd_{key}" + ("" if key == "nad_api_unavailable" else "_total")
@@ -298,6 +308,7 @@ class DaemonMetrics:
         self.sampled.set_function("multusd_pod_cache_misses_total", pod_cache_misses)
         self.sampled.set_function("multusd_node_name_mismatch", node_name_mismatch)
         self.sampled.set_function("multusd_watch_relists_total", watch_relists)
+        self.sampled.set_function("multusd_watch_reopens_total", watch_reopens)
         self.sampled.set_function(
             "multusd_scratch_cache_entries",
             None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))

@@ -2,17 +2,19 @@
 
 The only user of the API server, through :mod:`multusd.kube.transport` (http.client) and
 :mod:`multusd.kube.clientconfig`. What it keeps off the request path (architecture
-invariant 7):
+invariant 7), and what it asks of the API server (invariant 9):
 
 * pods on this node (``fieldSelector=spec.nodeName=<node>``) and NADs in all namespaces are
-  held in caches fed by list+watch reflectors (:mod:`multusd.kube.reflector`), trimmed to
-  what multusd reads (:mod:`multusd.kube.objects`); a lookup that misses costs one live GET
-  at once, never a blind wait;
-* readiness needs the pod cache only: a NAD API that fails (the CRD not installed: 404; the
-  node's credentials may not read NADs: 403; 5xx) never delays a pod that asks for no NAD,
-  and a pod that asks for one gets the live GET's answer at once, or an error naming the
-  cause and the fix (:meth:`KubeClient.nad_problem`); a live GET that works again wakes the
-  NAD watch, so it does not wait out its backoff;
+  held in caches fed by list+watch reflectors (:mod:`multusd.kube.reflector`: lists served
+  from the API server's watch cache, watches that live until the server ends them), trimmed
+  to what multusd reads (:mod:`multusd.kube.objects`); a lookup that misses costs one live
+  GET at once, never a blind wait, and so does every lookup while its cache is known stale
+  (its watch expired and the relist has not completed);
+* readiness needs the pod cache's first list only (:meth:`KubeClient.ready`): a NAD API that
+  fails (the CRD not installed: 404; the node's credentials may not read NADs: 403; 5xx)
+  never delays a pod that asks for no NAD, and a pod that asks for one gets the live GET's
+  answer at once, or an error naming the cause and the fix (:meth:`KubeClient.nad_problem`);
+  a live GET that works again wakes the NAD watch, so it does not wait out its backoff;
 * a live GET that finds this node's sandbox on a pod of another ``spec.nodeName`` means the
   watched node name is wrong: it is logged once, with both names and the fix, and kept in
   :attr:`KubeClient.node_mismatch` for the metrics and the status line;
@@ -38,7 +40,7 @@ from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
 from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
                                   POD_PATH, PODS_PATH, Key, NetworkAttachmentDefinition, Obj, Pod,
                                   nad_from_object, pod_from_object)
-from multusd.kube.reflector import WATCH_IDLE, Reflector, WatchState, shutdown_response
+from multusd.kube.reflector import Reflector, WatchState, shutdown_response
 from multusd.kube.transport import ApiError, Query, path_of
 
 __all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_ANNOTATION"]
@@ -50,6 +52,8 @@ EMPTY_CACHE_MISSES = 3  # live GETs with an empty pod cache before that is calle
 NOT_FOUND_WAIT = 2.0
 
 NAD_CRD_FILE = "/usr/share/multusd/network-attachment-definition-crd.yaml"
+# the resource label of each cache in the metrics
+RESOURCES = {"pods": "pods", "nads": "network-attachment-definitions"}
 
 
 class KubeClient:
@@ -60,14 +64,15 @@ class KubeClient:
     :param node_source: where ``node_name`` came from, for messages ("nodeName", ...).
     :param request_timeout: connect and read timeout of each request, in seconds (a
         request's deadline shortens it).
-    :param watch_idle: seconds a watch may stay silent before it is resumed anew.
+    :param watch_idle: seconds a watch may stay silent before it is resumed anew (default:
+        past the server's own end of it, see :mod:`multusd.kube.reflector`).
     :raises InvalidNetworkConfig: the kubeconfig cannot be loaded (the message says why,
         without its contents).
     """
 
     def __init__(self, kubeconfig: Union[str, ClientConfig], node_name: str, *,
                  node_source: str = "", request_timeout: float = 10.0,
-                 watch_idle: float = WATCH_IDLE) -> None:
+                 watch_idle: Optional[float] = None) -> None:
         self.config = kubeconfig if isinstance(kubeconfig, ClientConfig) else \
             ClientConfig(kubeconfig)
         self.kubeconfig = self.config.kubeconfig
@@ -75,7 +80,7 @@ class KubeClient:
         self.node_name = node_name
         self.node_source = node_source or "the caller"
         self.request_timeout = float(request_timeout)
-        self.watch_idle = float(watch_idle)
+        self.watch_idle = None if watch_idle is None else float(watch_idle)
         self._transport = self.config.transport
         self._count_lock = threading.Lock()
         self._request_count = 0
@@ -178,11 +183,18 @@ class KubeClient:
         with self._cond:
             return len(self._pods), len(self._nads)
 
-    def synced(self) -> bool:
-        """The pod cache holds a complete list and is not known to be stale (readiness).
+    def ready(self) -> bool:
+        """Ready to serve ADD: the pod cache has completed its first list (readiness).
 
-        The NAD cache is not waited for: see the module docstring and :meth:`nad_problem`.
+        A cache known stale later on does not make it unready: its lookups are live GETs until
+        the relist completes. The NAD cache is not waited for: see the module docstring and
+        :meth:`nad_problem`.
         """
+        with self._cond:
+            return self._state.listed["pods"]
+
+    def synced(self) -> bool:
+        """The pod cache holds a complete list and is not known to be stale."""
         with self._cond:
             return self._state.synced["pods"]
 
@@ -206,10 +218,12 @@ class KubeClient:
             return sum(self._state.relists.values())
 
     @property
-    def watch_idle_restarts(self) -> int:
-        """How many times a watch fell silent past its idle bound and was resumed anew."""
+    def watch_reopens(self) -> Dict[Tuple[str, str], int]:
+        """How many times a watch ended and another was opened, by (resource, cause); the
+        causes are :data:`multusd.kube.reflector.REOPEN_CAUSES`."""
         with self._cond:
-            return sum(self._state.idle_restarts.values())
+            return {(RESOURCES[kind], cause): count
+                    for (kind, cause), count in self._state.reopens.items()}
 
     @property
     def last_error(self) -> Optional[str]:
@@ -256,7 +270,8 @@ class KubeClient:
     def get_pod(self, namespace: str, name: str, *, wait: float = 0.0,
                 expected_uid: str = "", not_found_wait: float = NOT_FOUND_WAIT,
                 deadline: Optional[float] = None) -> Optional[Pod]:
-        """The pod from the cache, else one live GET at once (after ``wait`` s, if given).
+        """The pod from the cache (unless it is known stale), else one live GET at once
+        (after ``wait`` s, if given).
 
         Only when that GET answers 404 (a pod not created yet, a static pod whose mirror is
         on its way) the watch gets up to ``not_found_wait`` s to deliver it, then one more GET.
@@ -270,8 +285,8 @@ class KubeClient:
         """
         key = (namespace, name)
 
-        def cached() -> Optional[Pod]:
-            pod = self._pods.get(key)
+        def cached() -> Optional[Pod]:  # a cache known stale answers nothing
+            pod = self._pods.get(key) if self._state.synced["pods"] else None
             if pod is None or (expected_uid and pod.uid != expected_uid and not pod.is_static):
                 return None
             return pod
@@ -368,7 +383,8 @@ class KubeClient:
 
     def get_nad(self, namespace: str, name: str, *,
                 deadline: Optional[float] = None) -> Optional[NetworkAttachmentDefinition]:
-        """The NetworkAttachmentDefinition from the cache, else one live GET; None if absent.
+        """The NetworkAttachmentDefinition from the cache (unless it is known stale), else
+        one live GET; None if absent.
 
         While the NAD watch fails the GET is still made (the CRD or permission may have just
         appeared, then the watch is woken); when it answers 404 for the resource type (the
@@ -378,8 +394,9 @@ class KubeClient:
         :raises MultusError: the API server refused the request, or has no NAD API.
         """
         with self._cond:
-            nad = self._nads.get((namespace, name))
             synced = self._state.synced["nads"]
+            nad = self._nads.get((namespace, name)) if synced else None
+            failing = self._state.errors["nads"] is not None
         if nad is not None:
             return nad
         action = f"get NetworkAttachmentDefinition {namespace}/{name}"
@@ -389,7 +406,7 @@ class KubeClient:
         except self.config.request_errors() as exc:
             status = getattr(exc, "status", None)
             if status == 404 and not _resource_type_missing(exc):
-                self._wake_nads(synced)
+                self._wake_nads(failing)
                 return None
             if status in (403, 404):
                 with self._count_lock:
@@ -397,12 +414,12 @@ class KubeClient:
                 _, message = nad_condition(status, "")
                 raise MultusError(f"cannot {action}: {message}") from exc
             raise self.config.failure(exc, action) from exc
-        self._wake_nads(synced)
+        self._wake_nads(failing)
         return nad_from_object(obj)
 
-    def _wake_nads(self, synced: bool) -> None:
+    def _wake_nads(self, failing: bool) -> None:
         """The NAD API answers: a failing NAD watch lists again now, not after its backoff."""
-        if not synced:
+        if failing:
             self._state.wake["nads"].set()
 
     # ---- writes --------------------------------------------------------------------------------

@@ -1,16 +1,46 @@
-"""List+watch reflectors that keep one cache each, relisting as client-go does on expiry.
+"""List+watch reflectors, one cache each, reading the API server as client-go's reflector does.
 
-A reflector lists, then watches from the list's resourceVersion, forever. The watch is
-resumed from the last version it saw when the server ends it, the connection drops, or the
-stream stays silent longer than its idle bound (a healthy watch carries a bookmark about
-every minute; a silently dead one is noticed within that bound instead of at the end of
-``timeoutSeconds``). It is replaced by a new LIST when the server says that version is gone:
-HTTP 410 at the start of the watch, an ERROR event with code 410 in the stream (etcd
-compaction), or "too large resource version" (an API server whose history restarted). Until
-that LIST completes the cache counts as not synced: it is known to be stale. Any other ERROR
-event also leads to a LIST, after the backoff, like client-go's ListAndWatch. A failing
-LIST keeps its HTTP status (404: the resource type is not installed, 403: forbidden) for the
-readers to name, and a reader that finds the API working again can cut the backoff short.
+A reflector lists, then watches from the list's resourceVersion, until it is stopped.
+
+*Lists come from the API server's watch cache, never from etcd unless the server asks for it.*
+The first list asks for ``resourceVersion=0`` (any version the cache holds; pages of
+:data:`LIST_PAGE` with ``continue`` where the server pages, as a watch cache not yet ready
+does); a relist asks for the last version this reflector synced to (not older than what it has
+already seen: never back in time, and still a cache read). Only when the server answers that
+this version is unavailable (410 Expired, or 504 "Too large resource version") it lists
+consistently (``resourceVersion`` unset: a read from etcd). A ``continue`` token that expired
+while paging (410) makes it list the whole at the requested version once, as client-go's pager
+does. A list replaces the cache, so objects deleted while no watch could see them leave it.
+
+*Watches live as long as the server lets them.* Each watch asks for bookmarks and ends after
+``timeoutSeconds`` (:data:`WATCH_TIMEOUT_SECONDS`); the server sends a bookmark about once a
+minute and one 2 s before that end, and every bookmark or event advances the version the next
+watch resumes from. The silence bound of a stream is longer than its ``timeoutSeconds``, so a
+healthy quiet watch is always ended by the server; a dead peer is found by the transport's TCP
+keep-alive. A watch that expires (HTTP 410 at its start, an ERROR event 410 in the stream: etcd
+compacted the history) leads to a relist at the last version; "too large resource version" (a
+server whose history restarted below ours) to a consistent list; any other ERROR event to a
+relist. Every end of a watch is counted by cause (:data:`REOPEN_CAUSES`).
+
+*Recovery without a herd.* Failed requests back off exponentially with jitter up to
+:data:`BACKOFF_MAX` (so the first list after an API server comes back follows within seconds),
+and the first answer resets the backoff; a 429 (or any answer) carrying Retry-After waits that
+long; a watch that ends at once without news backs off on its own scale; a relist after an
+expiry waits a random part of :data:`RELIST_SPREAD`, so that the nodes of a cluster whose
+watches expire together (an API server restart, a compaction) do not relist in the same
+second. Readers do not wait for it (see below).
+
+WatchList (``sendInitialEvents=true``) is not used: client-go's form of it (no version) makes
+a server whose etcd cannot answer progress requests wait up to 3 s for a quiet resource and
+then answer 504; the form with ``resourceVersion=0`` saves one request per start but works
+by default only on servers of 1.34 or later (earlier ones refuse it while their WatchList gate
+is off, and those before 1.27 ignore it and never send the end-of-initial-events bookmark,
+which only a timeout could tell).
+
+While a cache is known stale (expired, until its relist completes) it does not count as synced
+and its readers ask the API server instead. A failing list keeps its HTTP status (404: the
+resource type is not installed, 403: forbidden) for the readers to name, and a reader that
+finds the API working again can cut the backoff short.
 """
 
 from __future__ import annotations
@@ -21,7 +51,7 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from multusd.kube.clientconfig import ClientConfig, WatchError
 from multusd.kube.objects import Key, Obj, key_of
@@ -30,27 +60,39 @@ from multusd.kube.transport import IdleTimeout
 LOG = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_SECONDS = (240, 300)  # the server ends a watch after this (random, as client-go)
-WATCH_IDLE = 50.0  # no byte for this long: the stream is dead, resume from its last version
-BACKOFF_INITIAL = 0.2
-BACKOFF_MAX = 10.0
+WATCH_SILENCE_MARGIN = 30.0  # a stream silent this long past its timeoutSeconds is dead
+LIST_PAGE = 500  # client-go's pager size
+BACKOFF_INITIAL = 0.25
+BACKOFF_MAX = 3.0  # a server back after an outage is asked again within this
+RETRY_AFTER_MAX = 60.0
+RELIST_SPREAD = 1.5  # a relist after an expiry waits up to this long (at random)
+YOUNG_WATCH = 1.0  # a watch that ends sooner without news ended "at once" (client-go's rule)
+# why a watch ended and another was opened (the label of multusd_watch_reopens_total)
+REOPEN_CAUSES = ("ended", "expired", "error", "connection", "silence")
 
 # send(query, timeout, read_timeout) -> the open (streaming) transport Response of a LIST/WATCH
 Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 
 
 class Expired(Exception):
-    """The watch's resourceVersion is not in the server's history (410 Gone): list again."""
+    """The watch's resourceVersion is not in the server's history (410): list again."""
+
+
+class TooLarge(Expired):
+    """The server's history is behind our version ("Too large resource version"): list
+    consistently, the version we know is of no use to it."""
 
 
 class Backoff:
-    """Exponential backoff with jitter, reset after a success."""
+    """Exponential backoff with jitter (each delay at random between half and all of the
+    current step, so that many nodes spread out), reset after a success."""
 
     def __init__(self, initial: float = BACKOFF_INITIAL, maximum: float = BACKOFF_MAX) -> None:
         self.initial, self.maximum = initial, maximum
         self.current = initial
 
     def next(self) -> float:
-        delay = self.current * random.uniform(0.8, 1.2)
+        delay = self.current * random.uniform(0.5, 1.0)
         self.current = min(self.current * 2, self.maximum)
         return delay
 
@@ -59,16 +101,18 @@ class Backoff:
 
 
 class WatchState:
-    """What the reflectors share with their readers: one lock, sync flags, failures, relists."""
+    """What the reflectors share with their readers: one lock, sync flags, failures, counts."""
 
     def __init__(self, kinds: tuple = ("pods", "nads")) -> None:
         self.cond = threading.Condition()
         self.stopping = threading.Event()
+        # synced: the cache holds a complete list not known to be stale; listed: it did once
         self.synced: Dict[str, bool] = {kind: False for kind in kinds}
+        self.listed: Dict[str, bool] = {kind: False for kind in kinds}
         self.errors: Dict[str, Optional[str]] = {kind: None for kind in kinds}
         self.error_status: Dict[str, Optional[int]] = {kind: None for kind in kinds}
         self.relists: Dict[str, int] = {kind: 0 for kind in kinds}  # after expiry
-        self.idle_restarts: Dict[str, int] = {kind: 0 for kind in kinds}
+        self.reopens: Dict[Tuple[str, str], int] = {}  # (kind, cause): watch ends
         self.wake: Dict[str, threading.Event] = {kind: threading.Event() for kind in kinds}
         self.open_watches: Dict[str, Any] = {}
 
@@ -88,68 +132,94 @@ class Reflector:
     :param send: sends the LIST (and with ``watch`` in the query the WATCH) and returns the
         open response (:class:`multusd.kube.transport.Response`).
     :param trim: turns an object dict into what the cache holds.
-    :param watch_idle: seconds a watch stream may stay silent before it is resumed anew.
+    :param watch_idle: seconds a watch stream may stay silent before it is resumed anew;
+        None: its ``timeoutSeconds`` and :data:`WATCH_SILENCE_MARGIN`.
     """
 
     def __init__(self, state: WatchState, kind: str, what: str, send: Send,
                  trim: Callable[[Obj], Any], store: Dict[Key, Any], config: ClientConfig,
-                 request_timeout: float, watch_idle: float = WATCH_IDLE) -> None:
+                 request_timeout: float, watch_idle: Optional[float] = None) -> None:
         self.state, self.kind, self.what = state, kind, what
         self.send, self.trim, self.store = send, trim, store
         self.config, self.request_timeout = config, request_timeout
         self.watch_idle = watch_idle
-        self.backoff = Backoff()
+        self.version = ""  # the last version synced to ("": none yet)
+        self.version_unavailable = False  # the server said it cannot serve self.version
+        self.backoff = Backoff()  # requests that got no answer; reset by any answer
+        self.churn = Backoff()  # watches that end at once without news; reset by one that lives
+        self._watching = False  # a watch was asked for in this round
+        self._opened: Optional[float] = None  # when it got its answer
+        self._news = False  # it delivered an event or bookmark
+
+    # ---- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
         state = self.state
-        version: Optional[str] = None
-        opened = 0.0
+        need_list = True
         while not state.stopping.is_set():
+            self._opened, self._news, self._watching = None, False, False
             try:
-                if version is None:
-                    version = self._list()
-                opened = time.monotonic()
-                version, idle = self._watch(version)
-                if idle or time.monotonic() - opened > 1.0:
-                    continue  # the server ended a long watch (timeoutSeconds): resume at once
-                # a watch that ends at once, again and again, must not spin: back off below
+                if need_list:
+                    self._list()
+                    need_list = False
+                cause = self._watch()
+                pause = self._young_pause()
             except Expired as exc:
+                cause, need_list = "expired", True
+                self.version_unavailable = isinstance(exc, TooLarge)
                 LOG.info("%s watch at version %s expired (%s); listing again", self.kind,
-                         version, exc)
+                         self.version, exc)
                 self._stale()
-                version = None
-                self._pause_if_young(opened)
-                continue
+                pause = max(self._young_pause(), random.uniform(0.0, RELIST_SPREAD))
             except WatchError as exc:
-                if state.stopping.is_set():
-                    break
+                cause, need_list = "error", True  # client-go: an error event ends in a LIST
                 self._report(exc)
-                version = None  # client-go: an error in the stream ends in a new LIST
+                pause = max(self._young_pause(), _retry_after(exc) or 0.0)
             except self.config.request_errors() as exc:
                 if state.stopping.is_set():
                     break
-                if getattr(exc, "status", None) == 410:  # 410 Gone at the start of the watch
+                if self._watching and self._opened is None and _gone(exc):  # 410 at its start
+                    cause, need_list = "expired", True
                     LOG.info("%s watch at version %s answered 410 Gone; listing again",
-                             self.kind, version)
+                             self.kind, self.version)
                     self._stale()
-                    version = None
-                    self._pause_if_young(opened)
-                    continue
-                self._report(exc)
+                    # it never lived: as a watch that ended at once
+                    pause = max(self.churn.next(), random.uniform(0.0, RELIST_SPREAD))
+                else:
+                    cause = "error" if getattr(exc, "status", None) else "connection"
+                    self._report(exc)
+                    pause = max(self._young_pause(), _retry_after(exc) or self.backoff.next())
             except Exception:  # noqa: BLE001 - the watch thread must not die
                 LOG.exception("%s watch failed unexpectedly", self.kind)
-            self._pause(self.backoff.next())
+                cause, pause = "error", self.backoff.next()
+            if state.stopping.is_set():
+                break
+            if self._watching:  # a failed LIST is no watch of its own
+                self._count_reopen(cause)
+            if pause > 0:
+                self._pause(pause)
+
+    def _young_pause(self) -> float:
+        """A watch that got its answer and ended within :data:`YOUNG_WATCH` without news backs
+        off on its own scale (a server that ends every watch at once must not get a loop);
+        one that lived resets it."""
+        if self._opened is None:
+            return 0.0
+        if not self._news and time.monotonic() - self._opened < YOUNG_WATCH:
+            return self.churn.next()
+        self.churn.reset()
+        return 0.0
+
+    def _count_reopen(self, cause: str) -> None:
+        with self.state.cond:
+            key = (self.kind, cause)
+            self.state.reopens[key] = self.state.reopens.get(key, 0) + 1
 
     def _pause(self, seconds: float) -> None:
-        """Wait out a backoff; :meth:`WatchState.stop` or a reader's wake-up ends it early."""
+        """Wait; :meth:`WatchState.stop` or a reader's wake-up ends it early."""
         wake = self.state.wake[self.kind]
         wake.wait(seconds)
         wake.clear()
-
-    def _pause_if_young(self, opened: float) -> None:
-        """A server that expires every fresh watch at once must not get a LIST loop."""
-        if time.monotonic() - opened < 1.0:
-            self._pause(self.backoff.next())
 
     def _stale(self) -> None:
         with self.state.cond:
@@ -174,51 +244,106 @@ class Reflector:
             self.state.error_status[self.kind] = None
             LOG.info("the %s watch is working again", self.kind)
 
-    def _list(self) -> str:
-        response = self.send({}, max(30.0, self.request_timeout), None)
+    # ---- lists ---------------------------------------------------------------------------------
+
+    def _list(self) -> None:
+        """List into the store (replacing it) and remember the list's version."""
+        wanted = "" if self.version_unavailable else (self.version or "0")
+        try:
+            fresh, version = self._read_pages(wanted)
+        except self.config.request_errors() as exc:
+            if wanted == "" or not (_gone(exc) or _too_large_error(exc)):
+                raise
+            LOG.info("the API server cannot list %s at version %s (%s); listing them "
+                     "consistently", self.kind, wanted, getattr(exc, "status", exc))
+            self.version_unavailable = True
+            wanted = ""
+            fresh, version = self._read_pages(wanted)
+        self.version_unavailable = False
+        with self.state.cond:
+            self.store.clear()
+            self.store.update(fresh)
+            self.state.synced[self.kind] = self.state.listed[self.kind] = True
+            self._recovered()
+            self.state.cond.notify_all()
+        self.version = version
+        LOG.debug("listed %d %s at version %s (asked for %s)", len(fresh), self.kind, version,
+                  repr(wanted) if wanted else "a consistent read")
+
+    def _read_pages(self, wanted: str) -> Tuple[Dict[Key, Any], str]:
+        """The objects of a (paged) list at ``wanted`` and the list's version, as client-go's
+        pager reads it: ``limit`` only where the cache ignores it or etcd serves it ("0", "");
+        an expired ``continue`` token: the whole list at ``wanted`` once."""
+        query: Dict[str, Any] = {"resourceVersion": wanted} if wanted else {}
+        if wanted in ("", "0"):
+            query["limit"] = LIST_PAGE
+        fresh: Dict[Key, Any] = {}
+        version: Optional[str] = None
+        while True:
+            try:
+                data = self._get_json(query)
+            except self.config.request_errors() as exc:
+                if "continue" not in query or not _gone(exc):
+                    raise
+                LOG.info("the %s list's continue token expired; listing them whole", self.kind)
+                fresh.clear()
+                whole = {"resourceVersion": wanted} if wanted else {}
+                data = self._get_json(whole)
+                version = None
+                query = whole
+            meta = data.get("metadata") or {}
+            if version is None:
+                version = str(meta.get("resourceVersion") or "")
+            for item in data.get("items") or []:
+                fresh[key_of(item)] = self.trim(item)
+            token = meta.get("continue") if "limit" in query else ""
+            if not token:
+                return fresh, version
+            query = {"limit": LIST_PAGE, "continue": token}
+
+    def _get_json(self, query: Dict[str, Any]) -> Obj:
+        response = self.send(query, max(30.0, self.request_timeout), None)
         try:
             data = json.loads(response.data)
         finally:
             response.release_conn()
-        fresh = {}
-        for item in data.get("items") or []:
-            fresh[key_of(item)] = self.trim(item)
-        with self.state.cond:
-            self.store.clear()
-            self.store.update(fresh)
-            self.state.synced[self.kind] = True
-            self._recovered()
-            self.state.cond.notify_all()
-        self.backoff.reset()
-        version = str((data.get("metadata") or {}).get("resourceVersion", ""))
-        LOG.debug("listed %d %s at version %s", len(fresh), self.kind, version)
-        return version
+        self.backoff.reset()  # the first answer ends the backoff
+        return data if isinstance(data, dict) else {}
 
-    def _watch(self, version: str) -> tuple:
-        """Follow one watch stream: (the last resourceVersion seen, whether it fell silent)."""
+    # ---- watches -------------------------------------------------------------------------------
+
+    def _silence_bound(self, timeout_seconds: int) -> float:
+        if self.watch_idle is not None:
+            return self.watch_idle
+        return (timeout_seconds or WATCH_TIMEOUT_SECONDS[1]) + WATCH_SILENCE_MARGIN
+
+    def _watch(self) -> str:
+        """Follow one watch stream until it ends: "ended" by the server, or "silence"."""
         state = self.state
-        query = {"watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
-                 "timeoutSeconds": random.randint(*WATCH_TIMEOUT_SECONDS)}
-        response = self.send(query, self.request_timeout, self.watch_idle)
+        timeout_seconds = random.randint(*WATCH_TIMEOUT_SECONDS)
+        query = {"watch": True, "resourceVersion": self.version, "allowWatchBookmarks": True,
+                 "timeoutSeconds": timeout_seconds}
+        silence = self._silence_bound(timeout_seconds)
+        self._watching = True
+        response = self.send(query, self.request_timeout, silence)
+        self._opened = time.monotonic()
+        self.backoff.reset()
         with state.cond:
             state.open_watches[self.kind] = response
             self._recovered()
         if state.stopping.is_set():
             shutdown_response(response)
-        completed = idle = False
+        completed = False
         try:
             for event in watch_events(response):
-                version = self._apply(event, version)
-                self.backoff.reset()
+                self._apply(event)
             completed = True
         except IdleTimeout:
             if state.stopping.is_set():
                 raise
-            idle = True
-            with state.cond:
-                state.idle_restarts[self.kind] += 1
             LOG.info("the %s watch sent nothing for %.0fs; resuming it from version %s",
-                     self.kind, self.watch_idle, version)
+                     self.kind, silence, self.version)
+            return "silence"
         finally:
             with state.cond:
                 state.open_watches.pop(self.kind, None)
@@ -226,18 +351,24 @@ class Reflector:
                 response.release_conn()  # a cleanly ended stream leaves a reusable connection
             else:
                 response.close()
-        return version, idle
+        return "ended"
 
-    def _apply(self, event: Obj, version: str) -> str:
+    def _apply(self, event: Obj) -> None:
         etype, obj = event.get("type"), event.get("object") or {}
         if etype == "ERROR":
             code, message = int(obj.get("code") or 500), str(obj.get("message", ""))
-            if code == 410 or _too_large(obj):
+            if _too_large(obj):
+                raise TooLarge(message or f"ERROR event {code}")
+            if code == 410:
                 raise Expired(message or f"ERROR event {code}")
-            raise WatchError(code, message, str(obj.get("reason", "")))
-        new_version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            error = WatchError(code, message, str(obj.get("reason", "")))
+            error.retry_after = (obj.get("details") or {}).get("retryAfterSeconds")
+            raise error
+        self._news = True
+        new_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         if etype == "BOOKMARK":
-            return new_version
+            self.version = new_version or self.version
+            return
         key = key_of(obj)
         trimmed = self.trim(obj) if etype in ("ADDED", "MODIFIED") else None  # outside the lock
         with self.state.cond:
@@ -247,7 +378,7 @@ class Reflector:
                 self.store[key] = trimmed
             self._recovered()
             self.state.cond.notify_all()
-        return new_version
+        self.version = new_version or self.version
 
 
 def _too_large(status: Obj) -> bool:
@@ -256,6 +387,41 @@ def _too_large(status: Obj) -> bool:
     return any(c.get("reason") == "ResourceVersionTooLarge" for c in causes if
                isinstance(c, dict)) or "too large resource version" in \
         str(status.get("message", "")).lower()
+
+
+def _status_of(exc: BaseException) -> Obj:
+    status_object = getattr(exc, "status_object", None)
+    return status_object() if callable(status_object) else {}
+
+
+def _too_large_error(exc: BaseException) -> bool:
+    return getattr(exc, "status", None) == 504 and _too_large(_status_of(exc))
+
+
+def _gone(exc: BaseException) -> bool:
+    """410: Expired (or Gone, as servers before 1.18 said)."""
+    return getattr(exc, "status", None) == 410
+
+
+def _retry_after(exc: BaseException) -> Optional[float]:
+    """Seconds the server asked us to wait (Retry-After, or the Status's retryAfterSeconds),
+    with a little jitter so that the nodes it told the same do not come back together."""
+    value: Any = None
+    headers = getattr(exc, "headers", None) or {}
+    for name, text in headers.items():
+        if name.lower() == "retry-after":
+            value = text
+    if value is None:
+        value = getattr(exc, "retry_after", None)
+    if value is None:
+        value = (_status_of(exc).get("details") or {}).get("retryAfterSeconds")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None  # absent, or an HTTP date (kube-apiserver sends seconds)
+    if seconds <= 0:
+        return None
+    return min(seconds, RETRY_AFTER_MAX) * random.uniform(1.0, 1.2)
 
 
 def watch_events(response: Any) -> Iterator[Obj]:

@@ -100,6 +100,49 @@ def test_a_cache_known_stale_is_not_synced(kube_api, client):
     assert client.wait_synced(20, nads=True)
 
 
+def test_a_stale_cache_answers_nothing_but_readiness_stays(kube_api, client):
+    """While a relist is pending, lookups are live GETs: a pod or NAD deleted while the watch
+    could not see it is not served from the cache, and ADDs need not wait for the relist."""
+    kube_api.add_pod(NS, "gone-pod")
+    kube_api.add_nad(NS, "gone-net", NAD_CONFIG)
+    wait_for(lambda: client.cached_pod(NS, "gone-pod") and client.cached_nad(NS, "gone-net"),
+             10, what="both in the caches")
+    kube_api.fail_next("GET", "/api/v1/pods", 500, times=None, watch=False)  # relists fail
+    kube_api.fail_next("GET", NADS, 500, times=None, watch=False)
+    kube_api.stop()
+    kube_api.delete_pod(NS, "gone-pod")
+    kube_api.delete_nad(NS, "gone-net")
+    kube_api.add_pod(NS, "new-pod")
+    kube_api.compact()
+    kube_api.start()  # both watches expire; their relists fail
+    wait_for(lambda: client.relists >= 2, 15, what="both caches to be known stale")
+    assert client.ready() and not client.synced() and not client.nads_synced()
+    assert client.cached_pod(NS, "gone-pod") is not None  # still held, but not answered:
+    assert client.get_pod(NS, "gone-pod", not_found_wait=0) is None
+    assert client.get_nad(NS, "gone-net") is None
+    assert client.get_pod(NS, "new-pod", not_found_wait=0) is not None
+    assert kube_api.count("GET", f"/api/v1/namespaces/{NS}/pods/gone-pod") == 1
+    kube_api.clear_failures()
+    assert client.wait_synced(20, nads=True)
+    assert client.cached_pod(NS, "gone-pod") is None and client.cached_nad(NS, "gone-net") is None
+
+
+def test_an_api_server_restart_relists_from_its_new_watch_cache(kube_api, client):
+    """kube-apiserver comes back with a new watch cache: the watches from older versions get
+    410 and relist at their last version, a watch-cache read; no etcd list of pods."""
+    kube_api.add_pod(NS, "stays")
+    wait_for(lambda: client.cached_pod(NS, "stays"), 10, what="the pod")
+    kube_api.stop()
+    kube_api.add_pod(NS, "while-away")
+    kube_api.restart(new_watch_cache=True)
+    wait_for(lambda: client.cached_pod(NS, "while-away"), 30, what="the relisted pod")
+    assert kube_api.count_list_reads("pods", "cache") == 2
+    assert kube_api.count_list_reads("pods", "storage") == 0
+    reopens = client.watch_reopens
+    assert reopens.get(("pods", "expired")) == 1
+    assert client.wait_synced(20, nads=True)
+
+
 @pytest.mark.privileged
 @pytest.mark.cni_plugins
 @pytest.mark.parametrize("form", FORMS)

@@ -96,9 +96,6 @@ def test_a_fresh_daemon_exposes_every_family_and_nothing_else():
         "# HELP multusd_watch_relists_total Watches that expired (410 Gone, lost history) and "
         "were listed again.\n"
         "# TYPE multusd_watch_relists_total counter\n"
-        "# HELP multusd_watch_idle_restarts_total Watches that stayed silent past their idle "
-        "bound and were resumed anew.\n"
-        "# TYPE multusd_watch_idle_restarts_total counter\n"
         "# HELP multusd_nad_api_unavailable 1 while the NetworkAttachmentDefinition watch fails "
         "(CRD not installed, forbidden, or not answering: multusd status says which).\n"
         "# TYPE multusd_nad_api_unavailable gauge\n"
@@ -111,6 +108,11 @@ def test_a_fresh_daemon_exposes_every_family_and_nothing_else():
         "# HELP multusd_kube_request_retries_total Requests to the API server sent again after a "
         "transient failure, by cause (429, 5xx, refused, reset, closed, tls-eof, proxy).\n"
         "# TYPE multusd_kube_request_retries_total counter\n"
+        "# HELP multusd_watch_reopens_total Watches of the API server that ended and were opened "
+        "again, by resource and cause (ended: by the server at its timeout; expired: 410 or lost "
+        "history, then a relist; error: an ERROR event or an error answer; connection: the "
+        "connection failed or was cut; silence: nothing arrived within the silence bound).\n"
+        "# TYPE multusd_watch_reopens_total counter\n"
         "# HELP multusd_build_info Always 1; the version label says which multusd runs.\n"
         "# TYPE multusd_build_info gauge\n"
         'multusd_build_info{version="9.9.9"} 1.0\n'
@@ -367,6 +369,19 @@ def test_api_retries_are_counted_by_cause():
     assert_valid_exposition(text)
     daemon.set_sources(kube_request_retries=lambda: None)  # the client is not built yet
     assert "\nmultusd_kube_request_retries_total{" not in daemon.render()
+
+
+def test_watch_reopens_are_one_series_per_resource_and_cause():
+    reopens = {("pods", "ended"): 3, ("network-attachment-definitions", "expired"): 1}
+    daemon = DaemonMetrics()
+    daemon.set_sources(watch_reopens=lambda: reopens)
+    name = "multusd_watch_reopens_total"
+    assert value(daemon, name, resource="pods", cause="ended") == 3
+    assert value(daemon, name, resource="network-attachment-definitions", cause="expired") == 1
+    reopens[("pods", "silence")] = 1
+    assert value(daemon, name, resource="pods", cause="silence") == 1
+    daemon.set_sources(watch_reopens=lambda: 1 / 0)  # a broken source: no samples, no failure
+    assert "multusd_watch_reopens_total{" not in daemon.render()
 
 
 def test_a_sampled_gauge_without_a_usable_value_has_no_sample():

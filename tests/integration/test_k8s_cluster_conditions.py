@@ -247,7 +247,9 @@ def test_a_silent_watch_is_resumed_without_a_relist(kube_api, make_client):
     client = make_client(kube_api, watch_idle=1.0)
     assert client.wait_synced(10, nads=True) and kube_api.wait_for_watchers(2)
     kube_api.blackhole()
-    wait_for(lambda: client.watch_idle_restarts >= 2, 15, what="both watches noticed silent")
+    wait_for(lambda: client.watch_reopens.get(("pods", "silence")) and
+             client.watch_reopens.get(("network-attachment-definitions", "silence")), 15,
+             what="both watches noticed silent")
     kube_api.blackhole(False)
     kube_api.add_pod(NS, "after")
     wait_for(lambda: client.cached_pod(NS, "after") is not None, 15, what="the resumed watch")
