@@ -63,14 +63,16 @@ def version(bin_dir: str) -> str:
 
 
 class Secrets:
-    """The in-cluster token and CA for one fake API server, and the host's mount point."""
+    """The in-cluster token and CA for one fake API server, and the host's mount point.
 
-    def __init__(self, scratch_dir: str, kube_api) -> None:
+    ``token``: another the server accepts (a node of a fleet, bench/fleet.py), not its own."""
+
+    def __init__(self, scratch_dir: str, kube_api, token: Optional[str] = None) -> None:
         self.root = os.path.join(scratch_dir, "secrets")
         folder = os.path.join(self.root, SERVICE_ACCOUNT)
         os.makedirs(folder, mode=0o700)
         with open(os.path.join(folder, "token"), "w") as handle:
-            handle.write(kube_api.token)
+            handle.write(token or kube_api.token)
         shutil.copyfile(kube_api.ca_path, os.path.join(folder, "ca.crt"))
         self.made_mount_point = not os.path.lexists(SECRETS)
         if self.made_mount_point:
@@ -94,7 +96,7 @@ class UpstreamDaemon:
     """
 
     def __init__(self, bin_dir: str, config: Dict[str, Any], workdir: str, kube_api,
-                 secrets: Secrets) -> None:
+                 secrets: Secrets, node: str = "") -> None:
         self.workdir = workdir
         self.socket_dir = os.path.join(workdir, "run")
         self.socket_path = api.socket_path(self.socket_dir)
@@ -104,7 +106,7 @@ class UpstreamDaemon:
         self.shim_argv = [os.path.join(bin_dir, SHIM)]
         self.secrets = secrets
         self.env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-                    "MULTUS_NODE_NAME": kube_api.node,
+                    "MULTUS_NODE_NAME": node or kube_api.node,
                     "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                     "KUBERNETES_SERVICE_PORT": str(kube_api.port)}
         out_dir = os.path.join(workdir, "net.d")  # where the daemon writes its 00-multus.conf
