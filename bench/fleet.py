@@ -22,7 +22,7 @@ ledger, tests/kubeclients.py: the user each node's token names). Per node:
   each node's first LIST (or WatchList) after it came; then the same after a second restart
   that also compacts the history (``relist``: as on a busy cluster, where the versions the
   watches hold have left the watch cache: every resuming watch gets 410 Gone);
-* RSS of the daemon at the end of the idle time.
+* the daemon's CPU seconds per idle hour, and its RSS at the end of the idle time.
 
 ``--upstream-bin DIR`` (repeatable: one fleet per directory, e.g. v4.3.0 and v4.2.4) runs
 upstream's ``multus-daemon`` the same way beside multusd's fleet (as bench/upstream.py runs
@@ -60,7 +60,8 @@ from stats import Interrupted, load_average, log, machine
 COLUMNS = [("ready_s", "ready s", 7), ("start_requests", "start req", 9),
            ("start_kb", "start KB", 8), ("start_lists", "lists c/s", 9),
            ("start_storage_objects", "stor.obj", 8), ("idle_requests_per_h", "idle req/h", 10),
-           ("idle_kb_per_h", "idle KB/h", 9), ("restart_requests", "rst req", 7),
+           ("idle_kb_per_h", "idle KB/h", 9), ("idle_cpu_s_per_h", "CPU s/h", 7),
+           ("restart_requests", "rst req", 7),
            ("restart_lists", "rst c/s", 7), ("restart_first_list_s", "rst 1st", 7),
            ("relist_requests", "410 req", 7), ("relist_lists", "410 c/s", 7),
            ("relist_storage_objects", "410 st.obj", 10), ("relist_first_list_s", "410 1st", 7),
@@ -74,6 +75,7 @@ SUMMARY_ROWS = (
     ("start_storage_lists", "storage LISTs at start"),
     ("start_storage_objects", "objects read from storage"),
     ("idle_requests_per_h", "requests per idle hour"), ("idle_kb_per_h", "KB per idle hour"),
+    ("idle_cpu_s_per_h", "daemon CPU s per idle hour"),
     ("restart_requests", "requests, 30 s after restart"),
     ("restart_storage_objects", "  objects read from storage"),
     ("restart_first_list_s", "  first LIST after, s"),
@@ -222,6 +224,7 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
         time.sleep(args.settle)  # the start window's tail: measured, not waited on
     log(f"idle for {args.idle_minutes} minutes")
     idle = (clock(), 0.0)
+    cpu = {node.name: node.cpu_s() for node in nodes}
     deadline = time.monotonic() + args.idle_minutes * 60
     while time.monotonic() < deadline:
         time.sleep(min(60.0, max(0.0, deadline - time.monotonic())))
@@ -230,6 +233,11 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
             raise RuntimeError(f"daemons exited while idle: {gone}")
     windows = {"idle": (idle[0], clock())}
     rss = {node.name: node.rss_mb() for node in nodes}
+    hours = (windows["idle"][1] - windows["idle"][0]) / 3600
+    for node in nodes:
+        used = node.cpu_s()
+        cpu[node.name] = round((used - cpu[node.name]) / hours, 1) \
+            if None not in (used, cpu[node.name]) else None
     for name, what in RESTARTS:
         log(f"{what}; counting for {args.after_restart} s")
         kube_api.stop()
@@ -240,13 +248,12 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
         began = clock()
         time.sleep(args.after_restart)  # the window: measured, not waited on
         windows[name] = (began, clock())
-    hours = (windows["idle"][1] - windows["idle"][0]) / 3600
     report["idle_minutes_measured"] = round(hours * 60, 2)
     for label, group in by_fleet.items():
         rows = []
         for node in group:
             row = node_figures(kube_api, node, args.settle, windows, node is group[0])
-            row.update(node=node.name, rss_mb=rss[node.name])
+            row.update(node=node.name, rss_mb=rss[node.name], idle_cpu_s_per_h=cpu[node.name])
             rows.append(row)
         report["fleets"][label]["per_node"] = rows
         report["fleets"][label]["summary"] = summarise(rows, hours)

@@ -131,6 +131,15 @@ class Node:
     def rss_mb(self) -> Optional[float]:
         return rss_mb(self.proc.pid) if self.proc is not None else None
 
+    def cpu_s(self) -> Optional[float]:
+        """CPU seconds the daemon has used so far (all its threads, user and system)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, AttributeError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def log(self) -> str:
         try:
             with open(self.log_path, errors="replace") as handle:
