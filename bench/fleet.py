@@ -176,15 +176,67 @@ def summarise(rows: List[Dict[str, Any]], hours: float) -> Dict[str, Any]:
     return out
 
 
+def start_fleet(kube_api, label: str, group: List[Node], args: argparse.Namespace) -> dict:
+    """Every node of one fleet started at once (an upgrade); wait until each is ready."""
+    clock = kube_api.clients.clock
+    log(f"{label}: {len(group)} daemons started at once")
+    launched = clock()
+    for node in group:
+        node.start(clock)
+    late = fleetnodes.wait_all_ready(group, clock, args.start_timeout)
+    ready = [node.ready for node in group if node.ready]
+    out = {"not_ready": late, "all_ready_s": round(max(ready) - launched, 1) if ready else None}
+    log(f"{label}: ready in {out['all_ready_s']} s" + (f"; not ready: {late}" if late else ""))
+    time.sleep(args.settle)  # the start window's tail: measured, not waited on
+    return out
+
+
+def idle(kube_api, nodes: List[Node], minutes: float) -> tuple:
+    """``minutes`` of a quiet cluster: (the window, each node's RSS at its end, its CPU
+    seconds per hour in it)."""
+    clock = kube_api.clients.clock
+    log(f"idle for {minutes} minutes")
+    began, cpu = clock(), {node.name: node.cpu_s() for node in nodes}
+    deadline = time.monotonic() + minutes * 60
+    while time.monotonic() < deadline:
+        time.sleep(min(60.0, max(0.0, deadline - time.monotonic())))
+        gone = [node.name for node in nodes if node.proc.poll() is not None]
+        if gone:
+            raise RuntimeError(f"daemons exited while idle: {gone}")
+    window = (began, clock())
+    rss = {node.name: node.rss_mb() for node in nodes}
+    hours = (window[1] - window[0]) / 3600
+    for node in nodes:
+        used, before = node.cpu_s(), cpu[node.name]
+        cpu[node.name] = round((used - before) / hours, 1) if None not in (used, before) \
+            else None
+    return window, rss, cpu
+
+
+def restarts(kube_api, other_pod: List[str], seconds: float) -> Dict[str, tuple]:
+    """The stand-in restarted twice (see RESTARTS); the ``seconds`` after each."""
+    clock, windows = kube_api.clients.clock, {}
+    for name, what in RESTARTS:
+        log(f"{what}; counting for {seconds} s")
+        kube_api.stop()
+        if name == "relist":  # a busy cluster: other nodes' pods changed, history compacted
+            kube_api.update_pod(*other_pod, annotations={"fleet.bench/changed": str(clock())})
+            kube_api.compact()  # the versions the watches hold have left the history
+        kube_api.start()
+        began = clock()
+        time.sleep(seconds)  # the window: measured, not waited on
+        windows[name] = (began, clock())
+    return windows
+
+
 def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[str, Any]):
     from kubeapi import FakeKubeAPI
 
     report: Dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(), "options": {k: v for k, v in vars(args).items()}}
+        "machine": machine(), "options": dict(vars(args))}
     os.makedirs(os.path.join(workdir, "kubeapi"))
     kube_api = state["kube_api"] = FakeKubeAPI(os.path.join(workdir, "kubeapi"), tls=True).start()
-    clock = kube_api.clients.clock
     fleets = ([("multusd", "")] if not args.no_multusd else []) + \
         [(fleetnodes.label_of(d), d) for d in args.upstream_bin]
     names = {label: [f"{slug(label)}-{i:03d}" for i in range(args.nodes)] for label, _ in fleets}
@@ -196,13 +248,7 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
         kube_api, [n for group in names.values() for n in group], args.pods, args.pods_per_node,
         args.nads, args.other_nodes, args.namespaces)
     report["cluster"]["fill_s"] = round(time.monotonic() - started, 1)
-    conf_dir = os.path.join(workdir, "net.d")
-    os.makedirs(conf_dir)
-    cluster_conf = os.path.join(conf_dir, "10-fleet.conf")  # never used: no CNI request
-    with open(cluster_conf, "w") as handle:
-        json.dump({"cniVersion": "0.3.1", "name": "fleet-cluster", "type": "bridge",
-                   "bridge": "fleetbr0", "ipam": {"type": "host-local",
-                                                  "subnet": "10.250.0.0/16"}}, handle)
+    cluster_conf = fleetnodes.cluster_conf(workdir)
     by_fleet: Dict[str, List[Node]] = {}
     report["fleets"] = {}
     for label, bin_dir in fleets:
@@ -210,44 +256,12 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
             Node(kube_api, label, name, os.path.join(workdir, name), cluster_conf, bin_dir,
                  args.log_level) for name in names[label]]
         nodes.extend(group)
-        log(f"{label}: {len(group)} daemons started at once")
-        launched = clock()
-        for node in group:
-            node.start(clock)
-        late = fleetnodes.wait_all_ready(group, clock, args.start_timeout)
-        report["fleets"][label] = {
-            "bin_dir": bin_dir or None, "not_ready": late,
-            "all_ready_s": round(max(n.ready for n in group if n.ready) - launched, 1)
-            if any(n.ready for n in group) else None}
-        log(f"{label}: ready in {report['fleets'][label]['all_ready_s']} s"
-            + (f"; not ready: {late}" if late else ""))
-        time.sleep(args.settle)  # the start window's tail: measured, not waited on
-    log(f"idle for {args.idle_minutes} minutes")
-    idle = (clock(), 0.0)
-    cpu = {node.name: node.cpu_s() for node in nodes}
-    deadline = time.monotonic() + args.idle_minutes * 60
-    while time.monotonic() < deadline:
-        time.sleep(min(60.0, max(0.0, deadline - time.monotonic())))
-        if any(node.proc.poll() is not None for node in nodes):
-            gone = [node.name for node in nodes if node.proc.poll() is not None]
-            raise RuntimeError(f"daemons exited while idle: {gone}")
-    windows = {"idle": (idle[0], clock())}
-    rss = {node.name: node.rss_mb() for node in nodes}
-    hours = (windows["idle"][1] - windows["idle"][0]) / 3600
-    for node in nodes:
-        used = node.cpu_s()
-        cpu[node.name] = round((used - cpu[node.name]) / hours, 1) \
-            if None not in (used, cpu[node.name]) else None
-    for name, what in RESTARTS:
-        log(f"{what}; counting for {args.after_restart} s")
-        kube_api.stop()
-        if name == "relist":  # a busy cluster: other nodes' pods changed, history compacted
-            kube_api.update_pod(*report["cluster"]["other_pod"], annotations={"fleet.bench/changed": str(clock())})
-            kube_api.compact()  # the versions the watches hold have left the history
-        kube_api.start()
-        began = clock()
-        time.sleep(args.after_restart)  # the window: measured, not waited on
-        windows[name] = (began, clock())
+        report["fleets"][label] = dict(start_fleet(kube_api, label, group, args),
+                                       bin_dir=bin_dir or None)
+    window, rss, cpu = idle(kube_api, nodes, args.idle_minutes)
+    windows = dict(idle=window, **restarts(kube_api, report["cluster"]["other_pod"],
+                                           args.after_restart))
+    hours = (window[1] - window[0]) / 3600
     report["idle_minutes_measured"] = round(hours * 60, 2)
     for label, group in by_fleet.items():
         rows = []

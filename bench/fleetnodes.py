@@ -37,8 +37,9 @@ def populate(kube_api, benched: List[str], pods: int, pods_per_node: int, nads: 
     namespaces, plus ``pods_per_node`` pods on each benched node; history compacted."""
     spaces = [f"team-{n:03d}" for n in range(namespaces)]
     for number in range(nads):
+        subnet = f"10.{number // 250}.{number % 250}.0/24"
         conf = {"cniVersion": "0.3.1", "type": "macvlan", "master": "eth1", "mode": "bridge",
-                "ipam": {"type": "whereabouts", "range": f"10.{number // 250}.{number % 250}.0/24"}}
+                "ipam": {"type": "whereabouts", "range": subnet}}
         kube_api.add_nad(spaces[number % namespaces], f"net-{number:03d}", json.dumps(conf))
     for number in range(pods):
         space = spaces[number % namespaces]
@@ -53,6 +54,18 @@ def populate(kube_api, benched: List[str], pods: int, pods_per_node: int, nads: 
     return {"pods": pods + pods_per_node * len(benched), "nads": nads,
             "other_nodes": other_nodes, "namespaces": namespaces,
             "other_pod": [spaces[0], "app-00000"]}  # on another node: no daemon watches it
+
+
+def cluster_conf(workdir: str) -> str:
+    """The clusterNetwork file every node's config names (never run: no CNI request)."""
+    conf_dir = os.path.join(workdir, "net.d")
+    os.makedirs(conf_dir)
+    path = os.path.join(conf_dir, "10-fleet.conf")
+    with open(path, "w") as handle:
+        json.dump({"cniVersion": "0.3.1", "name": "fleet-cluster", "type": "bridge",
+                   "bridge": "fleetbr0", "ipam": {"type": "host-local",
+                                                  "subnet": "10.250.0.0/16"}}, handle)
+    return path
 
 
 def label_of(bin_dir: str) -> str:
