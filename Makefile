@@ -15,7 +15,7 @@ KUBERNETES_NEWEST := 37.0.2
 NEWEST  := .venv-newest
 NEWEST_STAMP := $(NEWEST)/.installed
 
-.PHONY: all setup setup-newest run test test-newest bench soak burst packages clean
+.PHONY: all setup setup-newest run test test-newest bench soak burst fleet packages clean
 
 all: test
 
@@ -76,6 +76,14 @@ ROUNDS ?= 1
 UPSTREAM_BIN ?=
 burst: setup
 	$(PYTHON) bench/burst.py --pods $(BURST_N) --rounds $(ROUNDS) \
+		$(if $(UPSTREAM_BIN),--upstream-bin $(UPSTREAM_BIN))
+
+# FLEET_NODES daemons as that many nodes against one API server holding 20,000 pods: each node's
+# requests and bytes at start, per idle hour and after a restart (bench/fleet.py, ~13 min);
+# UPSTREAM_BIN=DIR runs upstream's multus-daemon as a second fleet beside them.
+FLEET_NODES ?= 50
+fleet: setup
+	$(PYTHON) bench/fleet.py --nodes $(FLEET_NODES) \
 		$(if $(UPSTREAM_BIN),--upstream-bin $(UPSTREAM_BIN))
 
 # dist/multusd_<version>_all.deb and dist/multusd-<version>.noarch.rpm (version: pyproject.toml)

@@ -43,8 +43,12 @@ import statistics
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import bench
 import lifecycle
+import memory
+import phases
+import rig
+import shimcost
+import stats
 import upstream
 
 FIGURES = ("add_ms", "del_ms", "plugins_add_ms", "plugins_del_ms", "paced_add_ms",
@@ -66,21 +70,21 @@ LABELS = {"add_ms": "sequential ADD p50 ms", "del_ms": "sequential DEL p50 ms",
 class Side:
     """One daemon under test with its cluster: multusd's or upstream's."""
 
-    def __init__(self, name: str, daemon: Any, cluster: bench.Cluster,
+    def __init__(self, name: str, daemon: Any, cluster: rig.Cluster,
                  cold: Callable[[], Optional[float]], shim: Callable[[], Optional[float]]) -> None:
         self.name, self.daemon, self.cluster = name, daemon, cluster
         self.cold, self.shim = cold, shim
         self.figures: Dict[str, List[float]] = {key: [] for key in FIGURES}
 
-    def round(self, scratch: bench.Scratch, pods: int, concurrency: int,
+    def round(self, scratch: rig.Scratch, pods: int, concurrency: int,
               failures: List[str]) -> None:
-        latency = bench.latency(self.daemon, self.cluster, pods, failures)
+        latency = phases.latency(self.daemon, self.cluster, pods, failures)
         # the plugins alone right before the paced ADDs: the pair shares the machine's minute
-        alone = bench.plugins_direct(scratch, pods, failures)
+        alone = phases.plugins_direct(scratch, pods, failures)
         plugins_ms = alone["add_ms"].get("p50")
-        paced = bench.throughput(self.daemon, self.cluster, 1, pods, failures)
-        direct = bench.direct_post(self.daemon, self.cluster, pods, failures)
-        loaded = bench.throughput(self.daemon, self.cluster, concurrency, pods, failures)
+        paced = phases.throughput(self.daemon, self.cluster, 1, pods, failures)
+        direct = phases.direct_post(self.daemon, self.cluster, pods, failures)
+        loaded = phases.throughput(self.daemon, self.cluster, concurrency, pods, failures)
         paced_ms = paced["add_ms"].get("p50")
         values = {"add_ms": latency["add_ms"].get("p50"), "del_ms": latency["del_ms"].get("p50"),
                   "plugins_add_ms": plugins_ms, "plugins_del_ms": alone["del_ms"].get("p50"),
@@ -91,34 +95,34 @@ class Side:
                   "direct_del_ms": direct["del_ms"].get("p50"),
                   "pods_per_s": loaded["pods_per_s"], "cold_add_ms": self.cold(),
                   "shim_add_ms": self.shim(),
-                  "rss_after_round_mb": lifecycle.rss_mb(self.daemon.proc.pid)}
+                  "rss_after_round_mb": memory.rss_mb(self.daemon.proc.pid)}
         for key, value in values.items():
             if value is not None:
                 self.figures[key].append(value)
-        bench.log(f"{self.name}: " + ", ".join(f"{k} {v}" for k, v in values.items()))
+        stats.log(f"{self.name}: " + ", ".join(f"{k} {v}" for k, v in values.items()))
 
 
-def ours(scratch: bench.Scratch, failures: List[str]) -> Side:
-    kube_api = bench.start_kube_api(scratch)
-    cluster = bench.Cluster(scratch, kube_api)
-    config = bench.daemon_config(scratch, kube_api, "verbose")
+def ours(scratch: rig.Scratch, failures: List[str]) -> Side:
+    kube_api = rig.start_kube_api(scratch)
+    cluster = rig.Cluster(scratch, kube_api)
+    config = rig.daemon_config(scratch, kube_api, "verbose")
     daemon = scratch.daemon(config, "alternate").start(activate=True)
-    bench.wait_ready(daemon)
+    rig.wait_ready(daemon)
     count = [0]
 
     def cold() -> Optional[float]:
         count[0] += 1
         run = lifecycle.cold_start(config, os.path.join(scratch.workdir, f"cold{count[0]}"),
-                                   bench.first_add(cluster), lifecycle.DAEMON_ARGV)
+                                   lifecycle.first_add(cluster), rig.DAEMON_ARGV)
         return run.get("cold_add_ms")
 
     def shim() -> Optional[float]:
-        return bench.shim_share(scratch, 10, failures)["packaged_add_instant"].get("p50")
+        return shimcost.shim_share(scratch, 10, failures)["packaged_add_instant"].get("p50")
 
     return Side("multusd", daemon, cluster, cold, shim)
 
 
-def theirs(scratch: bench.Scratch, bin_dir: str, run: Dict[str, Any],
+def theirs(scratch: rig.Scratch, bin_dir: str, run: Dict[str, Any],
            failures: List[str]) -> Side:
     from kubeapi import FakeKubeAPI
 
@@ -128,7 +132,7 @@ def theirs(scratch: bench.Scratch, bin_dir: str, run: Dict[str, Any],
     run.update({"bin_dir": bin_dir, "workdir": workdir, "kube_api": kube_api, "daemons": []})
     run["secrets"] = upstream.Secrets(workdir, kube_api)
     run["config"] = upstream.daemon_config(scratch, kube_api, "verbose")
-    cluster = bench.Cluster(scratch, kube_api)
+    cluster = rig.Cluster(scratch, kube_api)
     daemon = upstream.new_daemon(run, "alternate").start()
     daemon.wait_socket()
     daemon.wait_healthy()
@@ -142,7 +146,7 @@ def theirs(scratch: bench.Scratch, bin_dir: str, run: Dict[str, Any],
     return Side("upstream", daemon, cluster, cold, shim)
 
 
-def paired_overhead(sides: Sequence[Side], scratch: bench.Scratch, count: int,
+def paired_overhead(sides: Sequence[Side], scratch: rig.Scratch, count: int,
                     failures: List[str]) -> Dict[str, Optional[float]]:
     """The overhead per ADD without the machine's drift: per pod, the three plugins alone,
     then each side's ADD (and DEL) of a pod of its own, the order flipping pod by pod; the
@@ -151,28 +155,28 @@ def paired_overhead(sides: Sequence[Side], scratch: bench.Scratch, count: int,
     diffs: Dict[str, List[float]] = {side.name: [] for side in sides}
     try:
         for index in range(count):
-            alone = bench.plugins_direct(scratch, 1, failures)["add_ms"].get("p50")
+            alone = phases.plugins_direct(scratch, 1, failures)["add_ms"].get("p50")
             for side in sides if index % 2 == 0 else list(reversed(sides)):
                 pod, conf = pods[side.name][index], side.daemon.shim_conf()
                 argv = getattr(side.daemon, "shim_argv", None)
-                ms, out = bench.timed(lambda: bench.shim("ADD", conf, pod, argv))
-                ok = bench.check(out, f"{side.name} paired ADD {pod.name}", failures)
-                bench.check(bench.shim("DEL", conf, pod, argv),
+                ms, out = stats.timed(lambda: rig.shim("ADD", conf, pod, argv))
+                ok = rig.check(out, f"{side.name} paired ADD {pod.name}", failures)
+                rig.check(rig.shim("DEL", conf, pod, argv),
                             f"{side.name} paired DEL {pod.name}", failures)
                 if ok and alone is not None:
                     diffs[side.name].append(ms - alone)
     finally:
         for side in sides:
             side.cluster.remove_pods(pods[side.name])
-    return {name: bench.percentiles(values).get("p50") for name, values in diffs.items()}
+    return {name: stats.percentiles(values).get("p50") for name, values in diffs.items()}
 
 
 def warm_up(side: Side) -> None:
     argv = getattr(side.daemon, "shim_argv", None)
     pods = side.cluster.make_pods(2)
     for pod in pods:
-        bench.shim("ADD", side.daemon.shim_conf(), pod, argv)
-        bench.shim("DEL", side.daemon.shim_conf(), pod, argv)
+        rig.shim("ADD", side.daemon.shim_conf(), pod, argv)
+        rig.shim("DEL", side.daemon.shim_conf(), pod, argv)
     side.cluster.remove_pods(pods)
 
 
@@ -215,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     missing = upstream.missing(args.upstream_bin)
     if missing:
         parser.error(f"{', '.join(missing)} not found in {args.upstream_bin}")
-    scratch = bench.Scratch()
+    scratch = rig.Scratch()
     failures: List[str] = []
     run: Dict[str, Any] = {"daemons": [], "secrets": None}
     report: Dict[str, Any] = {"rounds": args.rounds, "pods": args.pods,
@@ -225,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sides = [ours(scratch, failures), theirs(scratch, args.upstream_bin, run, failures)]
         report["upstream_bin"] = args.upstream_bin
         report["upstream_version"] = upstream.version(args.upstream_bin)
-        report["rss_idle_mb"] = {side.name: lifecycle.rss_mb(side.daemon.proc.pid)
+        report["rss_idle_mb"] = {side.name: memory.rss_mb(side.daemon.proc.pid)
                                  for side in sides}
         for side in sides:
             warm_up(side)
@@ -236,7 +240,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for side in sides:
                 if paired[side.name] is not None:
                     side.figures["paired_overhead_ms"].append(paired[side.name])
-            bench.log(f"paired overhead per ADD: {paired}")
+            stats.log(f"paired overhead per ADD: {paired}")
         report["figures"] = summary(sides)
     finally:
         for daemon in run["daemons"]:

@@ -29,7 +29,9 @@ from typing import Any, Dict, List, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import bench  # noqa: E402
+import rig  # noqa: E402  (puts tests/ on the path)
+import stats  # noqa: E402
+from harness import PYTHON  # noqa: E402
 
 # A sample goes to an activity by its innermost multusd frame (the code that was running, with
 # the standard library it called), except that a stack whose innermost frames are in logging or
@@ -41,7 +43,6 @@ FUNCTIONS: List[Tuple[str, str]] = [
     ("_PluginRun.start", "plugin: fork/exec"),
     ("_PluginRun.communicate", "plugin: running (waiting for its output)"),
     ("_Output.exchange", "plugin: running (waiting for its output)"),
-    ("KeyedLocks.acquire", "sandbox lock wait"),
 ]
 MODULES: List[Tuple[str, str]] = [
     ("multusd/kube/", "API: requests, caches, events"),
@@ -137,24 +138,24 @@ def main() -> int:
                         help="on-CPU samples only (no --idle), of every thread of the daemon "
                              "(the API client's included): where its CPU goes")
     args = parser.parse_args()
-    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(bench.PYTHON), "py-spy")
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(PYTHON), "py-spy")
     if not os.path.exists(spy):
         parser.error("needs py-spy: .venv/bin/python -m pip install py-spy")
-    scratch = bench.Scratch()
+    scratch = rig.Scratch()
     failures: List[str] = []
     raw = args.raw or os.path.join(scratch.workdir, "stacks")
     report: Dict[str, Any] = {"pods": args.pods, "rate": args.rate, "load_start":
                               round(os.getloadavg()[0], 2)}
     try:
-        kube_api = bench.start_kube_api(scratch)
-        cluster = bench.Cluster(scratch, kube_api)
-        config = bench.daemon_config(scratch, kube_api, "verbose")
+        kube_api = rig.start_kube_api(scratch)
+        cluster = rig.Cluster(scratch, kube_api)
+        config = rig.daemon_config(scratch, kube_api, "verbose")
         daemon = scratch.daemon(config, "profiled").start(activate=True)
-        bench.wait_ready(daemon)
+        rig.wait_ready(daemon)
         warm = cluster.make_pods(3)
         for pod in warm:
-            bench.shim("ADD", daemon.shim_conf(), pod)
-            bench.shim("DEL", daemon.shim_conf(), pod)
+            rig.shim("ADD", daemon.shim_conf(), pod)
+            rig.shim("DEL", daemon.shim_conf(), pod)
         cluster.remove_pods(warm)
         pods = cluster.make_pods(args.pods)
         for command in ("ADD", "DEL"):
@@ -163,14 +164,14 @@ def main() -> int:
             samples: List[float] = []
             started = time.perf_counter()
             for pod in pods:
-                ms, out = bench.timed(lambda: bench.shim(command, daemon.shim_conf(), pod))
-                if bench.check(out, f"{command} {pod.name}", failures):
+                ms, out = stats.timed(lambda: rig.shim(command, daemon.shim_conf(), pod))
+                if rig.check(out, f"{command} {pod.name}", failures):
                     samples.append(ms)
             seconds = time.perf_counter() - started
             time.sleep(1.0)  # as before the loop: the recording is the loop plus 2 s idle
             by_thread = spy_run.stop()
             main_samples = sum(by_thread.get("MainThread", {}).values())
-            report[command] = {"shim_ms": bench.percentiles(samples), "threads": by_thread,
+            report[command] = {"shim_ms": stats.percentiles(samples), "threads": by_thread,
                                "loop_s": round(seconds, 2),
                                # py-spy falls behind a rate it cannot keep: then this is low
                                "effective_rate": round(main_samples / (seconds + 2.0)),

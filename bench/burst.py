@@ -41,15 +41,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import bench  # noqa: E402  (puts tests/ on the path)
+import rig  # noqa: E402  (puts tests/ on the path)
 import harness  # noqa: E402
+from memory import Sampler, peak_rss_mb  # noqa: E402
+from stats import Interrupted, log, percentiles  # noqa: E402
+import upstream  # noqa: E402
+from testlib import wait_for  # noqa: E402
 from multusd.wire import api  # noqa: E402
 
 DEL_RETRIES = 20
 DEL_RETRY_PAUSE = 0.5
 PROBE_TIMEOUT = 5.0  # what the shim allows its /healthz and /readyz probes
-SAMPLE_INTERVAL = 0.2
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 # ---- /healthz from another process (the benchmark's threads must not skew it) -----------------
@@ -109,7 +111,7 @@ class Baseline:
         self.path = os.path.join(workdir, "baseline.sock")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--responder",
                                       self.path])
-        bench.wait_for(lambda: os.path.exists(self.path), 10, what="the baseline responder")
+        wait_for(lambda: os.path.exists(self.path), 10, what="the baseline responder")
         self.prober = Prober(self.path, interval, nice)
 
     def stop(self) -> Dict[str, Any]:
@@ -136,89 +138,10 @@ class Prober:
         out, _ = self.proc.communicate(timeout=30)
         samples = json.loads(out or b"[]")
         answered = [s for s in samples if s is not None]
-        stats = bench.percentiles(answered)
+        stats = percentiles(answered)
         stats["failed"] = len(samples) - len(answered)
         stats["over_100ms"] = sum(1 for s in answered if s > 100)
         return stats
-
-
-# ---- memory ----------------------------------------------------------------------------------
-
-def _rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as handle:
-            return int(handle.read().split()[1]) * PAGE // 1024
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _pss_kb(pid: int) -> int:
-    """Proportional set size: shared pages (the interpreter, a Go binary's text) divided
-    among the processes that map them, so that a sum over processes means something."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as handle:
-            for line in handle:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0
-
-
-def peak_rss_mb(pid: int) -> Optional[float]:
-    """VmHWM: the process's own peak resident set since it started."""
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
-
-
-def _children() -> Dict[int, List[int]]:
-    tree: Dict[int, List[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        tree.setdefault(ppid, []).append(int(name))
-    return tree
-
-
-class Sampler(threading.Thread):
-    """Samples the memory of the daemon (RSS) and of its tree with the shims (PSS: the
-    daemon, its plugins, this process's other children and theirs) until :meth:`stop`."""
-
-    def __init__(self, daemon_pid: int, other_daemons: Sequence[int]) -> None:
-        super().__init__(name="burst-sampler", daemon=True)
-        self.daemon_pid = daemon_pid
-        self.skip = set(other_daemons) | {daemon_pid}
-        self.peak_tree_kb = 0
-        self.peak_daemon_kb = 0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        me = os.getpid()
-        while not self._done.wait(SAMPLE_INTERVAL):
-            tree = _children()
-            roots = [self.daemon_pid] + [p for p in tree.get(me, []) if p not in self.skip]
-            total, stack = 0, list(roots)
-            while stack:
-                pid = stack.pop()
-                total += _pss_kb(pid)
-                stack.extend(tree.get(pid, []))
-            self.peak_tree_kb = max(self.peak_tree_kb, total)
-            self.peak_daemon_kb = max(self.peak_daemon_kb, _rss_kb(self.daemon_pid))
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(10)
 
 
 # ---- one burst -------------------------------------------------------------------------------
@@ -226,7 +149,7 @@ class Sampler(threading.Thread):
 class Side:
     """One daemon's setup: how to start a fresh one, its shim and its cluster."""
 
-    def __init__(self, name: str, cluster: bench.Cluster, start, argv: Optional[List[str]]):
+    def __init__(self, name: str, cluster: rig.Cluster, start, argv: Optional[List[str]]):
         self.name, self.cluster, self.start, self.argv = name, cluster, start, argv
         self.rounds: List[Dict[str, Any]] = []
 
@@ -235,15 +158,15 @@ class Shim:
     """One shim process for ``pod``, as harness.call_shim runs it, started at once (the config
     written to its stdin then); :meth:`finish` waits for it."""
 
-    def __init__(self, command: str, conf: dict, pod: bench.Pod, argv: Optional[List[str]]):
+    def __init__(self, command: str, conf: dict, pod: rig.Pod, argv: Optional[List[str]]):
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
                "CNI_COMMAND": command, "CNI_CONTAINERID": pod.container_id,
                "CNI_NETNS": pod.netns_path, "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
-               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={bench.NAMESPACE};"
+               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={rig.NAMESPACE};"
                            f"K8S_POD_NAME={pod.name};K8S_POD_INFRA_CONTAINER_ID="
                            f"{pod.container_id};K8S_POD_UID={pod.uid}"}
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(list(argv or bench.SHIM_ARGV or harness.SHIM_ARGV),
+        self.proc = subprocess.Popen(list(argv or rig.SHIM_ARGV or harness.SHIM_ARGV),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env)
         self.proc.stdin.write(json.dumps(conf).encode())  # far below a pipe's buffer
@@ -252,13 +175,13 @@ class Shim:
 
     def finish(self) -> tuple:
         """(ms from start to exit, exit code, the CNI output or stderr)."""
-        out, err = self.proc.communicate(timeout=bench.SHIM_TIMEOUT)
+        out, err = self.proc.communicate(timeout=rig.SHIM_TIMEOUT)
         ms = (time.perf_counter() - self.started) * 1000
         text = out.decode().strip()
         return ms, self.proc.returncode, (json.loads(text) if text else None) or err.decode()
 
 
-def at_once(pods: Sequence[bench.Pod], command: str, conf: dict,
+def at_once(pods: Sequence[rig.Pod], command: str, conf: dict,
             argv: Optional[List[str]], done) -> Dict[str, Any]:
     """``command``'s shim for every pod, started by a thread per pod, all released together
     (as a runtime's goroutines start them), then ``done(pod, shim)`` on that thread; the wall
@@ -266,7 +189,7 @@ def at_once(pods: Sequence[bench.Pod], command: str, conf: dict,
     go = threading.Event()
     starts: List[float] = []
 
-    def run(pod: bench.Pod) -> None:
+    def run(pod: rig.Pod) -> None:
         go.wait()
         shim = Shim(command, conf, pod, argv)
         starts.append(shim.started)
@@ -289,7 +212,7 @@ def links(ns_name: str) -> List[str]:
     return [link["ifname"] for link in json.loads(out or "[]") if link["ifname"] != "lo"]
 
 
-def leaks(scratch: bench.Scratch, cni_dir: str, pods: Sequence[bench.Pod]) -> Dict[str, int]:
+def leaks(scratch: rig.Scratch, cni_dir: str, pods: Sequence[rig.Pod]) -> Dict[str, int]:
     ids = {pod.container_id for pod in pods}
     results_dir = os.path.join(cni_dir, "results")
     scratch_files = [f for f in (os.listdir(cni_dir) if os.path.isdir(cni_dir) else [])
@@ -307,7 +230,7 @@ def leaks(scratch: bench.Scratch, cni_dir: str, pods: Sequence[bench.Pod]) -> Di
             "result_cache_files": len(results)}
 
 
-def burst(side: Side, scratch: bench.Scratch, count: int, interval: float, nice: int,
+def burst(side: Side, scratch: rig.Scratch, count: int, interval: float, nice: int,
           other_daemons: Sequence[int]) -> Dict[str, Any]:
     """One burst against a fresh daemon of ``side``."""
     daemon = side.start()
@@ -327,14 +250,14 @@ def burst(side: Side, scratch: bench.Scratch, count: int, interval: float, nice:
             if len(out["failures"]) < 10:
                 out["failures"].append(what[:400])
 
-    def add(pod: bench.Pod, shim: Shim) -> None:
+    def add(pod: rig.Pod, shim: Shim) -> None:
         ms, code, output = shim.finish()
         if code != 0:
             return fail("add_failed", f"ADD {pod.name}: {output}")
         with lock:
             add_ms.append(ms)
 
-    def delete(pod: bench.Pod, shim: Shim) -> None:
+    def delete(pod: rig.Pod, shim: Shim) -> None:
         for attempt in range(DEL_RETRIES):
             if attempt:
                 time.sleep(DEL_RETRY_PAUSE)  # a runtime's retry pace, not synchronisation
@@ -375,7 +298,7 @@ def burst(side: Side, scratch: bench.Scratch, count: int, interval: float, nice:
     out["wrong_interfaces"] = len(wrong)
     out["failures"] += wrong[:5]
     out["leaks"] = leaks(scratch, daemon_cni_dir(daemon), pods)
-    out["add_ms"], out["del_ms"] = bench.percentiles(add_ms), bench.percentiles(del_ms)
+    out["add_ms"], out["del_ms"] = percentiles(add_ms), percentiles(del_ms)
     total = out["add_phase"]["seconds"] + out["del_phase"]["seconds"]
     out["total_s"] = round(total, 2)
     out["pods_per_s"] = round(count / total, 2) if total else None
@@ -391,10 +314,10 @@ def daemon_cni_dir(daemon) -> str:
 
 # ---- the two daemons -------------------------------------------------------------------------
 
-def ours(scratch: bench.Scratch, log_level: str, workers: int = 0) -> Side:
-    kube_api = bench.start_kube_api(scratch)
-    cluster = bench.Cluster(scratch, kube_api)
-    config = bench.daemon_config(scratch, kube_api, log_level)
+def ours(scratch: rig.Scratch, log_level: str, workers: int = 0) -> Side:
+    kube_api = rig.start_kube_api(scratch)
+    cluster = rig.Cluster(scratch, kube_api)
+    config = rig.daemon_config(scratch, kube_api, log_level)
     if workers:
         config["workers"] = workers
     count = [0]
@@ -402,14 +325,13 @@ def ours(scratch: bench.Scratch, log_level: str, workers: int = 0) -> Side:
     def start():
         count[0] += 1
         daemon = scratch.daemon(config, f"burst{count[0]}").start(activate=True)
-        bench.wait_ready(daemon)
+        rig.wait_ready(daemon)
         return daemon
 
     return Side("multusd", cluster, start, None)
 
 
-def theirs(scratch: bench.Scratch, bin_dir: str, log_level: str, run: Dict[str, Any]) -> Side:
-    import upstream
+def theirs(scratch: rig.Scratch, bin_dir: str, log_level: str, run: Dict[str, Any]) -> Side:
     from kubeapi import FakeKubeAPI
 
     workdir = os.path.join(scratch.workdir, "upstream")
@@ -419,7 +341,7 @@ def theirs(scratch: bench.Scratch, bin_dir: str, log_level: str, run: Dict[str, 
     run["secrets"] = upstream.Secrets(workdir, kube_api)
     run["config"] = upstream.daemon_config(scratch, kube_api, log_level)
     run["version"] = upstream.version(bin_dir)
-    cluster = bench.Cluster(scratch, kube_api)
+    cluster = rig.Cluster(scratch, kube_api)
     count = [0]
 
     def start():
@@ -507,12 +429,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.geteuid() != 0:
         parser.error("needs root: it creates network namespaces and bridges")
     if args.upstream_bin:
-        import upstream
         args.upstream_bin = os.path.abspath(args.upstream_bin)
         if upstream.missing(args.upstream_bin):
             parser.error(f"{', '.join(upstream.missing(args.upstream_bin))} not found in "
                          f"{args.upstream_bin}")
-    scratch = bench.Scratch()
+    scratch = rig.Scratch()
     run: Dict[str, Any] = {"daemons": [], "secrets": None}
     report: Dict[str, Any] = {"pods": args.pods, "rounds": args.rounds,
                               "probe_nice": args.probe_nice,
@@ -520,7 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def on_term(signum: int, _frame: Any) -> None:
         scratch.stopping.set()
-        raise bench.Interrupted(signal.Signals(signum).name)
+        raise Interrupted(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_term)
     failed = False
@@ -534,20 +455,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             report["sides"][side.name] = side.rounds
         for number in range(args.rounds):
             for side in sides if number % 2 == 0 else list(reversed(sides)):
-                bench.log(f"round {number + 1}: {side.name}, {args.pods} pods at once")
+                log(f"round {number + 1}: {side.name}, {args.pods} pods at once")
                 others = [d.proc.pid for d in run["daemons"] + scratch.daemons
                           if d.proc is not None and d.proc.poll() is None]
                 result = burst(side, scratch, args.pods, args.probe_interval,
                                args.probe_nice, others)
                 side.rounds.append(result)
-                bench.log(f"{side.name}: {result['add_failed']} failed ADDs, "
+                log(f"{side.name}: {result['add_failed']} failed ADDs, "
                           f"{result['del_first_failed']} first DELs failed, leaks "
                           f"{result['leaks']}, {result['total_s']} s")
                 failed = failed or bool(result["add_failed"] or result["del_failed"]
                                         or result["wrong_interfaces"]
                                         or any(result["leaks"].values()))
-    except (KeyboardInterrupt, bench.Interrupted):
-        bench.log("interrupted: cleaning up")
+    except (KeyboardInterrupt, Interrupted):
+        log("interrupted: cleaning up")
         return 130
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

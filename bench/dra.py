@@ -29,10 +29,10 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-import bench
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from kubedra import gpu_device, network_device  # noqa: E402
+import phases
+import rig  # puts tests/ on the path
+import stats
+from kubedra import gpu_device, network_device
 
 RESOURCE = "example.com/sriov_vf"
 SRIOV, GPU = "sriov.example.com", "gpu.example.com"
@@ -40,11 +40,11 @@ VFS = 64
 KINDS = ("claim", "plain")
 
 
-def prepare(scratch: bench.Scratch, kube_api) -> dict:
+def prepare(scratch: rig.Scratch, kube_api) -> dict:
     """The daemon config, bench-net2 with a resourceName, this node's and another's slices."""
-    config = bench.daemon_config(scratch, kube_api, "verbose")
-    net2 = kube_api._nads[(bench.NAMESPACE, bench.SECONDARY[1])]["spec"]["config"]
-    kube_api.add_nad(bench.NAMESPACE, bench.SECONDARY[1], net2,
+    config = rig.daemon_config(scratch, kube_api, "verbose")
+    net2 = kube_api._nads[(rig.NAMESPACE, rig.SECONDARY[1])]["spec"]["config"]
+    kube_api.add_nad(rig.NAMESPACE, rig.SECONDARY[1], net2,
                      annotations={"k8s.v1.cni.cncf.io/resourceName": RESOURCE})
     kubelet = os.path.join(scratch.workdir, "kubelet")
     os.makedirs(os.path.join(kubelet, "device-plugins"))
@@ -61,18 +61,18 @@ def prepare(scratch: bench.Scratch, kube_api) -> dict:
     return config
 
 
-def make_pod(scratch: bench.Scratch, kube_api, kind: str, number: int) -> bench.Pod:
+def make_pod(scratch: rig.Scratch, kube_api, kind: str, number: int) -> rig.Pod:
     netns_name, netns_path = scratch.netns()
-    pod = bench.Pod(f"dra-{scratch.tag}-{kind}-{number}", os.urandom(16).hex(), netns_name,
+    pod = rig.Pod(f"dra-{scratch.tag}-{kind}-{number}", os.urandom(16).hex(), netns_name,
                     netns_path)
     status: Dict[str, Any] = {}
     if kind == "claim":
         claim = f"{pod.name}-net"
-        kube_api.add_resource_claim(bench.NAMESPACE, claim, [
+        kube_api.add_resource_claim(rig.NAMESPACE, claim, [
             ("vf", SRIOV, "pool-0", f"vf-{number % VFS}"), ("gpu", GPU, "pool-0", "gpu-0")])
         status = {"resourceClaimStatuses": [{"name": "net", "resourceClaimName": claim}]}
-    created = kube_api.add_pod(bench.NAMESPACE, pod.name, status=status, annotations={
-        bench.NETWORKS_ANNOTATION: ",".join(bench.SECONDARY)})
+    created = kube_api.add_pod(rig.NAMESPACE, pod.name, status=status, annotations={
+        rig.NETWORKS_ANNOTATION: ",".join(rig.SECONDARY)})
     pod.uid = created["metadata"]["uid"]
     return pod
 
@@ -86,12 +86,12 @@ def requests_by_kind(kube_api, start: int) -> Dict[str, int]:
             kind = f"{method} " + ("resourceclaim" if "resourceclaims" in path
                                    else "resourceslices")
         else:
-            kind = bench.request_kind(method, path)
+            kind = phases.request_kind(method, path)
         kinds[kind] = kinds.get(kind, 0) + 1
     return kinds
 
 
-def one_round(daemon, kube_api, scratch: bench.Scratch, pods: int, start_number: int,
+def one_round(daemon, kube_api, scratch: rig.Scratch, pods: int, start_number: int,
               figures: Dict[str, Dict[str, List[float]]], requests: Dict[str, Dict[str, int]],
               failures: List[str]) -> None:
     conf = daemon.shim_conf()
@@ -103,8 +103,8 @@ def one_round(daemon, kube_api, scratch: bench.Scratch, pods: int, start_number:
                 for kind in (KINDS if i % 2 == 0 else KINDS[::-1]):
                     pod = made[kind][i]
                     before = len(kube_api.requests)
-                    ms, out = bench.timed(lambda: bench.shim(command, conf, pod))
-                    if bench.check(out, f"{command} {pod.name}", failures):
+                    ms, out = stats.timed(lambda: rig.shim(command, conf, pod))
+                    if rig.check(out, f"{command} {pod.name}", failures):
                         figures[kind][command].append(ms)
                     if command == "ADD":
                         for key, count in requests_by_kind(kube_api, before).items():
@@ -115,28 +115,28 @@ def one_round(daemon, kube_api, scratch: bench.Scratch, pods: int, start_number:
                 remove_pod(scratch, kube_api, kind, pod)
 
 
-def remove_pod(scratch: bench.Scratch, kube_api, kind: str, pod: bench.Pod) -> None:
+def remove_pod(scratch: rig.Scratch, kube_api, kind: str, pod: rig.Pod) -> None:
     scratch.drop_netns(pod.netns_name)
-    kube_api.delete_pod(bench.NAMESPACE, pod.name)
+    kube_api.delete_pod(rig.NAMESPACE, pod.name)
     if kind == "claim":
-        kube_api.delete_resource_claim(bench.NAMESPACE, f"{pod.name}-net")
+        kube_api.delete_resource_claim(rig.NAMESPACE, f"{pod.name}-net")
 
 
-def first_claim_add(scratch: bench.Scratch, kube_api, config: dict,
+def first_claim_add(scratch: rig.Scratch, kube_api, config: dict,
                     failures: List[str]) -> Optional[float]:
     """A fresh daemon (empty ResourceSlice cache), warmed by one plain pod: its first claim
     ADD, which also lists the slices of both drivers."""
     daemon = scratch.daemon(config, "first").start(activate=True)
     try:
-        bench.wait_ready(daemon)
+        rig.wait_ready(daemon)
         times = {}
         for kind in ("plain", "claim"):
             pod = make_pod(scratch, kube_api, kind, 10_000)
             try:
-                ms, out = bench.timed(lambda: bench.shim("ADD", daemon.shim_conf(), pod))
-                if bench.check(out, f"first {kind} ADD", failures):
+                ms, out = stats.timed(lambda: rig.shim("ADD", daemon.shim_conf(), pod))
+                if rig.check(out, f"first {kind} ADD", failures):
                     times[kind] = ms
-                bench.shim("DEL", daemon.shim_conf(), pod)
+                rig.shim("DEL", daemon.shim_conf(), pod)
             finally:
                 remove_pod(scratch, kube_api, kind, pod)
         return round(times["claim"], 1) if "claim" in times else None
@@ -165,9 +165,9 @@ def lookup_ms(repeats: int = 200) -> Dict[str, Any]:
                                 (GPU, [gpu_device(f"gpu-{i}") for i in range(8)])):
             api.add_resource_slice(driver, node=api.node, driver=driver, pool="pool-0",
                                    devices=devices)
-        api.add_resource_claim(bench.NAMESPACE, "c", [("vf", SRIOV, "pool-0", "vf-1"),
+        api.add_resource_claim(rig.NAMESPACE, "c", [("vf", SRIOV, "pool-0", "vf-1"),
                                                       ("gpu", GPU, "pool-0", "gpu-0")])
-        pod = pod_from_object(api.add_pod(bench.NAMESPACE, "p", status={
+        pod = pod_from_object(api.add_pod(rig.NAMESPACE, "p", status={
             "resourceClaimStatuses": [{"name": "net", "resourceClaimName": "c"}]}))
         client = KubeClient(api.kubeconfig_path, api.node)
         client.pod_dra_devices(pod)  # connection made
@@ -180,7 +180,7 @@ def lookup_ms(repeats: int = 200) -> Dict[str, Any]:
                 started = time.perf_counter()
                 client.pod_dra_devices(pod, deadline=time.monotonic() + 10)
                 samples.append((time.perf_counter() - started) * 1000)
-            figures[label] = bench.percentiles(samples)
+            figures[label] = stats.percentiles(samples)
         return figures
     finally:
         if client is not None:
@@ -198,16 +198,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.geteuid() != 0:
         print("bench/dra.py needs root (network namespaces, bridges)", file=sys.stderr)
         return 2
-    scratch = bench.Scratch()
+    scratch = rig.Scratch()
     failures: List[str] = []
     report: Optional[Dict[str, Any]] = None
     try:
-        kube_api = bench.start_kube_api(scratch)
+        kube_api = rig.start_kube_api(scratch)
         config = prepare(scratch, kube_api)
-        load_start = bench.load_average()
+        load_start = stats.load_average()
         first = first_claim_add(scratch, kube_api, config, failures)
         daemon = scratch.daemon(config, "dra").start(activate=True)
-        bench.wait_ready(daemon)
+        rig.wait_ready(daemon)
         one_round(daemon, kube_api, scratch, 2, 20_000, {k: {"ADD": [], "DEL": []}
                                                          for k in KINDS},
                   {k: {} for k in KINDS}, failures)  # warm-up: slice cache, connections
@@ -221,13 +221,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       requests, failures)
             for kind in KINDS:
                 medians[kind].append(statistics.median(figures[kind]["ADD"][before[kind]:]))
-            bench.log(f"round {number + 1}: ADD p50 claim {medians['claim'][-1]:.1f} ms, "
+            stats.log(f"round {number + 1}: ADD p50 claim {medians['claim'][-1]:.1f} ms, "
                       f"plain {medians['plain'][-1]:.1f} ms")
         adds = {kind: len(figures[kind]["ADD"]) for kind in KINDS}
         report = {
             "pods_per_kind": adds, "rounds": args.rounds,
-            "add_ms": {k: bench.percentiles(figures[k]["ADD"]) for k in KINDS},
-            "del_ms": {k: bench.percentiles(figures[k]["DEL"]) for k in KINDS},
+            "add_ms": {k: stats.percentiles(figures[k]["ADD"]) for k in KINDS},
+            "del_ms": {k: stats.percentiles(figures[k]["DEL"]) for k in KINDS},
             "add_p50_round_medians": {k: [round(m, 1) for m in medians[k]] for k in KINDS},
             "claim_minus_plain_add_p50_ms": round(
                 statistics.median(figures["claim"]["ADD"])
@@ -239,8 +239,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 len(kube_api.dra_requests("resourceslices")) - lists_before,
             "first_claim_add_fresh_cache_ms": first,
             "lookup_in_process_ms": lookup_ms(),
-            "machine": bench.machine(), "loadavg_start": load_start,
-            "loadavg_end": bench.load_average(), "failures": failures,
+            "machine": stats.machine(), "loadavg_start": load_start,
+            "loadavg_end": stats.load_average(), "failures": failures,
         }
     finally:
         scratch.cleanup()

@@ -30,38 +30,13 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "tests"))
-sys.path.insert(0, REPO)
+from rig import (DAEMON_ARGV, REPO, SYSTEM_PYTHON, Cluster, DaemonProcess, Scratch,
+                 shim)
+from memory import rss_mb
+from stats import log, median, timed
+from testlib import wait_for
 
-from harness import DaemonProcess  # noqa: E402
-from testlib import wait_for  # noqa: E402
-
-from multusd.wire import api  # noqa: E402
-
-SYSTEM_PYTHON = "/usr/bin/python3"
-LAUNCHER = os.path.join(REPO, ".venv", "bin", "multusd")
-
-
-def _launcher_argv(path: str) -> Optional[List[str]]:
-    """The launcher's interpreter, flags (its #! line, as the kernel runs it) and path."""
-    try:
-        with open(path) as handle:
-            shebang, text = handle.readline(), handle.read()
-    except OSError:
-        return None
-    if not shebang.startswith("#!") or "sys.path.insert" not in text:
-        return None
-    return shebang[2:].split() + [path]
-
-
-# The packaged launcher when make setup made it (python3 -IS, the distribution's package
-# directories added without their .pth files), else the same thing spelled out.
-DAEMON_ARGV = _launcher_argv(LAUNCHER) or [
-    SYSTEM_PYTHON, "-IS", "-c", f"import sys, site; sys.path.insert(0, {REPO!r}); "
-    "sys.path.extend(p for p in site.getsitepackages() if p not in sys.path); "
-    "from multusd.__main__ import main; sys.exit(main())"]
+from multusd.wire import api
 
 IMPORT_STEPS = [
     ("python3 -IS, package directories", ""),
@@ -76,18 +51,6 @@ IMPORT_STEPS = [
 
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 1)
-
-
-def rss_mb(pid: int) -> Optional[float]:
-    """VmRSS of a process in MB (None if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
 
 
 def _status(daemon: DaemonProcess, path: str) -> int:
@@ -169,11 +132,6 @@ def rss_by_import() -> List[Dict[str, Any]]:
     return steps
 
 
-def median(values: List[float]) -> Optional[float]:
-    values = sorted(v for v in values if v is not None)
-    return values[len(values) // 2] if values else None
-
-
 def measure(config: dict, workdir: str, repeats: int,
             add: Optional[Callable[[DaemonProcess], Optional[float]]]) -> Dict[str, Any]:
     """Median figures over ``repeats`` cold starts (with and without a first ADD)."""
@@ -199,6 +157,34 @@ def measure(config: dict, workdir: str, repeats: int,
     return out
 
 
+def first_add(cluster: Cluster) -> Callable[[DaemonProcess], Optional[float]]:
+    """A cold start's first ADD: a new pod's shim ADD timed (spawn to exit), then its DEL."""
+    def add(daemon: DaemonProcess) -> Optional[float]:
+        pod = cluster.make_pods(1)[0]
+        try:
+            ms, out = timed(lambda: shim("ADD", daemon.shim_conf(), pod))
+            if out.code != 0:
+                log(f"cold-start ADD failed: {out.output}")
+                return None
+            shim("DEL", daemon.shim_conf(), pod)
+            return round(ms, 1)
+        finally:
+            cluster.remove_pods([pod])
+    return add
+
+
+def cold_start_figures(scratch: Scratch, cluster: Cluster, config: dict, repeats: int,
+               failures: List[str]) -> Dict[str, Any]:
+    """Cold starts (bench/lifecycle.py): first ADD, /healthz, /readyz, idle RSS, stop."""
+    figures = measure(config, os.path.join(scratch.workdir, "cold"), repeats,
+                      first_add(cluster))
+    figures["ok"] = not figures["failed"] and figures.get("cold_add_ms") is not None
+    if not figures["ok"]:
+        failures.append(f"{figures['failed']} cold start(s) failed")
+    figures["add_ms"] = figures.get("cold_add_ms")
+    return figures
+
+
 def print_report(figures: Dict[str, Any]) -> None:
     err = sys.stderr
     print(f"\ndaemon life cycle, {figures['repeats']} cold starts each (medians; all runs in "
@@ -217,18 +203,18 @@ def main() -> int:
     import argparse
     import tempfile
 
+    from rig import daemon_config, start_kube_api
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    import bench
-
-    scratch = bench.Scratch()
+    scratch = Scratch()
     try:
-        kube_api = bench.start_kube_api(scratch)
-        cluster = bench.Cluster(scratch, kube_api)
-        config = bench.daemon_config(scratch, kube_api, "verbose")
+        kube_api = start_kube_api(scratch)
+        cluster = Cluster(scratch, kube_api)
+        config = daemon_config(scratch, kube_api, "verbose")
         figures = measure(config, tempfile.mkdtemp(dir=scratch.workdir), args.repeats,
-                          bench.first_add(cluster))
+                          first_add(cluster))
     finally:
         scratch.cleanup()
     print_report(figures)

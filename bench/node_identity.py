@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 sys.path.insert(0, HERE)
 
-from bench import RequestWindow, percentiles, timed  # noqa: E402
+from phases import RequestWindow  # noqa: E402
+from stats import percentiles, timed  # noqa: E402
 from harness import Cluster, Sandbox  # noqa: E402
 from kubeapi import FakeKubeAPI  # noqa: E402
 from test_node_identity import NODE, kubeconfig_with_certificate  # noqa: E402

@@ -31,13 +31,15 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-import bench
-from bench import (CNI_VERSION, CONCURRENCY, SHIM_TIMEOUT, Cluster, Interrupted, Pod,  # noqa
-                   log, timed)
+import rig  # first: puts tests/ on the path
+import phases
+from rig import CNI_VERSION, SHIM_TIMEOUT, Cluster, Pod
+from shimcost import InstantDaemon, measure_commands
+from memory import rss_mb
+from stats import Interrupted, log, median, timed
 from harness import call_shim, read_log, shim_conf
 from testlib import PLUGIN_DIR, bind_in_private_mounts, wait_for
 
-import lifecycle
 from multusd.wire import api
 
 DAEMON, SHIM = "multus-daemon", "multus-shim"
@@ -61,14 +63,16 @@ def version(bin_dir: str) -> str:
 
 
 class Secrets:
-    """The in-cluster token and CA for one fake API server, and the host's mount point."""
+    """The in-cluster token and CA for one fake API server, and the host's mount point.
 
-    def __init__(self, scratch_dir: str, kube_api) -> None:
+    ``token``: another the server accepts (a node of a fleet, bench/fleet.py), not its own."""
+
+    def __init__(self, scratch_dir: str, kube_api, token: Optional[str] = None) -> None:
         self.root = os.path.join(scratch_dir, "secrets")
         folder = os.path.join(self.root, SERVICE_ACCOUNT)
         os.makedirs(folder, mode=0o700)
         with open(os.path.join(folder, "token"), "w") as handle:
-            handle.write(kube_api.token)
+            handle.write(token or kube_api.token)
         shutil.copyfile(kube_api.ca_path, os.path.join(folder, "ca.crt"))
         self.made_mount_point = not os.path.lexists(SECRETS)
         if self.made_mount_point:
@@ -87,12 +91,12 @@ class Secrets:
 class UpstreamDaemon:
     """``multus-daemon -config <workdir>/daemon-config.json``, started and stopped here.
 
-    Looks like harness.DaemonProcess to bench.py's phases (``proc``, ``socket_path``,
+    Looks like harness.DaemonProcess to bench/phases.py (``proc``, ``socket_path``,
     ``shim_conf``) and carries ``shim_argv``: upstream's shim runs instead of multusd's.
     """
 
     def __init__(self, bin_dir: str, config: Dict[str, Any], workdir: str, kube_api,
-                 secrets: Secrets) -> None:
+                 secrets: Secrets, node: str = "") -> None:
         self.workdir = workdir
         self.socket_dir = os.path.join(workdir, "run")
         self.socket_path = api.socket_path(self.socket_dir)
@@ -102,7 +106,7 @@ class UpstreamDaemon:
         self.shim_argv = [os.path.join(bin_dir, SHIM)]
         self.secrets = secrets
         self.env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-                    "MULTUS_NODE_NAME": kube_api.node,
+                    "MULTUS_NODE_NAME": node or kube_api.node,
                     "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                     "KUBERNETES_SERVICE_PORT": str(kube_api.port)}
         out_dir = os.path.join(workdir, "net.d")  # where the daemon writes its 00-multus.conf
@@ -176,7 +180,7 @@ class UpstreamDaemon:
 
 def daemon_config(scratch, kube_api, log_level: str) -> Dict[str, Any]:
     """Upstream's daemon-config.json keys for bench.py's networks (NADs added to ``kube_api``)."""
-    ours = bench.daemon_config(scratch, kube_api, log_level)
+    ours = rig.daemon_config(scratch, kube_api, log_level)
     return {"cniVersion": CNI_VERSION, "logLevel": log_level, "logToStderr": True,
             "binDir": PLUGIN_DIR, "kubeconfig": kube_api.kubeconfig_path,
             "clusterNetwork": ours["clusterNetwork"], "confDir": ours["confDir"],
@@ -184,7 +188,7 @@ def daemon_config(scratch, kube_api, log_level: str) -> Dict[str, Any]:
 
 
 def shim_call(daemon, command: str, pod: Pod):
-    return bench.shim(command, daemon.shim_conf(), pod, daemon.shim_argv)
+    return rig.shim(command, daemon.shim_conf(), pod, daemon.shim_argv)
 
 
 def cold_starts(run: Dict[str, Any], cluster: Cluster, repeats: int,
@@ -204,11 +208,11 @@ def cold_starts(run: Dict[str, Any], cluster: Cluster, repeats: int,
             ms, out = timed(lambda: shim_call(daemon, "ADD", pod))
             row["cold_add_ms"] = round((time.perf_counter() - daemon.started) * 1000, 1)
             row["first_add_shim_ms"] = round(ms, 1)
-            row["ok"] = bench.check(out, f"upstream cold-start ADD {pod.name}", failures)
-            bench.check(shim_call(daemon, "DEL", pod), f"upstream cold-start DEL {pod.name}",
+            row["ok"] = rig.check(out, f"upstream cold-start ADD {pod.name}", failures)
+            rig.check(shim_call(daemon, "DEL", pod), f"upstream cold-start DEL {pod.name}",
                         failures)
             time.sleep(0.3)  # idle: as lifecycle.py lets multusd settle before reading VmRSS
-            row["rss_idle_mb"] = lifecycle.rss_mb(daemon.proc.pid)
+            row["rss_idle_mb"] = rss_mb(daemon.proc.pid)
             row["stop_ms"] = daemon.stop()
         except (RuntimeError, AssertionError) as exc:
             failures.append(f"upstream cold start {index}: {str(exc)[:500]}")
@@ -221,7 +225,7 @@ def cold_starts(run: Dict[str, Any], cluster: Cluster, repeats: int,
     for key in ("cold_add_ms", "socket_ms", "healthz_ms", "first_add_shim_ms", "rss_idle_mb",
                 "stop_ms"):
         values = [row.get(key) for row in rows]
-        out[key] = lifecycle.median(values)
+        out[key] = median(values)
         out[f"{key}_all"] = values
     out["failed"] = sum(1 for row in rows if not row.get("ok"))
     return out
@@ -229,16 +233,16 @@ def cold_starts(run: Dict[str, Any], cluster: Cluster, repeats: int,
 
 def shim_share(scratch, bin_dir: str, repeats: int, failures: List[str]) -> Dict[str, Any]:
     """Upstream's shim against bench.py's instant daemon: its own wall and CPU ms."""
-    instant = bench.InstantDaemon(os.path.join(scratch.workdir, "upstream-instant"))
+    instant = InstantDaemon(os.path.join(scratch.workdir, "upstream-instant"))
     conf = shim_conf(instant.socket_dir, CNI_VERSION)
     fake_pod = Pod("instant", "bench-instant", "", "/dev/null")
     argv = [os.path.join(bin_dir, SHIM)]
     variants = {"version": lambda: call_shim("VERSION", conf, argv=argv,
                                              timeout=SHIM_TIMEOUT).code,
-                "add_instant": lambda: bench.shim("ADD", conf, fake_pod, argv).code,
-                "del_instant": lambda: bench.shim("DEL", conf, fake_pod, argv).code}
+                "add_instant": lambda: rig.shim("ADD", conf, fake_pod, argv).code,
+                "del_instant": lambda: rig.shim("DEL", conf, fake_pod, argv).code}
     try:
-        return bench.measure_commands(variants, repeats, scratch, failures,
+        return measure_commands(variants, repeats, scratch, failures,
                                       "upstream shim measurement")
     finally:
         instant.close()
@@ -281,25 +285,25 @@ def measure(options, scratch) -> Dict[str, Any]:
         report["start"] = {"socket_ms": daemon.wait_socket(),
                            "healthz_ms": daemon.wait_healthy()}
         pid = daemon.proc.pid
-        report["rss_mb"] = {"idle_after_start": lifecycle.rss_mb(pid)}
+        report["rss_mb"] = {"idle_after_start": rss_mb(pid)}
         warm = cluster.make_pods(2)
         for pod in warm:
             shim_call(daemon, "ADD", pod)
             shim_call(daemon, "DEL", pod)
         cluster.remove_pods(warm)
-        report["rss_mb"]["after_warmup"] = lifecycle.rss_mb(pid)
+        report["rss_mb"]["after_warmup"] = rss_mb(pid)
 
         log(f"upstream: latency: {options.pods} pods ADD, then DEL, one at a time")
-        report["latency"] = bench.latency(daemon, cluster, options.pods, failures)
+        report["latency"] = phases.latency(daemon, cluster, options.pods, failures)
         log(f"upstream: daemon alone: {options.pods} pods, /cni POSTed directly")
-        report["direct"] = bench.direct_post(daemon, cluster, options.pods, failures)
+        report["direct"] = phases.direct_post(daemon, cluster, options.pods, failures)
         report["throughput"] = {}
-        for concurrency in CONCURRENCY:
+        for concurrency in phases.CONCURRENCY:
             count = max(options.throughput_pods, concurrency)
             log(f"upstream: throughput: {count} pods at concurrency {concurrency}")
-            report["throughput"][str(concurrency)] = bench.throughput(
+            report["throughput"][str(concurrency)] = phases.throughput(
                 daemon, cluster, concurrency, count, failures)
-        report["rss_mb"]["after_load"] = lifecycle.rss_mb(pid)
+        report["rss_mb"]["after_load"] = rss_mb(pid)
         time.sleep(0.3)
         report["stop_after_load_ms"] = daemon.stop()
     except (RuntimeError, AssertionError, OSError) as exc:
@@ -319,7 +323,7 @@ def measure(options, scratch) -> Dict[str, Any]:
 
 
 def bar(measured: Dict[str, Any], table: Dict[str, Any]) -> Dict[str, Any]:
-    """The measured figures under bench.UPSTREAM's keys (plugins alone: from ``table``)."""
+    """The measured figures under table.UPSTREAM's keys (plugins alone: from ``table``)."""
     lat = measured.get("latency", {})
     shim = measured.get("shim", {})
 

@@ -31,6 +31,9 @@ the real ``kubernetes`` client to work against it:
   application/vnd.kubernetes.protobuf``, what client-go clients such as upstream Multus's
   send; tests/kubeproto.py decodes the Pod and Event fields used here); answers are JSON.
 
+Per client (the user its token or certificate names): requests, response bytes and whether each
+LIST was a watch-cache or a storage read, in :attr:`FakeKubeAPI.clients` (tests/kubeclients.py).
+
 Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`add_nad`,
 :meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
 (same port; stopped, connections are refused), :meth:`fail_next` (an error status, with or
@@ -77,6 +80,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import kubecache
+import kubeclients
 import kubedra
 import kubeproto
 from kubeauth import Authenticator, ClientCertificates, node_restriction
@@ -165,6 +169,7 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
         self.port = 0
         self.requests: List[Tuple[str, str, Dict[str, str]]] = []
         self.events: List[Obj] = []
+        self.clients = kubeclients.ClientLedger()  # per client: requests, bytes, cache reads
         self._cond = threading.Condition()
         self._rv = 1
         self._pods: Dict[Key, Obj] = {}
@@ -594,7 +599,8 @@ def _is_watch(query: Dict[str, str]) -> bool:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128  # socketserver's 5 drops SYNs of a burst (1 s retransmits)
+    request_queue_size = 1024  # socketserver's 5 drops SYNs of a burst (1 s retransmits);
+    # a fleet reconnects at once after a restart
     api: FakeKubeAPI
     generation: int  # FakeKubeAPI._generation when this run started
     tls: Optional[ssl.SSLContext] = None
@@ -689,6 +695,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.wfile = kubeclients.CountingWriter(self.wfile, self.server.api.clients)
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.server.api._cond:
             self.server.api._connections.add(self.connection)
@@ -736,6 +743,9 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 api._cond.wait_for(lambda: not api._blackholed or api._generation != generation)
             peer = self.connection.getpeercert() if api.tls else None
             self.user = api.auth.user_of(self.headers.get("Authorization", ""), peer)
+            self.wfile.client = api.clients.record(  # type: ignore[attr-defined]
+                self.user or f"anonymous {self.headers.get('User-Agent', '')}", self.command,
+                parts.path, query, lambda path: kubeclients.stored_objects(api, path))
             if self.user is None:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             with api._cond:

@@ -47,6 +47,11 @@ class Authenticator:
                 return self._tokens.get(authorization[len("Bearer "):])
         return None
 
+    def add_token(self, token: str, user: str) -> None:
+        """Accept ``token`` as ``user`` too (a fleet of nodes, each with its own)."""
+        with self._lock:
+            self._tokens[token] = user
+
     def rotate_token(self, new: str, *, keep_old: bool = False, write_files: bool = True) -> str:
         """Make ``new`` the token (same user), rewrite every token file, revoke the old one."""
         with self._lock:

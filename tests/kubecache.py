@@ -2,7 +2,9 @@
 
 Mixed into tests/kubeapi.py's :class:`FakeKubeAPI` (:class:`ReadPaths`). What decides where
 a LIST is read from, as kube-apiserver (v1.34/v1.35, with an etcd that cannot answer
-progress requests, so no consistent read from the cache) decides it:
+progress requests, so no consistent read from the cache) decides it
+(:func:`kubeclients.read_source`, the one statement of the rule, which the per-client
+ledger uses too):
 
 * ``resourceVersion=0`` and ``resourceVersion=N`` without ``limit`` (or with
   ``resourceVersionMatch=NotOlderThan``) are **watch-cache reads**: the cache's state, which may
@@ -40,6 +42,8 @@ import copy
 import json
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import kubeclients
 
 Obj = Dict[str, Any]
 Key = Tuple[str, str]
@@ -187,10 +191,8 @@ class ReadPaths:
             if at < self._history.compacted:
                 raise self._error(410, "Expired", CONTINUE_EXPIRED)
             return self._storage_list(kind, store, selector, at, limit, after)
-        if match == "Exact" or (not match and limit and rv not in ("", "0")):
-            return self._storage_list(kind, store, selector, int(rv), limit, None)
-        if rv == "":
-            return self._storage_list(kind, store, selector, None, limit, None)
+        if kubeclients.read_source("GET", query) == kubeclients.STORAGE:
+            return self._storage_list(kind, store, selector, int(rv) if rv else None, limit, None)
         if not self.watch_cache_ready:  # the cacher delegates only what etcd pages cheaply
             if not selects and limit:
                 return self._storage_list(kind, store, selector, None, limit, None)

@@ -1,0 +1,124 @@
+"""The stand-in API server's per-client ledger (tests/kubeclients.py), which bench/fleet.py reads.
+
+Each client is the user its token authenticates as; every request is booked with its kind and
+whether a LIST was a watch-cache or a storage read (decided from the request alone, by
+kube-apiserver's rules), and every byte written back is booked to the request it answered, a
+watch stream included.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Tuple
+
+import pytest
+
+import kubeclients
+from kubeclients import CACHE, OTHER, STORAGE, WATCH, read_source, request_kind
+from testlib import wait_for
+
+PODS = "/api/v1/pods"
+NADS = "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions"
+
+
+@pytest.mark.parametrize("query, source", [
+    ({}, STORAGE),                                                  # a consistent list
+    ({"limit": "500"}, STORAGE),                                    # its first page
+    ({"resourceVersion": "0"}, CACHE),
+    ({"resourceVersion": "0", "limit": "500"}, CACHE),              # client-go's relist
+    ({"resourceVersion": "12", "resourceVersionMatch": "NotOlderThan"}, CACHE),
+    ({"resourceVersion": "12", "resourceVersionMatch": "Exact"}, STORAGE),
+    ({"resourceVersion": "12"}, CACHE),                             # unpaged: not older than
+    ({"resourceVersion": "12", "limit": "500"}, STORAGE),           # paged: exact
+    ({"resourceVersion": "0", "continue": "abc", "limit": "5"}, STORAGE),
+    ({"watch": "true", "resourceVersion": "12"}, WATCH),
+    ({"watch": "true", "sendInitialEvents": "true",                 # WatchList
+      "resourceVersionMatch": "NotOlderThan"}, CACHE),
+])
+def test_read_source_follows_kube_apiservers_rules(query, source):
+    assert read_source("GET", query) == source
+
+
+def test_request_kinds_name_the_resource_and_the_verb():
+    assert request_kind("GET", PODS, {"fieldSelector": "spec.nodeName=a"}) == "pods list"
+    assert request_kind("GET", PODS, {"watch": "1"}) == "pods watch"
+    assert request_kind("GET", NADS, {"watch": "true", "sendInitialEvents": "true"}) == \
+        "nads watchlist"
+    assert request_kind("GET", "/api/v1/namespaces/d/pods/web", {}) == "pods get"
+    assert request_kind("PUT", "/api/v1/namespaces/d/pods/web/status", {}) == \
+        "pods/status update"
+    assert request_kind("POST", "/api/v1/namespaces/d/events", {}) == "events create"
+    assert request_kind("GET", "/version/", {}) == "GET /version/"
+
+
+def _get(kube_api, token: str, path: str) -> Tuple[bytes, int]:
+    """GET ``path`` on a connection of its own: (the body, every byte the server sent)."""
+    with socket.create_connection(("127.0.0.1", kube_api.port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        received = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    return received.partition(b"\r\n\r\n")[2], len(received)
+
+
+def test_each_client_is_booked_its_requests_bytes_and_storage_reads(kube_api):
+    for number in range(30):
+        kube_api.add_pod("default", f"other-{number}", node="node-other")
+    kube_api.add_pod("default", "mine", node="node-7")
+    kube_api.add_nad("default", "net1", '{"type": "bridge"}')
+    kube_api.auth.add_token("token-of-node-7", "system:node:node-7")
+    started = kube_api.clients.clock()
+
+    body, wrote = _get(kube_api, "token-of-node-7",
+                       PODS + "?fieldSelector=spec.nodeName%3Dnode-7")
+    assert [p["metadata"]["name"] for p in json.loads(body)["items"]] == ["mine"]
+    _body, wrote_cached = _get(kube_api, "token-of-node-7", NADS + "?resourceVersion=0")
+    _get(kube_api, kube_api.token, PODS + "?resourceVersion=0")  # another client
+
+    mine = kube_api.clients.window("system:node:node-7", started)
+    assert mine["requests"] == 2
+    assert mine["by_kind"] == {"pods list": 1, "nads list": 1}
+    assert (mine["storage_lists"], mine["cache_lists"]) == (1, 1)
+    assert mine["storage_objects"] == 31  # etcd read every pod to return one
+    assert mine["bytes"] == wrote + wrote_cached
+    theirs = kube_api.clients.window(kube_api.user, started)
+    assert (theirs["requests"], theirs["cache_lists"], theirs["storage_objects"]) == (1, 1, 0)
+    assert set(kube_api.clients.clients()) == {"system:node:node-7", kube_api.user}
+    assert kube_api.clients.window("system:node:node-7", kube_api.clients.clock())["requests"] == 0
+
+
+def test_a_watch_streams_bytes_to_its_client_and_a_401_to_anonymous(kube_api):
+    kube_api.auth.add_token("token-b", "system:node:b")
+    sock = socket.create_connection(("127.0.0.1", kube_api.port), timeout=10)
+    try:
+        sock.sendall(f"GET {PODS}?watch=true&timeoutSeconds=30 "
+                     "HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer token-b\r\n\r\n".encode())
+        assert kube_api.wait_for_watchers(1)
+        kube_api.add_pod("default", "watched", node="b")
+        received = b""
+        while b"watched" not in received:
+            received += sock.recv(65536)
+        wait_for(lambda: kube_api.clients.window("system:node:b")["bytes"] == len(received),
+                 10, what="the watch's bytes booked to its client")
+        window = kube_api.clients.window("system:node:b")
+        assert window["by_kind"] == {"pods watch": 1} and window["watches"] == 1
+    finally:
+        sock.close()
+    _get(kube_api, "no-such-token", PODS)
+    anonymous = [c for c in kube_api.clients.clients() if c.startswith("anonymous ")]
+    assert len(anonymous) == 1
+    assert kube_api.clients.window(anonymous[0])["requests"] == 1
+
+
+def test_stored_objects_counts_the_namespace_a_list_names(kube_api):
+    kube_api.add_pod("a", "one", node="x")
+    kube_api.add_pod("b", "two", node="x")
+    assert kubeclients.stored_objects(kube_api, "/api/v1/namespaces/a/pods") == 1
+    assert kubeclients.stored_objects(kube_api, PODS) == 2
+    assert kubeclients.stored_objects(kube_api, "/api/v1/nodes") == 0
+    assert read_source("POST", {}) == OTHER
