@@ -48,23 +48,18 @@ class ShimConfig:
         """Upstream's line format, to logFile and/or stderr as configured."""
         if LEVELS[level] > self.log_level and level != "error":
             return
-        if not (self.log_file or self.log_to_stderr):
-            return
-        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} [{level}] {message}\n"
-        if self.log_to_stderr:
-            sys.stderr.write(line)
-        if self.log_file:
-            try:
-                with open(self.log_file, "a", encoding="utf-8") as handle:
-                    handle.write(line)
-            except OSError:
-                pass
+        self._write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} [{level}] {message}\n",
+                    self.log_to_stderr)
 
     def warn(self, message: str) -> None:
         """A line the operator must see whatever the logging keys say: stderr (the runtime
         logs a plugin's stderr), logFile if set, and the journal."""
-        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} [warning] multus-shim: {message}\n"
-        sys.stderr.write(line)
+        self._write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} [warning] multus-shim: {message}\n",
+                    True)
+
+    def _write(self, line: str, to_stderr: bool) -> None:
+        if to_stderr:
+            sys.stderr.write(line)
         if self.log_file:
             try:
                 with open(self.log_file, "a", encoding="utf-8") as handle:
