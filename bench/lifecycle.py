@@ -65,7 +65,7 @@ DAEMON_ARGV = _launcher_argv(LAUNCHER) or [
 
 IMPORT_STEPS = [
     ("python3 -IS, package directories", ""),
-    ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.sandbox"),
+    ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.multus"),
     ("+ multusd.kube.client (http.client, ssl)", "import multusd.kube.client"),
     ("+ yaml (a kubeconfig not parsed before)", "import yaml"),
     ("+ systemd.journal", "import systemd.journal, systemd.daemon"),

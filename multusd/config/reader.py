@@ -2,7 +2,7 @@
 
 The one reader behind daemon-config.json (:mod:`.daemonconf`), the 00-multus.conf generator
 (:mod:`.multusconf`) and the multus settings the delegates are resolved from
-(:mod:`multusd.core.delegates`). A ``null`` value counts as absent, as Go's decoder treats
+(:mod:`multusd.core.podnetworks`). A ``null`` value counts as absent, as Go's decoder treats
 it; a value of the wrong JSON type is recorded as a :class:`~multusd.errors.ConfigProblem`
 (``key: must be <what>, got <value>``) and the default is used, so that the caller can
 report all problems in one :class:`~multusd.errors.ConfigError`.

@@ -2,7 +2,7 @@
 
 Upstream: ``netutils.go`` (``DeleteDefaultGW``, ``SetDefaultGW``, ``DeleteDefaultGWCache``,
 ``AddDefaultGWCache``) and the default-route part of ``multus.go:CmdAdd``. The delegate
-flags come from :func:`multusd.core.delegates.mark_gateway_filters`, set only when some
+flags come from :func:`multusd.core.podnetworks.mark_gateway_filters`, set only when some
 selection carries ``default-route`` (ECMP is rejected there):
 
 * a delegate whose result configured an interface and which is marked ``filter_v4_gateway``
@@ -27,7 +27,7 @@ import ipaddress
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from multusd.cni import cache
+from multusd.cni import resultcache
 from multusd.core.delegate import Delegate
 from multusd.errors import DecodeFailure, InvalidNetworkConfig, IOFailure
 from multusd.node.netns import PodNetns  # pyroute2 itself only when a pod asks for routes
@@ -68,18 +68,18 @@ class DefaultRoutes:
         if not (drop_v4 or drop_v6):
             return
         net_name, ifname = delegate.conf_name, delegate.ifname
-        cached = cache.read_result(self.cache_dir, net_name, self.container_id, ifname)
+        cached = resultcache.read_result(self.cache_dir, net_name, self.container_id, ifname)
         if cached is None:
             raise IOFailure(
                 f"error deleting default gateway in cache: no cached result for network "
                 f"{net_name!r} interface {ifname!r} under {self.cache_dir!r}; the delegate's "
                 "ADD should have written it")
-        where = cache.result_path(self.cache_dir, net_name, self.container_id, ifname)
+        where = resultcache.result_path(self.cache_dir, net_name, self.container_id, ifname)
         updated = with_default_routes(without_default_routes(cached, drop_v4, drop_v6, where),
                                       gateways, where)
         change = self.namespace().replace_default_routes(ifname, drop_v4, drop_v6, gateways)
         if updated != cached:
-            cache.update_result(self.cache_dir, net_name, self.container_id, ifname, updated)
+            resultcache.update_result(self.cache_dir, net_name, self.container_id, ifname, updated)
         LOG.info("default routes of %s (%s) in %s: removed %d (%s), added via %s", ifname,
                  delegate.name, self.netns_path, change.removed,
                  "+".join(n for n, on in (("IPv4", drop_v4), ("IPv6", drop_v6)) if on),

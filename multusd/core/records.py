@@ -20,7 +20,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd.cni import cache as result_cache
+from multusd.cni import resultcache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
 from multusd.core import scratch, unreleased
@@ -32,7 +32,7 @@ from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = result_cache.DEFAULT_CACHE_DIR
+DEFAULT_CNI_DIR = resultcache.DEFAULT_CACHE_DIR
 NS_GET_NSTYPE = 0xB703  # ioctl(2) on an nsfs file: which kind of namespace it is
 CLONE_NEWNET = 0x40000000
 PRESENT, GONE, UNKNOWN = "present", "gone", "unknown"
@@ -159,7 +159,7 @@ def container_ids(cni_dir: str) -> List[str]:
                     found.add(entry.name)
     except FileNotFoundError:
         return []
-    for entry in result_cache.list_entries(cni_dir):
+    for entry in resultcache.list_entries(cni_dir):
         found.add(str(entry["containerId"]))
     return sorted(found)
 
@@ -169,7 +169,7 @@ def read_sandboxes(cni_dir: str) -> List[SandboxRecord]:
 
     :raises IOFailure: ``cni_dir`` or its ``results/`` cannot be listed.
     """
-    entries = result_cache.list_entries(cni_dir)
+    entries = resultcache.list_entries(cni_dir)
     marks = unreleased.read_all(cni_dir)
     records = [_read(cni_dir, cid, entries, marks.get(cid)) for cid in container_ids(cni_dir)]
     return sorted(records, key=lambda r: (r.mtime, r.container_id))
@@ -179,7 +179,7 @@ def read_sandbox(cni_dir: str, container_id: str) -> Optional[SandboxRecord]:
     """The records of one container ID, or None when nothing is recorded for it."""
     if not is_valid_name(container_id):
         return None
-    record = _read(cni_dir, container_id, result_cache.list_entries(cni_dir),
+    record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir),
                    unreleased.read(cni_dir, container_id))
     return record if record.scratch_file or record.result_files else None
 
@@ -199,7 +199,7 @@ def count_stale_sandboxes(cni_dir: str) -> Optional[int]:
     """
     try:
         netns_of: Dict[str, str] = {}
-        for entry in result_cache.list_entries(cni_dir):
+        for entry in resultcache.list_entries(cni_dir):
             if entry.get("netns"):
                 netns_of.setdefault(str(entry["containerId"]), str(entry["netns"]))
     except (OSError, MultusError) as exc:
@@ -250,7 +250,7 @@ def _read(cni_dir: str, container_id: str, all_entries: List[dict],
                                        delegate.dra_device))
     for (net_name, ifname), entry in sorted(by_key.items(), key=lambda kv: kv[0][1]):
         # no scratch cache (or an entry it does not list): what DEL's fallback would find
-        conf = result_cache.decode_config(entry)
+        conf = resultcache.decode_config(entry)
         _, plugins = _describe(conf, net_name)
         attachments.append(_attachment(cni_dir, net_name, net_name, ifname,
                                        not delegates and entry is master_entry, plugins, conf,
@@ -337,7 +337,7 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
 
 
 def _entry_path(entry: Mapping[str, Any], cni_dir: str) -> str:
-    return os.path.join(cni_dir, result_cache.RESULTS_DIR,
+    return os.path.join(cni_dir, resultcache.RESULTS_DIR,
                         f"{entry.get('networkName')}-{entry.get('containerId')}-"
                         f"{entry.get('ifName')}")
 

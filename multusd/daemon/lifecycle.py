@@ -34,12 +34,12 @@ import time
 from typing import Any, Mapping
 
 from multusd import __version__
-from multusd.cni.cache import DEFAULT_CACHE_DIR
+from multusd.cni.resultcache import DEFAULT_CACHE_DIR
 from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.daemon import delretry, metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.hotplug import handle_delegate
-from multusd.core.sandbox import Multus
+from multusd.core.multus import Multus
 from multusd.errors import MultusError
 from multusd.config import nodename
 from multusd.daemon.kubestart import BackgroundKube

@@ -259,8 +259,8 @@ class Doctor:
         from multusd.cni import invoke
         from multusd.cni.conflist import NetworkConfigList
         from multusd.config.daemonconf import overlay
-        from multusd.core.delegates import build_delegates
-        from multusd.core.sandbox import Multus
+        from multusd.core.podnetworks import build_delegates
+        from multusd.core.multus import Multus
         from multusd.errors import MultusError
 
         conf = overlay(_runtime_conf(self.config), self.config)

@@ -8,7 +8,7 @@ surprise; the runtime's own request is run again as it was sent. Stale sandboxes
 netns is gone, no DEL failed) are listed, and released with ``--release`` by a DEL built from
 the sandbox's own records, exactly as the runtime would send it. Either goes through the
 daemon's socket when it answers (so its per-sandbox lock holds), else by the daemon's own
-DEL path (:meth:`multusd.core.sandbox.Multus.delete`) in this process. A stale sandbox whose
+DEL path (:meth:`multusd.core.multus.Multus.delete`) in this process. A stale sandbox whose
 network namespace exists, or cannot be told, is never touched.
 
 ``--forget CONTAINER_ID`` is for the one sandbox whose DEL cannot succeed (a plugin binary
@@ -67,7 +67,7 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
 def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int:
     """``multusd gc --forget CONTAINER_ID``: DEL what can be released, drop every record."""
     from multusd.core import request
-    from multusd.core.sandbox import Multus
+    from multusd.core.multus import Multus
 
     try:
         config = common.load_config(config_path)
@@ -243,7 +243,7 @@ def _via_daemon(config, env: Dict[str, str], conf: bytes) -> str:
 
 def _in_process(config, env: Dict[str, str], conf: bytes) -> str:
     from multusd.core import request
-    from multusd.core.sandbox import Multus
+    from multusd.core.multus import Multus
     from multusd.errors import MultusError
 
     try:

@@ -1,7 +1,7 @@
 """netns.py in real network namespaces: default-route moves (F50), interface checks, errors.
 
 Links are veth pairs made with ``ip`` inside the test namespace (both ends stay in it), or
-real bridge/host-local plugins; cached results are written with multusd.cni.cache first.
+real bridge/host-local plugins; cached results are written with multusd.cni.resultcache first.
 The pure cache-rewriting tests at the top need no privileges.
 """
 
@@ -14,10 +14,10 @@ import socket
 import pytest
 
 from testlib import PLUGIN_DIR, netns_routes, run, unique
-from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf
+from multusd.cni import resultcache
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.conflist import Engine, NetworkConfigList
-from multusd.core.delegates import Delegate, mark_gateway_filters
+from multusd.core.podnetworks import Delegate, mark_gateway_filters
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, UnknownContainer
 from multusd.core.defaultroute import DefaultRoutes, with_default_routes, without_default_routes
 from multusd.node.netns import PodNetns
@@ -130,7 +130,7 @@ def write_cache(cache_dir: str, container_id: str, netns: str, d: Delegate,
                 result: dict) -> None:
     rt = RuntimeConf(container_id=container_id, netns=netns, ifname=d.ifname,
                      cache_dir=cache_dir)
-    cache.write(cache_dir, d.conf_name, rt, d.conf, result)
+    resultcache.write(cache_dir, d.conf_name, rt, d.conf, result)
 
 
 @pytest.mark.privileged
@@ -200,8 +200,8 @@ def test_apply_moves_both_default_routes_to_net1_and_updates_both_caches(pod, tm
 
     assert default_routes(pod, "-4") == [("10.1.1.254", "net1")]
     assert default_routes(pod, "-6") == [("fd01::fe", "net1")]
-    assert cache.read_result(cache_dir, "cluster", cid, "eth0")["routes"] == [OTHER_ROUTE]
-    assert cache.read_result(cache_dir, "m", cid, "net1")["routes"] == [
+    assert resultcache.read_result(cache_dir, "cluster", cid, "eth0")["routes"] == [OTHER_ROUTE]
+    assert resultcache.read_result(cache_dir, "m", cid, "net1")["routes"] == [
         {"dst": "0.0.0.0/0", "gw": "10.1.1.254"}, {"dst": "::/0", "gw": "fd01::fe"}]
     assert eth0_result["routes"] == [V4_DEFAULT, OTHER_ROUTE, V6_DEFAULT], \
         "the result returned to the runtime is not modified"
@@ -218,7 +218,7 @@ def test_empty_default_route_list_removes_every_default_route(pod, tmp_path):
     with DefaultRoutes(pod, cache_dir, cid) as routes:
         routes.apply(eth0, result)
     assert default_routes(pod, "-4") == [] and default_routes(pod, "-6") == []
-    assert "routes" not in cache.read_result(cache_dir, "cluster", cid, "eth0")
+    assert "routes" not in resultcache.read_result(cache_dir, "cluster", cid, "eth0")
 
 
 @pytest.mark.privileged
@@ -309,9 +309,9 @@ def test_default_route_moves_after_each_real_plugin_add(netns, bridge_name, seco
                 result = engine.add(NetworkConfigList.load(net), rt)
                 routes.apply(d, result)
         assert default_routes(netns, "-4") == [(gateway, "net1")]
-        eth0_cached = cache.read_result(cache_dir, delegates[0].conf_name, cid, "eth0")
+        eth0_cached = resultcache.read_result(cache_dir, delegates[0].conf_name, cid, "eth0")
         assert not [r for r in eth0_cached.get("routes", []) if r["dst"] == "0.0.0.0/0"]
-        net1_cached = cache.read_result(cache_dir, delegates[1].conf_name, cid, "net1")
+        net1_cached = resultcache.read_result(cache_dir, delegates[1].conf_name, cid, "net1")
         assert net1_cached["routes"][-1] == {"dst": "0.0.0.0/0", "gw": gateway}
     finally:
         for net, rt in zip(reversed(nets), reversed(attachments)):

@@ -15,7 +15,7 @@ import pytest
 from multusd.node import devices
 
 from multusd.core import runtimeconf
-from multusd.core.delegates import build_delegates
+from multusd.core.podnetworks import build_delegates
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure
 
 POD_UID = "9f1c7c1e-0000-4000-8000-000000000001"

@@ -1,8 +1,8 @@
 """ADD / DEL / CHECK / STATUS / GC of a pod sandbox: the Multus orchestration.
 
-No I/O of its own beyond the scratch cache: delegates are resolved by delegates.py, their
+No I/O of its own beyond the scratch cache: delegates are resolved by podnetworks.py, their
 runtime config by runtimeconf.py, executed by the CNI engine, and the pod's network-status
-written through k8s.py. The rules it keeps (architecture.md):
+written through the Kubernetes object it is handed. The rules it keeps (architecture.md):
 
 * an ADD for a container that has attachments recorded is refused (DEL must come first), and
   one whose interface names are taken in the netns runs nothing (F37);
@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from multusd.core import delegates as delegates_mod
+from multusd.core import podnetworks
 from multusd.core.defaultroute import DefaultRoutes
 from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
@@ -41,10 +41,10 @@ from multusd.node.netns import PodNetns
 from multusd.core import dra, netstatus, parallel, runtimeconf, scratch, unreleased
 from multusd import CURRENT_VERSION, store
 from multusd.core.request import CmdArgs
-from multusd.cni import cache as result_cache
+from multusd.cni import resultcache
 from multusd.cni.args import build_delegate_args
 from multusd.cni.conflist import Engine, NetworkConfigList
-from multusd.cni.cache import RuntimeConf
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
@@ -56,7 +56,7 @@ from multusd.store.valueclass import replace
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = result_cache.DEFAULT_CACHE_DIR
+DEFAULT_CNI_DIR = resultcache.DEFAULT_CACHE_DIR
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 WIRE_VERSION = CURRENT_VERSION  # what ADD answers with
@@ -140,7 +140,7 @@ class Multus:
         # F49: no network-status for pods whose *namespace* is a system one (upstream
         # compares the pod name, a bug); defaultNetworks follow the same rule
         if pod is not None and req.pod_namespace not in \
-                delegates_mod.load_settings(conf).system_namespaces:
+                podnetworks.load_settings(conf).system_namespaces:
             try:
                 self._write_network_status(req, pod, results, deadline)
             except Exception as exc:
@@ -184,13 +184,13 @@ class Multus:
             checkpoint=os.path.join(kubelet, "device-plugins", "kubelet_internal_checkpoint"),
             extra=dra.device_lookup(self.kube, pod, deadline) if pod is not None else None)
         try:
-            return dra.with_origins(delegates_mod.build_delegates(
+            return dra.with_origins(podnetworks.build_delegates(
                 req.config, pod_namespace=req.pod_namespace, pod_name=req.pod_name,
                 annotations=dict(pod.annotations) if pod is not None else {},
                 cni_ifname=req.ifname, get_nad=get_nad, device_id_for=allocator),
                 allocator.origin)
         except MultusError as exc:
-            if isinstance(exc, delegates_mod.NadNotFound) and pod is not None:
+            if isinstance(exc, podnetworks.NadNotFound) and pod is not None:
                 self.kube.emit_event(pod, "Warning", "NoNetworkFound", exc.event_message)
             raise exc.with_prefix(f"{pod_prefix(req)}: ")
 
@@ -331,10 +331,10 @@ class Multus:
         delegates = self._delegates_for_del(req, path, log)
         failed = {id(d): _as_cni_error(exc, log).msg
                   for d, exc in self._delete_all(self.engine(conf), req, delegates, deadline)}
-        for entry in result_cache.list_entries(cni_dir(conf)):
+        for entry in resultcache.list_entries(cni_dir(conf)):
             if entry.get("containerId") == req.container_id:
-                result_cache.delete(cni_dir(conf), str(entry["networkName"]), req.container_id,
-                                    str(entry["ifName"]))
+                resultcache.delete(cni_dir(conf), str(entry["networkName"]), req.container_id,
+                                   str(entry["ifName"]))
         store.remove(path)
         unreleased.clear(cni_dir(conf), req.container_id)
         outcome = [(d, failed.get(id(d), "")) for d in delegates]
@@ -360,11 +360,11 @@ class Multus:
     def _delegates_from_result_cache(self, req: CmdArgs, log) -> list:
         """Rebuild the delegates from ``<cniDir>/results/*-<containerID>-*`` (no scratch cache)."""
         found = []
-        for entry in result_cache.list_entries(cni_dir(req.config)):
+        for entry in resultcache.list_entries(cni_dir(req.config)):
             if entry.get("containerId") != req.container_id:
                 continue
-            config = result_cache.decode_config(entry)
-            found.append(delegates_mod.Delegate(
+            config = resultcache.decode_config(entry)
+            found.append(podnetworks.Delegate(
                 name=str(entry.get("networkName", "")), conf=config,
                 ifname=str(entry.get("ifName", "")), master=entry.get("ifName") == req.ifname))
         found.sort(key=lambda d: (not d.master, d.ifname))
@@ -411,14 +411,14 @@ class Multus:
             raise MultusError(f"error in gather valid attachments: {directory}/results does "
                               "not exist")
         valid = [{"containerID": e["containerId"], "ifname": e["ifName"]}
-                 for e in result_cache.list_entries(directory)
+                 for e in resultcache.list_entries(directory)
                  if e.get("containerId") and e.get("ifName")]
         net = self._cluster_network(req, deadline)
         self.engine(req.config).gc(net, directory, valid, deadline)
 
     def _cluster_network(self, req: CmdArgs, deadline: float) -> NetworkConfigList:
         require_delegates(req.config)
-        delegates = delegates_mod.build_delegates(
+        delegates = podnetworks.build_delegates(
             req.config, pod_namespace="", pod_name="", annotations=None,
             cni_ifname=req.ifname or "eth0", get_nad=self._nad_getter(deadline))
         return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)

@@ -16,7 +16,7 @@ from typing import Dict, Optional
 import pytest
 
 from multusd.core.netconf import find_conf_by_name, load_conf_file, nad_config, resolve_network
-from multusd.core.delegates import (Delegate, NadNotFound, add_device_id, build_delegates,
+from multusd.core.podnetworks import (Delegate, NadNotFound, add_device_id, build_delegates,
                                load_settings, mark_gateway_filters)
 from multusd.core.scratch import delegates_from_cache, delegates_to_cache
 from multusd.errors import ConfigError, DecodeFailure, InvalidNetworkConfig, TryAgainLater
