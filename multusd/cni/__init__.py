@@ -2,7 +2,7 @@
 
 It has no Kubernetes client and reads no Multus config; what it knows of them is the pod
 identity a delegate gets in CNI_ARGS (:mod:`.args`) and Multus's default cache directory
-(:mod:`.resultcache`). Modules, one responsibility each:
+(:data:`multusd.DEFAULT_CNI_DIR`). Modules, one responsibility each:
 
 * :mod:`.version`  -- spec versions parsed and compared, and what a config's version allows;
 * :mod:`.result`   -- results converted between versions, failing with CNI errors, and queried

@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd import store
+from multusd import DEFAULT_CNI_DIR, store
 from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
 from multusd.store.valueclass import Record, field
 
@@ -24,8 +24,6 @@ LOG = logging.getLogger(__name__)
 
 KIND = "cniCacheV1"
 RESULTS_DIR = "results"
-#: Multus's default ``cniDir``, which it gives libcni as its cache directory.
-DEFAULT_CACHE_DIR = "/var/lib/cni/multus"
 
 
 class RuntimeConf(Record):
@@ -36,7 +34,7 @@ class RuntimeConf(Record):
     ifname: str
     args: Tuple[Tuple[str, str], ...] = ()
     capability_args: Mapping[str, Any] = field(default_factory=dict)
-    cache_dir: str = DEFAULT_CACHE_DIR
+    cache_dir: str = DEFAULT_CNI_DIR
 
 
 def result_path(cache_dir: str, net_name: str, container_id: str, ifname: str) -> str:

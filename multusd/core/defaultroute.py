@@ -28,6 +28,7 @@ import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd.cni import resultcache
+from multusd.cni.version import has_ip_sections
 from multusd.core.delegate import Delegate
 from multusd.errors import DecodeFailure, InvalidNetworkConfig, IOFailure
 from multusd.node.netns import PodNetns  # pyroute2 itself only when a pod asks for routes
@@ -35,7 +36,6 @@ from multusd.node.netns import PodNetns  # pyroute2 itself only when a pod asks 
 LOG = logging.getLogger(__name__)
 
 _DEFAULT_DST = {4: "0.0.0.0/0", 6: "::/0"}
-_LEGACY_RESULT_VERSIONS = ("0.1.0", "0.2.0")  # ip4/ip6 objects instead of a routes list
 
 
 class DefaultRoutes:
@@ -145,7 +145,7 @@ def with_default_routes(result: Mapping[str, Any], gateways: Sequence[str],
     for gateway in gateways:
         address = _parse_gateway(gateway)
         route = {"dst": _DEFAULT_DST[address.version], "gw": str(address)}
-        if _is_legacy_result(out):
+        if has_ip_sections(out.get("cniVersion")):
             section = out.get("ip4" if address.version == 4 else "ip6")
             if not isinstance(section, dict):
                 continue
@@ -164,11 +164,6 @@ def _configures_interfaces(result: Mapping[str, Any]) -> bool:
     return any(result.get(key) for key in ("interfaces", "ips", "ip4", "ip6"))
 
 
-def _is_legacy_result(result: Mapping[str, Any]) -> bool:
-    version = result.get("cniVersion")
-    return version is None or version in _LEGACY_RESULT_VERSIONS
-
-
 def _route_sections(result: Dict[str, Any], where: str) -> List[Tuple[Dict[str, Any], int, Any]]:
     """(section holding "routes", IP version it may hold a default for, family selector)."""
     def v4(ipv4: bool, ipv6: bool) -> bool:
@@ -177,7 +172,7 @@ def _route_sections(result: Dict[str, Any], where: str) -> List[Tuple[Dict[str, 
     def v6(ipv4: bool, ipv6: bool) -> bool:
         return ipv6
 
-    if not _is_legacy_result(result):
+    if not has_ip_sections(result.get("cniVersion")):
         # One list for both families: select per route, so run it once per family.
         return [(result, 4, v4), (result, 6, v6)]
     sections = []

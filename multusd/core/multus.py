@@ -27,7 +27,6 @@ written through the Kubernetes object it is handed. The rules it keeps (architec
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
@@ -39,6 +38,7 @@ from multusd.core.delegate import cleanup_deadline
 from multusd.node import devices
 from multusd.node.netns import PodNetns
 from multusd.core import dra, netstatus, parallel, runtimeconf, scratch, unreleased
+from multusd.core.settings import cni_dir_of, devinfo_dir_of, kubelet_dir_of, require_delegates
 from multusd import CURRENT_VERSION, store
 from multusd.core.request import CmdArgs
 from multusd.cni import resultcache
@@ -49,16 +49,13 @@ from multusd.cni.invoke import PluginObserver, missing_plugin, search_path
 from multusd.cni.result import convert_result, ip_addresses, is_empty
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.errors import (InvalidEnvironment, InvalidNetworkConfig, MultusError,
+from multusd.errors import (InvalidEnvironment, MultusError,
                             PodNotFound, TryAgainLater, UnknownContainer,
                             from_exception)
 from multusd.store.valueclass import replace
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = resultcache.DEFAULT_CACHE_DIR
-DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
-DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 WIRE_VERSION = CURRENT_VERSION  # what ADD answers with
 READINESS_TIMEOUT = 45.0
 
@@ -102,7 +99,7 @@ class Multus:
         cache_path = scratch_path(conf, req.container_id)
         engine = self.engine(conf)
         results: list[tuple[Any, dict]] = []
-        routes = DefaultRoutes(req.netns, cni_dir(conf), req.container_id)
+        routes = DefaultRoutes(req.netns, cni_dir_of(conf), req.container_id)
         waves = self._plan(req, delegates)
         flush = None
         try:
@@ -177,11 +174,11 @@ class Multus:
 
     def _resolve(self, req: CmdArgs, pod, deadline: float) -> list:
         get_nad = self._nad_getter(deadline)
-        kubelet = str(req.config.get("kubeletRootDir") or DEFAULT_KUBELET_DIR)
+        kubelet = kubelet_dir_of(req.config)
         allocator = devices.DeviceAllocator(
             req.pod_namespace, req.pod_name, req.pod_uid,
-            pod_resources_socket=os.path.join(kubelet, "pod-resources", "kubelet.sock"),
-            checkpoint=os.path.join(kubelet, "device-plugins", "kubelet_internal_checkpoint"),
+            pod_resources_socket=devices.pod_resources_socket(kubelet),
+            checkpoint=devices.checkpoint_file(kubelet),
             extra=dra.device_lookup(self.kube, pod, deadline) if pod is not None else None)
         try:
             return dra.with_origins(podnetworks.build_delegates(
@@ -203,19 +200,19 @@ class Multus:
         info_file = rt.capability_args.get("CNIDeviceInfoFile")
         if delegate.device_id and info_file:
             devices.copy_device_plugin_info(delegate.resource_name, delegate.device_id, info_file,
-                                            dp_dir=os.path.join(devinfo_dir(req.config), "dp"))
+                                            dp_dir=devices.devinfo_dp_dir(devinfo_dir_of(req.config)))
         return engine.add(net, rt, deadline)
 
     def runtime_conf(self, req: CmdArgs, delegate) -> RuntimeConf:
         global_rc = req.config.get("runtimeConfig") or {}
         capability_args = runtimeconf.delegate_capability_args(
             global_rc, delegate, container_id=req.container_id,
-            devinfo_dir=os.path.join(devinfo_dir(req.config), "cni"))
+            devinfo_dir=devices.devinfo_cni_dir(devinfo_dir_of(req.config)))
         args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
                                    req.pod_uid, runtimeconf.legacy_cni_args(delegate))
         return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
                            args=tuple(args), capability_args=capability_args,
-                           cache_dir=cni_dir(req.config))
+                           cache_dir=cni_dir_of(req.config))
 
     def _roll_back(self, engine: Engine, req: CmdArgs, added: Sequence, deadline: float,
                    log) -> bool:
@@ -307,14 +304,14 @@ class Multus:
             found = [unreleased.Failure(network=delegate.name, ifname=delegate.ifname,
                                         error=_as_cni_error(exc, log).msg)
                      for delegate, exc in failures]
-            unreleased.report(cni_dir(conf), req, found, f"{pod_prefix(req)}: DEL failed for "
+            unreleased.report(cni_dir_of(conf), req, found, f"{pod_prefix(req)}: DEL failed for "
                               f"{len(found)} network(s), the runtime will retry: "
                               + " / ".join(f"{f.network} ({f.ifname}): {f.error}" for f in found)
                               + missing_plugin_hint(req, failures),
                               window=self.config.delete_retry_window, kube=self.kube, log=log)
             return
         store.remove(path)
-        if unreleased.clear(cni_dir(conf), req.container_id):
+        if unreleased.clear(cni_dir_of(conf), req.container_id):
             log.info("DEL: the sandbox's earlier DEL failures are over")
         log.info("DEL: %d network(s) released", len(delegates))
 
@@ -331,12 +328,12 @@ class Multus:
         delegates = self._delegates_for_del(req, path, log)
         failed = {id(d): _as_cni_error(exc, log).msg
                   for d, exc in self._delete_all(self.engine(conf), req, delegates, deadline)}
-        for entry in resultcache.list_entries(cni_dir(conf)):
+        for entry in resultcache.list_entries(cni_dir_of(conf)):
             if entry.get("containerId") == req.container_id:
-                resultcache.delete(cni_dir(conf), str(entry["networkName"]), req.container_id,
+                resultcache.delete(cni_dir_of(conf), str(entry["networkName"]), req.container_id,
                                    str(entry["ifName"]))
         store.remove(path)
-        unreleased.clear(cni_dir(conf), req.container_id)
+        unreleased.clear(cni_dir_of(conf), req.container_id)
         outcome = [(d, failed.get(id(d), "")) for d in delegates]
         for delegate, why in outcome:
             if why:
@@ -360,7 +357,7 @@ class Multus:
     def _delegates_from_result_cache(self, req: CmdArgs, log) -> list:
         """Rebuild the delegates from ``<cniDir>/results/*-<containerID>-*`` (no scratch cache)."""
         found = []
-        for entry in resultcache.list_entries(cni_dir(req.config)):
+        for entry in resultcache.list_entries(cni_dir_of(req.config)):
             if entry.get("containerId") != req.container_id:
                 continue
             config = resultcache.decode_config(entry)
@@ -406,7 +403,7 @@ class Multus:
 
     def gc(self, req: CmdArgs, deadline: float, log) -> None:
         wait_for_readiness_file(req.config, deadline)
-        directory = cni_dir(req.config)
+        directory = cni_dir_of(req.config)
         if not os.path.isdir(os.path.join(directory, "results")):
             raise MultusError(f"error in gather valid attachments: {directory}/results does "
                               "not exist")
@@ -467,7 +464,7 @@ def refuse_repeated_add(req: CmdArgs) -> None:
     The spec forbids a second ADD without a DEL in between; running it anyway would fail on
     the first interface and its rollback would delete the first ADD's attachment.
     """
-    directory = cni_dir(req.config)
+    directory = cni_dir_of(req.config)
     recorded = os.path.exists(scratch_path(req.config, req.container_id))
     if not recorded:
         marker = f"-{req.container_id}-"
@@ -486,7 +483,7 @@ def refuse_repeated_add(req: CmdArgs) -> None:
 def require_ifnames_free(netns, req: CmdArgs, delegates: Sequence, wrap) -> None:
     """Upstream's validateIfName for every delegate, before any runs (F37)."""
     for delegate in delegates:
-        kind = delegate_type(delegate.conf)
+        kind = delegate.plugin_type
         prefix = f"DelegateAdd: cannot set \"{kind}\" interface name to \"{delegate.ifname}\": "
         try:
             exists = netns.interface_exists(delegate.ifname)
@@ -523,24 +520,6 @@ def netns_for_del(req: CmdArgs, log) -> CmdArgs:
     return req
 
 
-def delegate_type(conf: bytes) -> str:
-    """The plugin type of a delegate conf (a conflist's first plugin), for messages."""
-    try:
-        data = json.loads(conf)
-        if isinstance(data, dict) and isinstance(data.get("plugins"), list) and data["plugins"]:
-            data = data["plugins"][0]
-        return str(data.get("type", "")) if isinstance(data, dict) else ""
-    except ValueError:
-        return ""
-
-
-def require_delegates(conf: Mapping[str, Any]) -> None:
-    if not conf.get("clusterNetwork") and not conf.get("delegates"):
-        raise InvalidNetworkConfig("at least one delegate/clusterNetwork must be specified: set "
-                                   "\"clusterNetwork\" (or \"delegates\") in daemon-config.json "
-                                   "or the runtime's CNI config")
-
-
 def wait_for_readiness_file(conf: Mapping[str, Any], deadline: float) -> None:
     """Upstream's readinessindicatorfile wait (only present in non-auto mode, F28)."""
     path = conf.get("readinessindicatorfile")
@@ -563,15 +542,7 @@ def read_scratch(path: str) -> bytes | None:
 
 
 def scratch_path(conf: Mapping[str, Any], container_id: str) -> str:
-    return os.path.join(cni_dir(conf), container_id)
-
-
-def cni_dir(conf: Mapping[str, Any]) -> str:
-    return str(conf.get("cniDir") or DEFAULT_CNI_DIR)
-
-
-def devinfo_dir(conf: Mapping[str, Any]) -> str:
-    return str(conf.get("deviceInfoDir") or DEFAULT_DEVINFO_DIR)
+    return os.path.join(cni_dir_of(conf), container_id)
 
 
 def empty_result(req: CmdArgs) -> dict:

@@ -20,39 +20,23 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from multusd.config.reader import ConfigReader
 from multusd.core.delegate import Delegate, ifname_for
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
-                      nad_config, nad_resource_name, network_name, resolve_network)
-from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig, MultusError
-from multusd.store.valueclass import Record, replace
+                                  nad_config, nad_resource_name, network_name, resolve_network)
+from multusd.core.settings import MultusSettings, load_settings
+from multusd.errors import InvalidNetworkConfig, MultusError
+from multusd.store.valueclass import replace
 from multusd.store import go_json
 from multusd.core.runtimeconf import inject_cni_args
-from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
-                        parse_default_network, parse_ip, parse_selections)
+from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION,
+                                    NetworkSelection, parse_default_network, parse_ip,
+                                    parse_selections)
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
-DEFAULT_MULTUS_NAMESPACE = "kube-system"
-DEFAULT_SYSTEM_NAMESPACES = ("kube-system",)
-DEFAULT_GLOBAL_NAMESPACES = ("default",)
 PASSTHRU_PLUGIN = {"type": "passthru", "name": "passthru-cni"}
-
-
-def _global_namespaces(reader: ConfigReader, netconf: Mapping[str, Any]) -> Tuple[str, ...]:
-    value = netconf.get("globalNamespaces")
-    if value is None or value == "":
-        return DEFAULT_GLOBAL_NAMESPACES
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(","))
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(v.strip() for v in value)
-    reader.bad("globalNamespaces", "a comma-separated string of namespaces", value)
-    return DEFAULT_GLOBAL_NAMESPACES
-
 
 DeviceIdGetter = Callable[[str], str]
 """Given a NAD's resourceName, the next device ID allocated to the pod for it ("" if none)."""
@@ -72,49 +56,6 @@ class NadNotFound(InvalidNetworkConfig):
         self.event_message = (f"cannot find a network-attachment-definition ({nad_name}) "
                               f"in namespace ({namespace}): {reason}")
         super().__init__(f"{self.event_message}; create it, or correct the pod's annotation")
-
-
-class MultusSettings(Record):
-    """The keys of the merged multus config that decide what a pod gets (F29 defaults)."""
-
-    conf_dir: str = DEFAULT_CONF_DIR
-    multus_namespace: str = DEFAULT_MULTUS_NAMESPACE
-    system_namespaces: Tuple[str, ...] = DEFAULT_SYSTEM_NAMESPACES
-    global_namespaces: Tuple[str, ...] = DEFAULT_GLOBAL_NAMESPACES
-    namespace_isolation: bool = False
-    cluster_network: str = ""
-    default_networks: Tuple[str, ...] = ()
-    delegates: Tuple[Dict[str, Any], ...] = ()
-    auxiliary_chain: str = ""
-    cni_version: str = ""
-
-
-def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
-    """Read and check the selection-related keys of the merged multus config.
-
-    :raises ConfigError: listing every problem (wrong types, neither delegates nor
-        clusterNetwork).
-    """
-    problems = reader = ConfigReader()
-    settings = MultusSettings(
-        conf_dir=reader.string(netconf, "confDir") or DEFAULT_CONF_DIR,
-        multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
-        system_namespaces=reader.string_list(netconf, "systemNamespaces",
-                                             DEFAULT_SYSTEM_NAMESPACES),
-        global_namespaces=_global_namespaces(reader, netconf),
-        namespace_isolation=reader.boolean(netconf, "namespaceIsolation"),
-        cluster_network=reader.string(netconf, "clusterNetwork"),
-        default_networks=reader.string_list(netconf, "defaultNetworks", ()),
-        delegates=reader.objects(netconf, "delegates"),
-        auxiliary_chain=reader.string(netconf, "auxiliaryCNIChainName"),
-        cni_version=reader.string(netconf, "cniVersion"),
-    )
-    if not problems and not settings.cluster_network and not settings.delegates:
-        problems.append(ConfigProblem("clusterNetwork", "at least one delegate/clusterNetwork "
-                                      "must be specified: set clusterNetwork (or delegates)"))
-    if problems:
-        raise ConfigError("of the multus network config", problems)
-    return settings
 
 
 def build_delegates(netconf: Mapping[str, Any], *, pod_namespace: str, pod_name: str,
@@ -326,5 +267,3 @@ def _is_v4(gateway: str) -> bool:
     ip = parse_ip(gateway)
     return ip.version == 4 or getattr(ip, "ipv4_mapped", None) is not None
 
-
-# --- internals: settings -------------------------------------------------------------------

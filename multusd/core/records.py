@@ -20,6 +20,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from multusd import CURRENT_VERSION
 from multusd.cni import resultcache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
@@ -32,7 +33,6 @@ from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = resultcache.DEFAULT_CACHE_DIR
 NS_GET_NSTYPE = 0xB703  # ioctl(2) on an nsfs file: which kind of namespace it is
 CLONE_NEWNET = 0x40000000
 PRESENT, GONE, UNKNOWN = "present", "gone", "unknown"
@@ -54,7 +54,7 @@ class Attachment(Record):
     resource_name: str = ""
     dra_device: Optional[DraDevice] = None  # the DRA claim and device behind device_id
     cache_file: str = ""               # its libcni result-cache file ('' when there is none)
-    result: Optional[dict] = None      # the cached result, at CNI 1.1.0
+    result: Optional[dict] = None      # the cached result, at CURRENT_VERSION
     capability_args: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -120,10 +120,6 @@ class SandboxRecord(PodIdentity, Record):
     def files(self) -> List[str]:
         """Every file DEL removes for this sandbox once it released everything."""
         return ([self.scratch_file] if self.scratch_file else []) + list(self.result_files)
-
-
-def cni_dir_of(conf: Mapping[str, Any]) -> str:
-    return str(conf.get("cniDir") or DEFAULT_CNI_DIR)
 
 
 def netns_state(path: str) -> str:
@@ -324,7 +320,7 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
         raw = entry.get("result")
         if isinstance(raw, dict) and raw:
             try:
-                result = convert_result(raw, "1.1.0")
+                result = convert_result(raw, CURRENT_VERSION)
             except MultusError:
                 result = raw
         if isinstance(entry.get("capabilityArgs"), dict):

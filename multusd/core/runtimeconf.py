@@ -18,6 +18,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig
+from multusd.node.devices import devinfo_cni_dir
 from multusd.store import go_json
 from multusd.core.selection import (BANDWIDTH, DEVICE_ID, INFINIBAND_GUID, IPS, MAC,
                                     PORT_MAPPINGS, REQUESTS, json_value, parse_ip_or_cidr,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger(__name__)
 
-DEVINFO_CNI_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
+DEVINFO_CNI_DIR = devinfo_cni_dir()
 
 # The requests in the order upstream's mergeCNIRuntimeConfig sets them (F38), which the
 # result cache's capabilityArgs keep.

@@ -16,10 +16,10 @@ from typing import Dict, Optional
 import pytest
 
 from multusd.core.netconf import find_conf_by_name, load_conf_file, nad_config, resolve_network
-from multusd.core.podnetworks import (Delegate, NadNotFound, add_device_id, build_delegates,
-                               load_settings, mark_gateway_filters)
+from multusd.core.delegate import Delegate
+from multusd.core.podnetworks import NadNotFound, add_device_id, build_delegates, mark_gateway_filters
 from multusd.core.scratch import delegates_from_cache, delegates_to_cache
-from multusd.errors import ConfigError, DecodeFailure, InvalidNetworkConfig, TryAgainLater
+from multusd.errors import DecodeFailure, InvalidNetworkConfig, TryAgainLater
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 DEFAULT_NETWORK = "v1.multus-cni.io/default-network"
@@ -70,38 +70,6 @@ def build(netconf, annotations=None, nads=None, namespace="test", **kw):
 
 def summary(delegates):
     return [(d.name, d.ifname, d.master) for d in delegates]
-
-
-# --- settings ------------------------------------------------------------------------------
-
-
-def test_settings_defaults_and_global_namespaces_forms():
-    settings = load_settings({"clusterNetwork": "x"})
-    assert settings.conf_dir == "/etc/cni/multus/net.d"
-    assert settings.multus_namespace == "kube-system"
-    assert settings.system_namespaces == ("kube-system",)
-    assert settings.global_namespaces == ("default",)
-    assert settings.namespace_isolation is False
-    assert load_settings({"clusterNetwork": "x", "globalNamespaces": " a, b"}) \
-        .global_namespaces == ("a", "b")
-    assert load_settings({"clusterNetwork": "x", "globalNamespaces": ["c"]}) \
-        .global_namespaces == ("c",)
-    assert load_settings({"clusterNetwork": "x", "systemNamespaces": None}) \
-        .system_namespaces == ()
-
-
-def test_settings_list_every_problem():
-    with pytest.raises(ConfigError) as err:
-        load_settings({"clusterNetwork": 3, "systemNamespaces": "kube-system",
-                       "namespaceIsolation": "yes"})
-    paths = [p.path for p in err.value.problems]
-    assert paths == ["systemNamespaces", "namespaceIsolation", "clusterNetwork"]
-    assert "must be a list of strings" in err.value.msg
-
-
-def test_settings_need_delegates_or_cluster_network():
-    with pytest.raises(ConfigError, match="at least one delegate/clusterNetwork"):
-        load_settings({"name": "multus"})
 
 
 # --- delegates mode ------------------------------------------------------------------------
