@@ -79,6 +79,20 @@ class ConfigReader(list):
             return default
         return tuple(value)
 
+    def names(self, raw: Mapping[str, Any], key: str,
+              default: Tuple[str, ...]) -> Tuple[str, ...]:
+        """A comma-separated string of names, or a list of them, each stripped; ``default``
+        when unset or empty."""
+        value = raw.get(key)
+        if value is None or value == "":
+            return default
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(","))
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(v.strip() for v in value)
+        self.bad(key, "a comma-separated string of namespaces", value)
+        return default
+
     def objects(self, raw: Mapping[str, Any], key: str) -> Tuple[Dict[str, Any], ...]:
         value = raw.get(key)
         if value is None:

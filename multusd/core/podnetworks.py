@@ -10,10 +10,12 @@ Resolves, as upstream Multus does (``k8sclient.go:GetDefaultNetworks``, ``TryLoa
 4. the pod's ``k8s.v1.cni.cncf.io/networks`` selections (NADs), with namespace isolation;
 5. the ``auxiliaryCNIChainName`` chain;
 
-then validates ``default-route`` requests (no ECMP) and names the interfaces. Loading the
-configs themselves is :mod:`multusd.core.netconf`'s; the scratch cache is :mod:`multusd.core.scratch`'s.
-No Kubernetes client of its own (NADs come through a :class:`~multusd.core.netconf.NadGetter`),
-no processes.
+then validates ``default-route`` requests (no ECMP) and names the interfaces, all from the
+request's :class:`~multusd.core.settings.MultusSettings`, read once by the caller. Loading the
+configs themselves is :mod:`multusd.core.netconf`'s; the scratch cache is
+:mod:`multusd.core.scratch`'s. No Kubernetes client of its own (NADs come through a
+:class:`~multusd.core.netconf.NadGetter`, :func:`nad_getter` makes one of the ``kube``
+object), no processes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from multusd.core.delegate import Delegate, ifname_for
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                                   nad_config, nad_resource_name, network_name, resolve_network)
-from multusd.core.settings import MultusSettings, load_settings
+from multusd.core.settings import MultusSettings
 from multusd.errors import InvalidNetworkConfig, MultusError
 from multusd.store.valueclass import replace
 from multusd.store import go_json
@@ -58,13 +60,13 @@ class NadNotFound(InvalidNetworkConfig):
         super().__init__(f"{self.event_message}; create it, or correct the pod's annotation")
 
 
-def build_delegates(netconf: Mapping[str, Any], *, pod_namespace: str, pod_name: str,
+def build_delegates(settings: MultusSettings, *, pod_namespace: str, pod_name: str,
                     annotations: Optional[Mapping[str, str]], cni_ifname: str,
                     get_nad: Optional[NadGetter],
                     device_id_for: Optional[DeviceIdGetter] = None) -> List[Delegate]:
     """Every delegate of a pod, in execution order, with interface names assigned.
 
-    :param netconf: the merged multus config (request config with daemon-config overlaid).
+    :param settings: the request's multus settings (read once by the caller).
     :param annotations: the pod's annotations; None when there is no pod (only the
         cluster network / ``delegates`` are used).
     :param cni_ifname: CNI_IFNAME, the master's interface name.
@@ -73,7 +75,6 @@ def build_delegates(netconf: Mapping[str, Any], *, pod_namespace: str, pod_name:
     :raises NadNotFound: when a selected NAD does not exist (emit ``NoNetworkFound``).
     :raises InvalidNetworkConfig: for every other unusable config or annotation.
     """
-    settings = load_settings(netconf)
     pod = f"{pod_namespace}/{pod_name}"
     resolver = _Resolver(settings, get_nad, device_id_for, pod)
     if settings.cluster_network:
@@ -98,6 +99,13 @@ def build_delegates(netconf: Mapping[str, Any], *, pod_namespace: str, pod_name:
         if auxiliary is not None:
             delegates.append(auxiliary)
     return _assign_ifnames(delegates, cni_ifname)
+
+
+def nad_getter(kube: Any, deadline: float) -> Optional[NadGetter]:
+    """The NAD lookup of a request (bounded by its ``deadline``); None without Kubernetes."""
+    if kube is None:
+        return None
+    return lambda namespace, name: kube.get_nad(namespace, name, deadline=deadline)
 
 
 def mark_gateway_filters(delegates: Sequence[Delegate]) -> List[Delegate]:

@@ -78,6 +78,18 @@ class CmdArgs(PodIdentity, Record):
                 "K8S_POD_UID": self.pod_uid}
 
 
+def pod_prefix(req: CmdArgs, network: str = "") -> str:
+    """Upstream's ``[namespace/pod/uid:network]`` in front of an error message.
+
+    ``[container <name>:network]`` for a container that is not a pod (podman's
+    K8S_POD_NAME is the container's name).
+    """
+    suffix = f":{network}" if network else ""
+    if not req.has_pod:
+        return f"[container {req.pod_name or req.container_id}{suffix}]"
+    return f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}{suffix}]"
+
+
 def decode_body(body: bytes) -> tuple[dict[str, str], bytes, dict[str, Any] | None]:
     """The env, the config bytes and the interfaceAttributes of a /cni or /delegate body."""
     try:

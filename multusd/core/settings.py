@@ -59,7 +59,7 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
         multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
         system_namespaces=reader.string_list(netconf, "systemNamespaces",
                                              DEFAULT_SYSTEM_NAMESPACES),
-        global_namespaces=_global_namespaces(reader, netconf),
+        global_namespaces=reader.names(netconf, "globalNamespaces", DEFAULT_GLOBAL_NAMESPACES),
         namespace_isolation=reader.boolean(netconf, "namespaceIsolation"),
         cluster_network=reader.string(netconf, "clusterNetwork"),
         default_networks=reader.string_list(netconf, "defaultNetworks", ()),
@@ -103,15 +103,3 @@ def kubelet_dir_of(netconf: Mapping[str, Any]) -> str:
 def auxiliary_chain_of(netconf: Mapping[str, Any]) -> str:
     """``auxiliaryCNIChainName`` as DEL reads it (without the checks of an ADD)."""
     return str(netconf.get("auxiliaryCNIChainName") or "")
-
-
-def _global_namespaces(reader: ConfigReader, netconf: Mapping[str, Any]) -> Tuple[str, ...]:
-    value = netconf.get("globalNamespaces")
-    if value is None or value == "":
-        return DEFAULT_GLOBAL_NAMESPACES
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(","))
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(v.strip() for v in value)
-    reader.bad("globalNamespaces", "a comma-separated string of namespaces", value)
-    return DEFAULT_GLOBAL_NAMESPACES

@@ -38,7 +38,6 @@ from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.core.settings import cni_dir_of
 from multusd.daemon import delretry, metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core.hotplug import handle_delegate
 from multusd.core.multus import Multus
 from multusd.errors import MultusError
 from multusd.config import nodename
@@ -238,7 +237,7 @@ class Daemon:
         # other requests beside this one (they are keyed by httpreq.peek_env, its exact ID).
         try:
             if endpoint == "/delegate":
-                result = handle_delegate(self.multus, request, attributes or {}, deadline, log)
+                result = self.multus.hotplug(request, attributes or {}, deadline, log)
             else:
                 result = self.multus.cni(request, deadline, log)
         except MultusError as exc:

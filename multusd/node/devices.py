@@ -96,7 +96,7 @@ def device_ids_for_pod(namespace: str, name: str, uid: str, *,
 class DeviceAllocator:
     """Hands out a pod's device IDs to its NADs, one per call, per resource (F41).
 
-    Callable as ``delegates.build_delegates(device_id_for=...)`` expects: given a NAD's
+    Callable as ``podnetworks.build_delegates(device_id_for=...)`` expects: given a NAD's
     resourceName, the next ID allocated to the pod for it, or "" when none is left. Nothing is
     asked until the first call, so pods without such NADs cost nothing. Two sources:
 

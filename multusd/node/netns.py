@@ -64,6 +64,17 @@ _libc: Optional[ctypes.CDLL] = None
 OPEN_TIMEOUT = 5.0  # a namespace file opens in microseconds; this is a hung mount
 
 
+def check_namespace(path: str) -> None:
+    """``path`` opens as a network namespace, within a bound (not a FIFO, a plain file or a
+    hung mount).
+
+    :raises UnknownContainer: it does not exist.
+    :raises MultusError: it is something else, or does not open in time.
+    """
+    with PodNetns(path) as netns:
+        netns.interface_exists("lo")
+
+
 class PodNetns:
     """A pod's network namespace, opened on first use and closed by ``close()``/``with``.
 

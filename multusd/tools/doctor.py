@@ -259,8 +259,9 @@ class Doctor:
         from multusd.cni import invoke
         from multusd.cni.conflist import NetworkConfigList
         from multusd.config.daemonconf import overlay
-        from multusd.core.podnetworks import build_delegates
         from multusd.core.multus import Multus
+        from multusd.core.podnetworks import build_delegates
+        from multusd.core.settings import load_settings
         from multusd.errors import MultusError
 
         conf = overlay(_runtime_conf(self.config), self.config)
@@ -273,8 +274,8 @@ class Doctor:
         for label, namespace, name, pod_annotations in sources:
             try:
                 delegates = build_delegates(
-                    conf, pod_namespace=namespace, pod_name=name, annotations=pod_annotations,
-                    cni_ifname="eth0", get_nad=get_nad)
+                    load_settings(conf), pod_namespace=namespace, pod_name=name,
+                    annotations=pod_annotations, cni_ifname="eth0", get_nad=get_nad)
             except MultusError as exc:
                 if not namespace:
                     return Check("plugins", FAIL, f"{label}: {exc.msg}", "fix clusterNetwork / "

@@ -18,6 +18,7 @@ import pytest
 from multusd.core.netconf import find_conf_by_name, load_conf_file, nad_config, resolve_network
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import NadNotFound, add_device_id, build_delegates, mark_gateway_filters
+from multusd.core.settings import load_settings
 from multusd.core.scratch import delegates_from_cache, delegates_to_cache
 from multusd.errors import DecodeFailure, InvalidNetworkConfig, TryAgainLater
 
@@ -63,7 +64,7 @@ def conf_dir(tmp_path):
 
 
 def build(netconf, annotations=None, nads=None, namespace="test", **kw):
-    return build_delegates(netconf, pod_namespace=namespace, pod_name="mypod",
+    return build_delegates(load_settings(netconf), pod_namespace=namespace, pod_name="mypod",
                            annotations=annotations, cni_ifname="eth0",
                            get_nad=nads if nads is not None else Nads(), **kw)
 
@@ -262,7 +263,7 @@ def test_missing_nad_raises_nad_not_found_with_event_text(cluster):
 
 def test_selections_without_a_kubernetes_client_are_an_error(cluster):
     with pytest.raises(InvalidNetworkConfig, match="no Kubernetes client"):
-        build_delegates(cluster, pod_namespace="test", pod_name="p",
+        build_delegates(load_settings(cluster), pod_namespace="test", pod_name="p",
                         annotations={NETWORKS: "net1"}, cni_ifname="eth0", get_nad=None)
 
 

@@ -8,7 +8,7 @@ from multusd import store
 from multusd.cni import resultcache
 from multusd.cni.resultcache import RuntimeConf
 from multusd.core import records, scratch
-from multusd.core.podnetworks import Delegate
+from multusd.core.delegate import Delegate
 
 CLUSTER = (b'{"cniVersion":"0.4.0","name":"cluster-net","type":"bridge",'
            b'"ipam":{"type":"host-local"}}')

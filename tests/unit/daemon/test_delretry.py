@@ -17,7 +17,7 @@ from multusd import store
 from multusd.config import daemonconf
 from multusd.core import request
 from multusd.core import scratch, unreleased
-from multusd.core.podnetworks import Delegate
+from multusd.core.delegate import Delegate
 from multusd.core.multus import Multus
 from multusd.daemon.delretry import DelRetrier
 
