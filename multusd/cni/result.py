@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd import DNS_KEYS, ResultError, convert
 from multusd.cni.version import has_ip_sections
-from multusd.errors import DecodeFailure, InvalidNetworkConfig, from_exception
+from multusd.errors import DecodeFailure, from_exception
 
 _DEFAULT_DST = {4: "0.0.0.0/0", 6: "::/0"}
 
@@ -80,19 +80,19 @@ def without_default_routes(result: Mapping[str, Any], ipv4: bool, ipv6: bool,
     return out
 
 
-def with_default_routes(result: Mapping[str, Any], gateways: Sequence[str],
+def with_default_routes(result: Mapping[str, Any], gateways: Sequence[Any],
                         where: str = "the cached result") -> Dict[str, Any]:
     """A copy of ``result`` with a ``{"dst": <default>, "gw": <gateway>}`` route per gateway.
 
     For a 0.1.0/0.2.0 result the route goes into ``ip4``/``ip6`` and only if that section
     exists (upstream behaviour).
 
-    :raises InvalidNetworkConfig: a gateway is not an IP address.
+    :param gateways: IP addresses (``ipaddress`` objects, or strings the caller checked).
     :raises DecodeFailure: ``routes`` is not a list of objects.
     """
     out = copy.deepcopy(dict(result))
     for gateway in gateways:
-        address = _parse_gateway(gateway)
+        address = ipaddress.ip_address(gateway)
         route = {"dst": _DEFAULT_DST[address.version], "gw": str(address)}
         if has_ip_sections(out.get("cniVersion")):
             section = out.get("ip4" if address.version == 4 else "ip6")
@@ -150,11 +150,3 @@ def _route_default_version(route: Mapping[str, Any]) -> Optional[int]:
     except ValueError:
         return None
     return network.version if network.prefixlen == 0 else None
-
-
-def _parse_gateway(gateway: str) -> Any:
-    try:
-        return ipaddress.ip_address(gateway)
-    except ValueError:
-        raise InvalidNetworkConfig(f"default-route gateway {gateway!r} is not an IP address; "
-                                   "fix the pod's network selection") from None

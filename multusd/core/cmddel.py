@@ -33,7 +33,7 @@ from multusd.core.runner import DelegateRunner, Failures, as_cni_error
 from multusd.core.settings import auxiliary_chain_of, cni_dir_of
 from multusd.errors import MultusError, UnknownContainer
 from multusd.node.netns import check_namespace
-from multusd.store.valueclass import replace
+from multusd.store.valueclass import Record, replace
 
 
 def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: Any,
@@ -46,30 +46,24 @@ def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
     if not req.container_id:
         log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
         return
-    req = netns_for_del(req, log)
+    done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
     cni_dir = cni_dir_of(req.config)
-    path = scratch.cache_path(cni_dir, req.container_id)
-    delegates = delegates_for_del(req, path, log)
-    runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
-                            auxiliary_chain=auxiliary_chain_of(req.config))
-    # best-effort complete: a failed delegate does not stop the others
-    failures = runner.delete_all(delegates)
-    if failures:
+    if done.failures:
         # kept until every delegate's DEL succeeds (upstream's retryDeleteOnError, always);
         # the error reaches the runtime for the sandbox's window, then DEL answers success
         found = [unreleased.Failure(network=delegate.name, ifname=delegate.ifname,
                                     error=as_cni_error(exc, log).msg)
-                 for delegate, exc in failures]
-        unreleased.report(cni_dir, req, found, f"{pod_prefix(req)}: DEL failed for "
+                 for delegate, exc in done.failures]
+        unreleased.report(cni_dir, done.req, found, f"{pod_prefix(req)}: DEL failed for "
                           f"{len(found)} network(s), the runtime will retry: "
                           + " / ".join(f"{f.network} ({f.ifname}): {f.error}" for f in found)
-                          + missing_plugin_hint(req, failures),
+                          + missing_plugin_hint(req, done.failures),
                           window=window, kube=kube, log=log)
         return
-    store.remove(path)
+    store.remove(done.scratch_path)
     if unreleased.clear(cni_dir, req.container_id):
         log.info("DEL: the sandbox's earlier DEL failures are over")
-    log.info("DEL: %d network(s) released", len(delegates))
+    log.info("DEL: %d network(s) released", len(done.delegates))
 
 
 def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
@@ -80,20 +74,16 @@ def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
     cannot succeed (a plugin binary that is gone for good). Returns ``(delegate, "")``
     for each delegate released and ``(delegate, why not)`` for each that was not.
     """
-    req = netns_for_del(req, log)
+    done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
     cni_dir = cni_dir_of(req.config)
-    path = scratch.cache_path(cni_dir, req.container_id)
-    delegates = delegates_for_del(req, path, log)
-    runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
-                            auxiliary_chain=auxiliary_chain_of(req.config))
-    failed = {id(d): as_cni_error(exc, log).msg for d, exc in runner.delete_all(delegates)}
+    failed = {id(d): as_cni_error(exc, log).msg for d, exc in done.failures}
     for entry in resultcache.list_entries(cni_dir):
         if entry.get("containerId") == req.container_id:
             resultcache.delete(cni_dir, str(entry["networkName"]), req.container_id,
                                str(entry["ifName"]))
-    store.remove(path)
+    store.remove(done.scratch_path)
     unreleased.clear(cni_dir, req.container_id)
-    outcome = [(d, failed.get(id(d), "")) for d in delegates]
+    outcome = [(d, failed.get(id(d), "")) for d in done.delegates]
     for delegate, why in outcome:
         if why:
             log.warning("gc --forget %s: %s (%s) NOT released, its records dropped: %s",
@@ -101,6 +91,29 @@ def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
     log.info("gc --forget %s: %d of %d network(s) released, every record dropped",
              req.container_id, sum(1 for _, why in outcome if not why), len(outcome))
     return outcome
+
+
+class Release(Record):
+    """What :func:`release` did: the request as run (CNI_NETNS dropped when it was no
+    namespace), the sandbox's scratch cache, its delegates and those whose DEL failed."""
+
+    req: CmdArgs
+    scratch_path: str
+    delegates: Tuple[Delegate, ...]
+    failures: Failures
+
+
+def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
+            parallel_delegates: bool = False) -> Release:
+    """DEL of every delegate the sandbox recorded, best-effort complete: a failed delegate
+    does not stop the others. The records are the caller's to keep or drop."""
+    req = netns_for_del(req, log)
+    path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
+    delegates = delegates_for_del(req, path, log)
+    runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
+                            auxiliary_chain=auxiliary_chain_of(req.config))
+    return Release(req=req, scratch_path=path, delegates=tuple(delegates),
+                   failures=runner.delete_all(delegates))
 
 
 def netns_for_del(req: CmdArgs, log: Any) -> CmdArgs:

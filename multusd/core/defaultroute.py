@@ -23,13 +23,14 @@ reports what it changed, and the cached result's edits are :mod:`multusd.cni.res
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-from typing import Any, Mapping
+from typing import Any, List, Mapping, Sequence
 
 from multusd.cni import resultcache
 from multusd.cni.result import with_default_routes, without_default_routes
 from multusd.core.delegate import Delegate
-from multusd.errors import IOFailure
+from multusd.errors import InvalidNetworkConfig, IOFailure
 from multusd.node.netns import PodNetns  # pyroute2 itself only when a pod asks for routes
 
 LOG = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ def apply_default_routes(delegate: Delegate, result: Mapping[str, Any], netns: P
     :raises IOFailure: no cached result for the delegate (nothing is changed then), or
         a netlink failure.
     :raises DecodeFailure: the cached result has malformed routes.
+    :raises InvalidNetworkConfig: a requested gateway is not an IP address (nothing is
+        changed then).
     """
     if not _configures_interfaces(result):
         return
@@ -62,8 +65,8 @@ def apply_default_routes(delegate: Delegate, result: Mapping[str, Any], netns: P
             f"{net_name!r} interface {ifname!r} under {cache_dir!r}; the delegate's "
             "ADD should have written it")
     where = resultcache.result_path(cache_dir, net_name, container_id, ifname)
-    updated = with_default_routes(without_default_routes(cached, drop_v4, drop_v6, where),
-                                  gateways, where)
+    kept = without_default_routes(cached, drop_v4, drop_v6, where)
+    updated = with_default_routes(kept, _addresses(gateways), where)
     change = netns.replace_default_routes(ifname, drop_v4, drop_v6, gateways)
     if updated != cached:
         resultcache.update_result(cache_dir, net_name, container_id, ifname, updated)
@@ -71,6 +74,18 @@ def apply_default_routes(delegate: Delegate, result: Mapping[str, Any], netns: P
              delegate.name, netns.path, change.removed,
              "+".join(n for n, on in (("IPv4", drop_v4), ("IPv6", drop_v6)) if on),
              ", ".join(gateways) or "none")
+
+
+def _addresses(gateways: Sequence[str]) -> List[Any]:
+    """The requested gateways as addresses (the pod's selection is the one to fix)."""
+    addresses = []
+    for gateway in gateways:
+        try:
+            addresses.append(ipaddress.ip_address(gateway))
+        except ValueError:
+            raise InvalidNetworkConfig(f"default-route gateway {gateway!r} is not an IP "
+                                       "address; fix the pod's network selection") from None
+    return addresses
 
 
 def _configures_interfaces(result: Mapping[str, Any]) -> bool:

@@ -366,5 +366,5 @@ def _parse_gateway(gateway: str) -> Any:
     try:
         return ipaddress.ip_address(gateway)
     except ValueError:
-        raise InvalidNetworkConfig(f"default-route gateway {gateway!r} is not an IP address; "
-                                   "fix the pod's network selection") from None
+        raise InvalidNetworkConfig(f"a default route needs a gateway address, not "
+                                   f"{gateway!r}") from None

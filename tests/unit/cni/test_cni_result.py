@@ -4,6 +4,7 @@ result's default routes taken out and added, in both shapes (routes list, ip4/ip
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import os
 
@@ -12,7 +13,7 @@ import pytest
 from multusd import SUPPORTED_VERSIONS, ResultError, convert
 from multusd.cni.result import (convert_result, ip_addresses, is_empty, with_default_routes,
                                 without_default_routes)
-from multusd.errors import DecodeFailure, IncompatibleCNIVersion, InvalidNetworkConfig
+from multusd.errors import DecodeFailure, IncompatibleCNIVersion
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "results")
 PAIRS = [(f, t) for f in SUPPORTED_VERSIONS for t in SUPPORTED_VERSIONS]
@@ -166,9 +167,9 @@ def test_malformed_cached_routes_are_a_decode_failure():
     assert "/x/results/n-c-eth0" in err.value.msg
 
 
-def test_a_gateway_that_is_not_an_address_names_the_pods_selection():
-    with pytest.raises(InvalidNetworkConfig, match="'10.1.1' is not an IP address"):
-        with_default_routes({"cniVersion": "1.0.0"}, ["10.1.1"])
+def test_gateways_may_be_given_parsed():
+    added = with_default_routes({"cniVersion": "1.0.0"}, [ipaddress.ip_address("FD01::FE")])
+    assert added["routes"] == [{"dst": "::/0", "gw": "fd01::fe"}]
 
 
 def test_a_result_of_an_unknown_shape_keeps_its_routes_in_the_list():
