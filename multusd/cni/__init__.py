@@ -5,8 +5,9 @@ identity a delegate gets in CNI_ARGS (:mod:`.args`) and Multus's default cache d
 (:data:`multusd.DEFAULT_CNI_DIR`). Modules, one responsibility each:
 
 * :mod:`.version`  -- spec versions parsed and compared, and what a config's version allows;
-* :mod:`.result`   -- results converted between versions, failing with CNI errors, and queried
-  (the versions and the conversion themselves are :mod:`multusd`'s, shared with the shim);
+* :mod:`.result`   -- results converted between versions, failing with CNI errors, queried,
+  and their default routes taken out or added (the versions and the conversion themselves
+  are :mod:`multusd`'s, shared with the shim);
 * :mod:`.names`    -- the container-ID, network-name and interface-name rules;
 * :mod:`.args`     -- CNI_ARGS parsing and the delegate's CNI_ARGS;
 * :mod:`.invoke`   -- finding and executing plugin binaries;

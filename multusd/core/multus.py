@@ -5,10 +5,10 @@ ADD is :mod:`multusd.core.cmdadd`'s, DEL (and ``multusd gc --forget``) is
 commands that attach and release nothing are here: CHECK (every attachment the scratch cache
 records, each delegate whose version has CHECK), STATUS (the Kubernetes caches synced, the
 readiness indicator file present, the cluster network's plugins ready) and GC (the cluster
-network's plugins told which attachments libcni's result cache still holds). Every command
-runs its delegates through a :class:`~multusd.core.runner.DelegateRunner` and the engine of
-the request (:meth:`Multus.engine`). No HTTP, no systemd: the daemon hands each parsed
-request in, with its deadline and logger.
+network's plugins told which attachments libcni's result cache still holds). Each command
+uses the engine of its request (:meth:`Multus.engine`); ADD, DEL and CHECK run their
+delegates through a :class:`~multusd.core.runner.DelegateRunner`. No HTTP, no systemd: the
+daemon hands each parsed request in, with its deadline and logger.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ delegate changes what the next plugin finds in the namespace.
 ``limit - 1`` short-lived threads take the rest; it returns once every call has ended (each
 is bounded by the request's deadline), so nothing runs on after the request. ADD walks the
 waves forward; DEL (and the rollback of a failed ADD) walks the waves of a plan without the
-master rule backwards (:func:`reverse_waves`). No netlink here: only delegate plugins run in these threads.
+master rule backwards (:func:`reverse_waves`). No netlink here: only delegate plugins run in
+these threads (an ADD's default-route fixups run after each wave, on the request's thread).
 """
 
 from __future__ import annotations

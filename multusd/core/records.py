@@ -222,7 +222,7 @@ def redact(value: Any) -> Any:
 def _read(cni_dir: str, container_id: str, all_entries: List[dict],
           failed_delete: Optional[unreleased.FailedDelete] = None) -> SandboxRecord:
     entries = [e for e in all_entries if e.get("containerId") == container_id]
-    path = os.path.join(cni_dir, container_id)
+    path = scratch.cache_path(cni_dir, container_id)
     data, error = _scratch_bytes(path)
     delegates: list = []
     if data is not None:
@@ -316,7 +316,7 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
     cache_file = ""
     capability_args: Dict[str, Any] = {}
     if entry is not None:
-        cache_file = _entry_path(entry, cni_dir)
+        cache_file = resultcache.entry_path(cni_dir, entry)
         raw = entry.get("result")
         if isinstance(raw, dict) and raw:
             try:
@@ -330,12 +330,6 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
                       resource_name=resource_name, dra_device=dra_device,
                       cache_file=cache_file, result=result,
                       capability_args=capability_args)
-
-
-def _entry_path(entry: Mapping[str, Any], cni_dir: str) -> str:
-    return os.path.join(cni_dir, resultcache.RESULTS_DIR,
-                        f"{entry.get('networkName')}-{entry.get('containerId')}-"
-                        f"{entry.get('ifName')}")
 
 
 def _mtime(path: str) -> float:

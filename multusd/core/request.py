@@ -1,7 +1,8 @@
 """One CNI request as the daemon sees it: the shim's env and config, parsed and checked (F08).
 
 The daemon-config overlay (F09) is applied here, so everything downstream works on the
-merged Multus config of this request alone.
+merged Multus config of this request alone. The pod identity it carries (CNI_ARGS'
+``K8S_POD_*``) also heads every error about the request (:func:`pod_prefix`).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ Usage, one namespace opening per ADD (see :class:`PodNetns`)::
         change = pod_netns.replace_default_routes("net1", True, False, ["10.1.1.254"])
 
 This module only changes the namespace and reports what it changed (:class:`RouteChange`);
-deciding which delegate loses or gains a default route, and rewriting libcni's cached result
-to match, is :mod:`multusd.core.defaultroute`'s.
+deciding which delegate loses or gains a default route, and keeping libcni's cached result
+in step (through :mod:`multusd.cni.result`'s edits), is :mod:`multusd.core.defaultroute`'s.
+:func:`check_namespace` tells whether a CNI_NETNS opens as a namespace at all (CHECK, DEL).
 """
 
 from __future__ import annotations
