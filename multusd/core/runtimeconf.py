@@ -53,8 +53,9 @@ def runtime_conf(req: "CmdArgs", delegate: "Delegate") -> RuntimeConf:
     capability_args = delegate_capability_args(
         req.config.get("runtimeConfig") or {}, delegate, container_id=req.container_id,
         devinfo_dir=devinfo_cni_dir(devinfo_dir_of(req.config)))
+    legacy = legacy_cni_args(delegate)
     args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
-                               req.pod_uid, legacy_cni_args(delegate))
+                               req.pod_uid, legacy)
     return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
                        args=tuple(args), capability_args=capability_args,
                        cache_dir=cni_dir_of(req.config))
