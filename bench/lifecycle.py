@@ -40,7 +40,7 @@ from multusd.wire import api
 
 IMPORT_STEPS = [
     ("python3 -IS, package directories", ""),
-    ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.sandbox"),
+    ("multusd request path", "import multusd.daemon.lifecycle, multusd.core.multus"),
     ("+ multusd.kube.client (http.client, ssl)", "import multusd.kube.client"),
     ("+ yaml (a kubeconfig not parsed before)", "import yaml"),
     ("+ systemd.journal", "import systemd.journal, systemd.daemon"),

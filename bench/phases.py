@@ -151,7 +151,7 @@ def direct_post(daemon: DaemonProcess, cluster: Cluster, count: int,
 
 def plugins_direct(scratch: Scratch, count: int, failures: List[str]) -> Dict[str, Any]:
     """The three networks run straight through the CNI engine: the plugins' own time."""
-    from multusd.cni.cache import RuntimeConf
+    from multusd.cni.resultcache import RuntimeConf
     from multusd.cni.conflist import Engine, NetworkConfigList
     from multusd.errors import MultusError
 

@@ -1,9 +1,10 @@
 """multusd: Multus CNI's thick plugin as a host service, and the CNI spec facts all its layers share.
 
 The shim (``wire/``: the standard library and :mod:`multusd.errors` only) and the engine
-(``cni/``) both need the spec's versions, what each command requires, and the conversion of a
-result between versions; besides the error hierarchy, this package is the one module both may
-import, so each of these is defined here, once. Nothing is imported here, on purpose: the
+(``cni/``) both need the spec's versions, what each command requires, the conversion of a
+result between versions, and Multus's default ``cniDir`` (where the daemon's records and the
+shim's marks of a failed DEL meet); besides the error hierarchy, this package is the one
+module both may import, so each of these is defined here, once. Nothing is imported here, on purpose: the
 shim is imported through this package once per pod sandbox and must start fast, and the error
 hierarchy imports this package. So a result that cannot be converted is reported as a
 :class:`ResultError` carrying its CNI error code; :func:`multusd.errors.from_exception` makes
@@ -40,6 +41,10 @@ CURRENT_VERSION: str = SUPPORTED_VERSIONS[-1]
 #: The oldest config version that has each command (as the CNI skel library checks); DEL
 #: sends a cached ``prevResult`` from CHECK's version on.
 COMMAND_MIN_VERSION: dict = {"CHECK": "0.4.0", "STATUS": "1.1.0", "GC": "1.1.0"}
+
+#: Multus's default ``cniDir``: the scratch cache, libcni's result cache (the directory Multus
+#: gives libcni) and the marks of a failed DEL.
+DEFAULT_CNI_DIR: str = "/var/lib/cni/multus"
 
 #: The keys of the spec's DNS object (a result's ``dns``, a network config's ``dns``).
 DNS_KEYS: tuple = ("nameservers", "domain", "search", "options")

@@ -1,6 +1,6 @@
 """Running a network configuration list: our equivalent of libcni's AddNetworkList & co.
 
-Usage (:class:`~multusd.cni.cache.RuntimeConf` is the cache module's)::
+Usage (:class:`~multusd.cni.resultcache.RuntimeConf` is the cache module's)::
 
     net = NetworkConfigList.load(open("/etc/cni/net.d/10-br.conflist", "rb").read(),
                                  source="/etc/cni/net.d/10-br.conflist")
@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from multusd import CURRENT_VERSION
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
-from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf
+from multusd.cni import resultcache
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plugin,
                                 missing_plugin)
@@ -113,7 +113,7 @@ class Engine:
                     "on ADD; a CNI plugin must print its result JSON")
             result = _as_version(output, net.cni_version, plugin)
         assert result is not None  # load() guarantees at least one plugin
-        cache.write(rt.cache_dir, net.name, rt, net.data, result)
+        resultcache.write(rt.cache_dir, net.name, rt, net.data, result)
         return result
 
     def delete(self, net: NetworkConfigList, rt: RuntimeConf,
@@ -139,7 +139,7 @@ class Engine:
         if errors:
             # a missing binary first: it is what the operator must act on
             raise next((e for e in errors if missing_plugin(e)), errors[0])
-        cache.delete(rt.cache_dir, net.name, rt.container_id, rt.ifname)
+        resultcache.delete(rt.cache_dir, net.name, rt.container_id, rt.ifname)
 
     def check(self, net: NetworkConfigList, rt: RuntimeConf,
               deadline: Optional[float] = None) -> None:
@@ -161,7 +161,7 @@ class Engine:
             raise UnknownContainer(
                 f"cannot CHECK network {net.name!r} for container {rt.container_id!r} "
                 f"interface {rt.ifname!r}: no cached result at "
-                f"{cache.result_path(rt.cache_dir, net.name, rt.container_id, rt.ifname)}; "
+                f"{resultcache.result_path(rt.cache_dir, net.name, rt.container_id, rt.ifname)}; "
                 "was ADD run for this attachment (with the same cache directory)?")
         for plugin in net.plugins:
             self._run(plugin, "CHECK", _plugin_conf(net, plugin, prev_result=prev, rt=rt),
@@ -193,7 +193,7 @@ class Engine:
         deadline = self._deadline(deadline)
         valid = {(a.get("containerID"), a.get("ifname")) for a in valid_attachments}
         errors: List[MultusError] = []
-        for entry in cache.list_entries(rt_cache_dir):
+        for entry in resultcache.list_entries(rt_cache_dir):
             if entry["networkName"] != net.name:
                 continue
             if (entry["containerId"], entry["ifName"]) in valid:
@@ -222,7 +222,7 @@ class Engine:
 
     def cached_result(self, net_name: str, rt: RuntimeConf) -> Optional[dict]:
         """The result cached by the last ADD of ``net_name`` for ``rt``, or None."""
-        return cache.read_result(rt.cache_dir, net_name, rt.container_id, rt.ifname)
+        return resultcache.read_result(rt.cache_dir, net_name, rt.container_id, rt.ifname)
 
     def _cached_prev_result(self, net: NetworkConfigList, rt: RuntimeConf) -> Optional[dict]:
         cached = self.cached_result(net.name, rt)

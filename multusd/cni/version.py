@@ -62,3 +62,18 @@ def supports_status_gc(v: str) -> bool:
 def is_legacy(v: str) -> bool:
     """0.x results carry ``ips[].version`` and always a ``dns`` object."""
     return parse_version(v) < (1, 0, 0)
+
+
+def has_ip_sections(v: object) -> bool:
+    """A result of version ``v`` keeps its addresses and routes in ``ip4``/``ip6`` objects.
+
+    So do 0.1.0 and 0.2.0, the versions before the oldest multusd speaks (which has the
+    ``interfaces``/``ips``/``routes`` lists), and a result without a ``cniVersion``. multusd
+    never converts such a result, but a plugin may have cached one.
+    """
+    if v is None:
+        return True
+    try:
+        return parse_version(v) < parse_version(SUPPORTED_VERSIONS[0])  # type: ignore[arg-type]
+    except IncompatibleCNIVersion:
+        return False

@@ -2,7 +2,7 @@
 
 The one reader behind daemon-config.json (:mod:`.daemonconf`), the 00-multus.conf generator
 (:mod:`.multusconf`) and the multus settings the delegates are resolved from
-(:mod:`multusd.core.delegates`). A ``null`` value counts as absent, as Go's decoder treats
+(:mod:`multusd.core.podnetworks`). A ``null`` value counts as absent, as Go's decoder treats
 it; a value of the wrong JSON type is recorded as a :class:`~multusd.errors.ConfigProblem`
 (``key: must be <what>, got <value>``) and the default is used, so that the caller can
 report all problems in one :class:`~multusd.errors.ConfigError`.
@@ -78,6 +78,20 @@ class ConfigReader(list):
             self.bad(key, "a list of strings", value)
             return default
         return tuple(value)
+
+    def names(self, raw: Mapping[str, Any], key: str,
+              default: Tuple[str, ...]) -> Tuple[str, ...]:
+        """A comma-separated string of names, or a list of them, each stripped; ``default``
+        when unset or empty."""
+        value = raw.get(key)
+        if value is None or value == "":
+            return default
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(","))
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(v.strip() for v in value)
+        self.bad(key, "a comma-separated string of namespaces", value)
+        return default
 
     def objects(self, raw: Mapping[str, Any], key: str) -> Tuple[Dict[str, Any], ...]:
         value = raw.get(key)

@@ -1,9 +1,6 @@
-"""One network attachment of a pod (:class:`Delegate`), its interface name, and the steps
-sandbox and hot-plug share."""
+"""One network attachment of a pod (:class:`Delegate`): what to execute and how, its ifname."""
 
 from __future__ import annotations
-
-import time
 
 from typing import Any, Dict, Optional, Tuple
 
@@ -70,8 +67,3 @@ def ifname_for(delegate: Delegate, cni_ifname: str, index: int) -> str:
     if delegate.master:
         return cni_ifname
     return f"net{index}"
-
-
-def cleanup_deadline(deadline: float) -> float:
-    """A deadline for undoing a failed ADD: it gets a chance even when the ADD used up its own."""
-    return max(deadline, time.monotonic() + 30.0)

@@ -13,30 +13,33 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from multusd import CURRENT_VERSION
-from multusd.core.request import CmdArgs
-from multusd.cni.conflist import NetworkConfigList
+from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.result import convert_result
-from multusd.core.delegate import Delegate, cleanup_deadline
-from multusd.errors import InvalidNetworkConfig, MultusError, PodNotFound
-from multusd.core.runtimeconf import inject_cni_args, undeclared_requests
+from multusd.core.delegate import Delegate
+from multusd.core.request import CmdArgs
+from multusd.core.runner import cleanup_deadline, emit_added
+from multusd.core.runtimeconf import inject_cni_args, runtime_conf, undeclared_requests
 from multusd.core.selection import NetworkSelection
+from multusd.errors import InvalidNetworkConfig, MultusError, PodNotFound
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS")
 
 
-def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
-                    log) -> dict | None:
-    """Run one hot-plug request; returns the result for ADD, at :data:`CURRENT_VERSION`."""
+def handle_delegate(req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
+                    log: Any, *, engine: Engine, kube: Any) -> dict | None:
+    """Run one hot-plug request; returns the result for ADD, at :data:`CURRENT_VERSION`.
+
+    :param kube: the Kubernetes client (None without a kubeconfig).
+    """
     if req.command not in COMMANDS:
         raise InvalidNetworkConfig(f"unknown cmd type: {req.command}; /delegate takes "
                                    f"{', '.join(COMMANDS)}")
     delegate = delegate_from_request(req, attributes)
     net = NetworkConfigList.load(delegate.conf, source=f"/delegate {delegate.name}")
-    engine = multus.engine(req.config)
     if req.command == "STATUS":
         engine.status(net, deadline)
         return None
-    rt = multus.runtime_conf(req, delegate)
+    rt = runtime_conf(req, delegate)
     if req.command == "DEL":
         engine.delete(net, rt, deadline)
         log.info("hot-unplugged %s (%s)", delegate.ifname, delegate.name)
@@ -44,12 +47,11 @@ def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadlin
     if req.command == "CHECK":
         engine.check(net, rt, deadline)
         return None
-    if multus.kube is not None and not req.has_pod:
+    if kube is not None and not req.has_pod:
         raise PodNotFound("pod not found during Multus GetPod: /delegate ADD needs the pod's "
                           "K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS")
-    pod = multus.kube.get_pod(req.pod_namespace, req.pod_name, deadline=deadline) \
-        if multus.kube else None
-    if multus.kube is not None and pod is None:
+    pod = kube.get_pod(req.pod_namespace, req.pod_name, deadline=deadline) if kube else None
+    if kube is not None and pod is None:
         raise PodNotFound(f"pod not found during Multus GetPod: {req.pod_namespace}/"
                           f"{req.pod_name} does not exist in the API")
     for line in undeclared_requests(delegate):
@@ -59,7 +61,7 @@ def handle_delegate(multus, req: CmdArgs, attributes: Mapping[str, Any], deadlin
     except MultusError:
         _remove_half_made(engine, net, rt, deadline, log)
         raise
-    multus.event_added(pod, delegate, result)
+    emit_added(kube, pod, delegate, result)
     log.info("hot-plugged %s (%s)", delegate.ifname, delegate.name)
     return convert_result(result, CURRENT_VERSION)
 

@@ -19,11 +19,12 @@ ones, each in a later wave than what it depends on. A delegate depends on
 A pod that requests a ``default-route`` runs strictly in order: the route fixup after each
 delegate changes what the next plugin finds in the namespace.
 
-:func:`run_calls` runs one wave: the calling thread takes a share of the work and at most
+:func:`run_each` runs one wave: the calling thread takes a share of the work and at most
 ``limit - 1`` short-lived threads take the rest; it returns once every call has ended (each
 is bounded by the request's deadline), so nothing runs on after the request. ADD walks the
 waves forward; DEL (and the rollback of a failed ADD) walks the waves of a plan without the
-master rule backwards (:func:`reverse_waves`). No netlink here: only delegate plugins run in these threads.
+master rule backwards (:func:`reverse_waves`). No netlink here: only delegate plugins run in
+these threads (an ADD's default-route fixups run after each wave, on the request's thread).
 """
 
 from __future__ import annotations
@@ -95,11 +96,13 @@ def reverse_waves(waves: Sequence[Sequence[int]],
 Outcome = Tuple[Optional[T], Optional[BaseException]]
 
 
-def run_calls(calls: Sequence[Callable[[], T]], limit: int = DEFAULT_LIMIT) -> List[Outcome]:
-    """Run ``calls``, at most ``limit`` at once; returns ``(value, None)`` or ``(None, exc)``
-    for each, in the order given. Returns only once every call has ended."""
-    outcomes: List[Outcome] = [(None, None)] * len(calls)
-    pending = iter(range(len(calls)))
+def run_each(function: Callable[[Any], T], items: Sequence[Any],
+             limit: int = DEFAULT_LIMIT) -> List[Outcome]:
+    """``function(item)`` for each of ``items``, at most ``limit`` at once; returns
+    ``(value, None)`` or ``(None, exc)`` for each, in the order given. Returns only once every
+    call has ended; one item runs on the calling thread alone."""
+    outcomes: List[Outcome] = [(None, None)] * len(items)
+    pending = iter(range(len(items)))
     take = threading.Lock()
 
     def work() -> None:
@@ -109,12 +112,12 @@ def run_calls(calls: Sequence[Callable[[], T]], limit: int = DEFAULT_LIMIT) -> L
             if index is None:
                 return
             try:
-                outcomes[index] = (calls[index](), None)
+                outcomes[index] = (function(items[index]), None)
             except BaseException as exc:  # reported to the caller, who decides (no call is
                 outcomes[index] = (None, exc)  # ever left looking like a success)
 
     helpers = [threading.Thread(target=work, name="multusd-delegate", daemon=True)
-               for _ in range(min(limit, len(calls)) - 1)]
+               for _ in range(min(limit, len(items)) - 1)]
     for thread in helpers:
         thread.start()
     try:

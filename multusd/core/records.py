@@ -20,7 +20,8 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd.cni import cache as result_cache
+from multusd import CURRENT_VERSION
+from multusd.cni import resultcache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
 from multusd.core import scratch, unreleased
@@ -32,7 +33,6 @@ from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CNI_DIR = result_cache.DEFAULT_CACHE_DIR
 NS_GET_NSTYPE = 0xB703  # ioctl(2) on an nsfs file: which kind of namespace it is
 CLONE_NEWNET = 0x40000000
 PRESENT, GONE, UNKNOWN = "present", "gone", "unknown"
@@ -54,7 +54,7 @@ class Attachment(Record):
     resource_name: str = ""
     dra_device: Optional[DraDevice] = None  # the DRA claim and device behind device_id
     cache_file: str = ""               # its libcni result-cache file ('' when there is none)
-    result: Optional[dict] = None      # the cached result, at CNI 1.1.0
+    result: Optional[dict] = None      # the cached result, at CURRENT_VERSION
     capability_args: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -122,10 +122,6 @@ class SandboxRecord(PodIdentity, Record):
         return ([self.scratch_file] if self.scratch_file else []) + list(self.result_files)
 
 
-def cni_dir_of(conf: Mapping[str, Any]) -> str:
-    return str(conf.get("cniDir") or DEFAULT_CNI_DIR)
-
-
 def netns_state(path: str) -> str:
     """Whether the network namespace file ``path`` still holds a network namespace.
 
@@ -159,7 +155,7 @@ def container_ids(cni_dir: str) -> List[str]:
                     found.add(entry.name)
     except FileNotFoundError:
         return []
-    for entry in result_cache.list_entries(cni_dir):
+    for entry in resultcache.list_entries(cni_dir):
         found.add(str(entry["containerId"]))
     return sorted(found)
 
@@ -169,7 +165,7 @@ def read_sandboxes(cni_dir: str) -> List[SandboxRecord]:
 
     :raises IOFailure: ``cni_dir`` or its ``results/`` cannot be listed.
     """
-    entries = result_cache.list_entries(cni_dir)
+    entries = resultcache.list_entries(cni_dir)
     marks = unreleased.read_all(cni_dir)
     records = [_read(cni_dir, cid, entries, marks.get(cid)) for cid in container_ids(cni_dir)]
     return sorted(records, key=lambda r: (r.mtime, r.container_id))
@@ -179,7 +175,7 @@ def read_sandbox(cni_dir: str, container_id: str) -> Optional[SandboxRecord]:
     """The records of one container ID, or None when nothing is recorded for it."""
     if not is_valid_name(container_id):
         return None
-    record = _read(cni_dir, container_id, result_cache.list_entries(cni_dir),
+    record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir),
                    unreleased.read(cni_dir, container_id))
     return record if record.scratch_file or record.result_files else None
 
@@ -199,7 +195,7 @@ def count_stale_sandboxes(cni_dir: str) -> Optional[int]:
     """
     try:
         netns_of: Dict[str, str] = {}
-        for entry in result_cache.list_entries(cni_dir):
+        for entry in resultcache.list_entries(cni_dir):
             if entry.get("netns"):
                 netns_of.setdefault(str(entry["containerId"]), str(entry["netns"]))
     except (OSError, MultusError) as exc:
@@ -226,7 +222,7 @@ def redact(value: Any) -> Any:
 def _read(cni_dir: str, container_id: str, all_entries: List[dict],
           failed_delete: Optional[unreleased.FailedDelete] = None) -> SandboxRecord:
     entries = [e for e in all_entries if e.get("containerId") == container_id]
-    path = os.path.join(cni_dir, container_id)
+    path = scratch.cache_path(cni_dir, container_id)
     data, error = _scratch_bytes(path)
     delegates: list = []
     if data is not None:
@@ -250,7 +246,7 @@ def _read(cni_dir: str, container_id: str, all_entries: List[dict],
                                        delegate.dra_device))
     for (net_name, ifname), entry in sorted(by_key.items(), key=lambda kv: kv[0][1]):
         # no scratch cache (or an entry it does not list): what DEL's fallback would find
-        conf = result_cache.decode_config(entry)
+        conf = resultcache.decode_config(entry)
         _, plugins = _describe(conf, net_name)
         attachments.append(_attachment(cni_dir, net_name, net_name, ifname,
                                        not delegates and entry is master_entry, plugins, conf,
@@ -320,11 +316,11 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
     cache_file = ""
     capability_args: Dict[str, Any] = {}
     if entry is not None:
-        cache_file = _entry_path(entry, cni_dir)
+        cache_file = resultcache.entry_path(cni_dir, entry)
         raw = entry.get("result")
         if isinstance(raw, dict) and raw:
             try:
-                result = convert_result(raw, "1.1.0")
+                result = convert_result(raw, CURRENT_VERSION)
             except MultusError:
                 result = raw
         if isinstance(entry.get("capabilityArgs"), dict):
@@ -334,12 +330,6 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
                       resource_name=resource_name, dra_device=dra_device,
                       cache_file=cache_file, result=result,
                       capability_args=capability_args)
-
-
-def _entry_path(entry: Mapping[str, Any], cni_dir: str) -> str:
-    return os.path.join(cni_dir, result_cache.RESULTS_DIR,
-                        f"{entry.get('networkName')}-{entry.get('containerId')}-"
-                        f"{entry.get('ifName')}")
 
 
 def _mtime(path: str) -> float:

@@ -1,7 +1,8 @@
 """One CNI request as the daemon sees it: the shim's env and config, parsed and checked (F08).
 
 The daemon-config overlay (F09) is applied here, so everything downstream works on the
-merged Multus config of this request alone.
+merged Multus config of this request alone. The pod identity it carries (CNI_ARGS'
+``K8S_POD_*``) also heads every error about the request (:func:`pod_prefix`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,18 @@ class CmdArgs(PodIdentity, Record):
     def k8s_fields(self) -> dict[str, str]:
         return {"K8S_POD_NAMESPACE": self.pod_namespace, "K8S_POD_NAME": self.pod_name,
                 "K8S_POD_UID": self.pod_uid}
+
+
+def pod_prefix(req: CmdArgs, network: str = "") -> str:
+    """Upstream's ``[namespace/pod/uid:network]`` in front of an error message.
+
+    ``[container <name>:network]`` for a container that is not a pod (podman's
+    K8S_POD_NAME is the container's name).
+    """
+    suffix = f":{network}" if network else ""
+    if not req.has_pod:
+        return f"[container {req.pod_name or req.container_id}{suffix}]"
+    return f"[{req.pod_namespace}/{req.pod_name}/{req.pod_uid}{suffix}]"
 
 
 def decode_body(body: bytes) -> tuple[dict[str, str], bytes, dict[str, Any] | None]:

@@ -1,11 +1,12 @@
-"""What each delegate receives besides its config: capability args, legacy CNI_ARGS, cni-args.
+"""What each delegate receives besides its config: its RuntimeConf (capability args, CNI_ARGS).
 
 A request the config does not declare as a capability is never refused: it is handed on as
 upstream hands it on, with a warning (:func:`undeclared_requests`).
 
 Upstream: ``types/conf.go:mergeCNIRuntimeConfig``, ``delegateRuntimeConfig``, ``injectCNIArgs``
-and ``multus.go:DelegateAdd``. Every function here returns new objects and never mutates its
-inputs: before upstream's fix 91e4efcd6 one delegate's ``mac``/``ips`` leaked into the next
+and ``multus.go:DelegateAdd``; :func:`runtime_conf` puts it together for one delegate of a
+request, with the pod's cni-args injected earlier (:func:`inject_cni_args`). Every function
+here returns new objects and never mutates its inputs: before upstream's fix 91e4efcd6 one delegate's ``mac``/``ips`` leaked into the next
 because the global runtimeConfig was modified in place.
 """
 
@@ -17,7 +18,11 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
+from multusd.cni.args import build_delegate_args
+from multusd.cni.resultcache import RuntimeConf
+from multusd.core.settings import cni_dir_of, devinfo_dir_of
 from multusd.errors import InvalidNetworkConfig
+from multusd.node.devices import devinfo_cni_dir
 from multusd.store import go_json
 from multusd.core.selection import (BANDWIDTH, DEVICE_ID, INFINIBAND_GUID, IPS, MAC,
                                     PORT_MAPPINGS, REQUESTS, json_value, parse_ip_or_cidr,
@@ -25,16 +30,35 @@ from multusd.core.selection import (BANDWIDTH, DEVICE_ID, INFINIBAND_GUID, IPS, 
 
 if TYPE_CHECKING:
     from multusd.core.delegate import Delegate
+    from multusd.core.request import CmdArgs
 
 LOG = logging.getLogger(__name__)
 
-DEVINFO_CNI_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
+DEVINFO_CNI_DIR = devinfo_cni_dir()
 
 # The requests in the order upstream's mergeCNIRuntimeConfig sets them (F38), which the
 # result cache's capabilityArgs keep.
 _CAPABILITY_ORDER = (PORT_MAPPINGS, BANDWIDTH, IPS, MAC, INFINIBAND_GUID, DEVICE_ID)
 # runtimeConfig keys upstream only passes on when they carry a value.
 _CAPABILITY_KEYS = tuple(r.capability for r in _CAPABILITY_ORDER) + ("CNIDeviceInfoFile",)
+
+
+def runtime_conf(req: "CmdArgs", delegate: "Delegate") -> RuntimeConf:
+    """What ``delegate``'s plugins are run with for ``req`` besides its config: libcni's
+    RuntimeConf (the attachment, CNI_ARGS with the pod identity and the legacy ``IP=``/``MAC=``,
+    the capability args, the cache directory).
+
+    :raises InvalidNetworkConfig: the delegate's requested MAC or an IP does not parse.
+    """
+    capability_args = delegate_capability_args(
+        req.config.get("runtimeConfig") or {}, delegate, container_id=req.container_id,
+        devinfo_dir=devinfo_cni_dir(devinfo_dir_of(req.config)))
+    legacy = legacy_cni_args(delegate)
+    args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
+                               req.pod_uid, legacy)
+    return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
+                       args=tuple(args), capability_args=capability_args,
+                       cache_dir=cni_dir_of(req.config))
 
 
 def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],

@@ -6,6 +6,7 @@ import base64
 import binascii
 import json
 import logging
+import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd import DNS_KEYS
@@ -16,9 +17,22 @@ from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string
 from multusd.core.selection import DEVICE_ID, INFINIBAND_GUID, IPS, MAC, json_value, requested
 from multusd.store.valueclass import replace
-from multusd.store import go_json
+from multusd.store import go_json, read_or_none
 
 LOG = logging.getLogger(__name__)
+
+
+def cache_path(cni_dir: str, container_id: str) -> str:
+    """``<cniDir>/<containerID>``: where a sandbox's scratch cache is."""
+    return os.path.join(cni_dir, container_id)
+
+
+def read_cache(path: str) -> Optional[bytes]:
+    """The scratch cache's bytes; None when there is none.
+
+    :raises IOFailure: it exists but cannot be read.
+    """
+    return read_or_none(path, "the scratch cache")
 
 
 def delegates_to_cache(delegates: Sequence[Delegate]) -> bytes:

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd import store
 from multusd.cni.args import parse_cni_args
-from multusd.cni.cache import RESULTS_DIR
+from multusd.cni.resultcache import RESULTS_DIR
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
 from multusd.store.valueclass import Record, replace

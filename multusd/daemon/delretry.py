@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from multusd.core import records, unreleased
+from multusd.core import settings, unreleased
 from multusd.errors import MultusError
 from multusd.wire import api, delwindow
 
@@ -56,7 +56,7 @@ class DelRetrier:
         self.multus = multus
         self.handle = handle  # sends a request to the daemon: (endpoint, body, deadline, id)
         self.interval = interval
-        self.cni_dir = records.cni_dir_of(config.raw)
+        self.cni_dir = settings.cni_dir_of(config.raw)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 

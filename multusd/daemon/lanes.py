@@ -38,6 +38,12 @@ _GENERAL, _FAST = 0, 1
 CPU_RECHECK = 0.02  # how often a request held back by busy CPUs looks again
 
 
+def del_lane_workers(workers: int) -> int:
+    """The threads of the DEL/STATUS lane beside ``workers`` general ones: a quarter, at
+    least 2 (the server's default)."""
+    return max(2, workers // 4)
+
+
 def usable_cpus() -> int:
     """How many CPUs this process may run on (its affinity mask)."""
     try:

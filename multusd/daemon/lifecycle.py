@@ -34,15 +34,15 @@ import time
 from typing import Any, Mapping
 
 from multusd import __version__
-from multusd.cni.cache import DEFAULT_CACHE_DIR
 from multusd.core.request import CmdArgs, decode_body, parse
+from multusd.core.settings import cni_dir_of
 from multusd.daemon import delretry, metrics, systemd
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core.hotplug import handle_delegate
-from multusd.core.sandbox import Multus
+from multusd.core.multus import Multus
 from multusd.errors import MultusError
 from multusd.config import nodename
 from multusd.daemon.kubestart import BackgroundKube
+from multusd.daemon.lanes import del_lane_workers
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.daemon.server import Server
 
@@ -57,9 +57,9 @@ KUBE_STREAMS = 3
 
 
 def kube_connections(workers: int) -> int:
-    """Idle API connections worth keeping: the workers of both lanes (server.py gives the
-    DEL/STATUS lane ``max(2, workers // 4)``) and :data:`KUBE_STREAMS`."""
-    return workers + max(2, workers // 4) + KUBE_STREAMS
+    """Idle API connections worth keeping: the workers of both lanes (the server's DEL/STATUS
+    lane has :func:`~multusd.daemon.lanes.del_lane_workers`) and :data:`KUBE_STREAMS`."""
+    return workers + del_lane_workers(workers) + KUBE_STREAMS
 
 
 class StartupError(Exception):
@@ -192,7 +192,7 @@ class Daemon:
         self.metrics.set_sources(
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
-            cni_dir=str(self.config.raw.get("cniDir") or DEFAULT_CACHE_DIR),
+            cni_dir=cni_dir_of(self.config.raw),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),
@@ -237,7 +237,7 @@ class Daemon:
         # other requests beside this one (they are keyed by httpreq.peek_env, its exact ID).
         try:
             if endpoint == "/delegate":
-                result = handle_delegate(self.multus, request, attributes or {}, deadline, log)
+                result = self.multus.hotplug(request, attributes or {}, deadline, log)
             else:
                 result = self.multus.cni(request, deadline, log)
         except MultusError as exc:

@@ -32,7 +32,7 @@ from typing import Any, Callable, List, Mapping, Optional
 
 from multusd.daemon import httpreq
 from multusd.daemon.httpreq import LINGER, READING, READY_WAIT, WRITING, Connection
-from multusd.daemon.lanes import Job, Lanes
+from multusd.daemon.lanes import Job, Lanes, del_lane_workers
 from multusd.errors import (DecodeFailure, MultusError, TryAgainLater, from_exception)
 from multusd.wire import api
 
@@ -80,7 +80,7 @@ class Server:
         self.head_timeout = head_timeout or HEAD_TIMEOUT
         self.max_connections = max_connections or max(512, 8 * workers)
         self.max_buffered = max_buffered or MAX_BUFFERED
-        fast_workers = del_workers or max(2, workers // 4)
+        fast_workers = del_workers or del_lane_workers(workers)
         # CNI requests, running or waiting, never hold the connection slots probes need
         room = self.max_connections - workers - fast_workers - PROBE_ROOM
         self.lanes = Lanes(self._run_job, workers=workers, fast_workers=fast_workers,

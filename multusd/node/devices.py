@@ -31,9 +31,35 @@ from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, TryAgai
 
 LOG = logging.getLogger(__name__)
 
-POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-CHECKPOINT_FILE = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-DEVINFO_DP_DIR = "/var/run/k8s.cni.cncf.io/devinfo/dp"
+KUBELET_DIR = "/var/lib/kubelet"  # the kubelet's root directory (kubeletRootDir)
+# The device-info spec's directory (deviceInfoDir): device plugins write under dp/, what the
+# CNI plugins get under cni/.
+DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
+
+
+def pod_resources_socket(kubelet_dir: str = KUBELET_DIR) -> str:
+    """The kubelet's pod-resources socket under its root directory ``kubelet_dir``."""
+    return os.path.join(kubelet_dir, "pod-resources", "kubelet.sock")
+
+
+def checkpoint_file(kubelet_dir: str = KUBELET_DIR) -> str:
+    """The kubelet's device-manager checkpoint under its root directory ``kubelet_dir``."""
+    return os.path.join(kubelet_dir, "device-plugins", "kubelet_internal_checkpoint")
+
+
+def devinfo_dp_dir(devinfo_dir: str = DEVINFO_DIR) -> str:
+    """Where device plugins write device-info files (``<deviceInfoDir>/dp``)."""
+    return os.path.join(devinfo_dir, "dp")
+
+
+def devinfo_cni_dir(devinfo_dir: str = DEVINFO_DIR) -> str:
+    """Where the delegates' device-info files go (``<deviceInfoDir>/cni``)."""
+    return os.path.join(devinfo_dir, "cni")
+
+
+POD_RESOURCES_SOCKET = pod_resources_socket()
+CHECKPOINT_FILE = checkpoint_file()
+DEVINFO_DP_DIR = devinfo_dp_dir()
 
 POD_RESOURCES_LIST_METHOD = "/v1.PodResourcesLister/List"
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # upstream's MaxCallRecvMsgSize
@@ -70,7 +96,7 @@ def device_ids_for_pod(namespace: str, name: str, uid: str, *,
 class DeviceAllocator:
     """Hands out a pod's device IDs to its NADs, one per call, per resource (F41).
 
-    Callable as ``delegates.build_delegates(device_id_for=...)`` expects: given a NAD's
+    Callable as ``podnetworks.build_delegates(device_id_for=...)`` expects: given a NAD's
     resourceName, the next ID allocated to the pod for it, or "" when none is left. Nothing is
     asked until the first call, so pods without such NADs cost nothing. Two sources:
 

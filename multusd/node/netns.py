@@ -20,8 +20,9 @@ Usage, one namespace opening per ADD (see :class:`PodNetns`)::
         change = pod_netns.replace_default_routes("net1", True, False, ["10.1.1.254"])
 
 This module only changes the namespace and reports what it changed (:class:`RouteChange`);
-deciding which delegate loses or gains a default route, and rewriting libcni's cached result
-to match, is :mod:`multusd.core.defaultroute`'s.
+deciding which delegate loses or gains a default route, and keeping libcni's cached result
+in step (through :mod:`multusd.cni.result`'s edits), is :mod:`multusd.core.defaultroute`'s.
+:func:`check_namespace` tells whether a CNI_NETNS opens as a namespace at all (CHECK, DEL).
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 
 _libc: Optional[ctypes.CDLL] = None
 OPEN_TIMEOUT = 5.0  # a namespace file opens in microseconds; this is a hung mount
+
+
+def check_namespace(path: str) -> None:
+    """``path`` opens as a network namespace, within a bound (not a FIFO, a plain file or a
+    hung mount).
+
+    :raises UnknownContainer: it does not exist.
+    :raises MultusError: it is something else, or does not open in time.
+    """
+    with PodNetns(path) as netns:
+        netns.interface_exists("lo")
 
 
 class PodNetns:
@@ -355,5 +367,5 @@ def _parse_gateway(gateway: str) -> Any:
     try:
         return ipaddress.ip_address(gateway)
     except ValueError:
-        raise InvalidNetworkConfig(f"default-route gateway {gateway!r} is not an IP address; "
-                                   "fix the pod's network selection") from None
+        raise InvalidNetworkConfig(f"a default route needs a gateway address, not "
+                                   f"{gateway!r}") from None

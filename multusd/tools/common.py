@@ -268,11 +268,11 @@ def _redacted_conf(conf: bytes, records: Any) -> Any:
 
 
 def load_records(config: daemonconf.DaemonConfig) -> List[Any]:
-    from multusd.core import records
+    from multusd.core import records, settings
     from multusd.errors import MultusError
 
     try:
-        return records.read_sandboxes(records.cni_dir_of(config.raw))
+        return records.read_sandboxes(settings.cni_dir_of(config.raw))
     except MultusError as exc:
         raise ToolError(exc.msg, EXIT_PROBLEM) from None
 

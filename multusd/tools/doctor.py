@@ -259,8 +259,9 @@ class Doctor:
         from multusd.cni import invoke
         from multusd.cni.conflist import NetworkConfigList
         from multusd.config.daemonconf import overlay
-        from multusd.core.delegates import build_delegates
-        from multusd.core.sandbox import Multus
+        from multusd.core.multus import Multus
+        from multusd.core.podnetworks import build_delegates
+        from multusd.core.settings import load_settings
         from multusd.errors import MultusError
 
         conf = overlay(_runtime_conf(self.config), self.config)
@@ -273,8 +274,8 @@ class Doctor:
         for label, namespace, name, pod_annotations in sources:
             try:
                 delegates = build_delegates(
-                    conf, pod_namespace=namespace, pod_name=name, annotations=pod_annotations,
-                    cni_ifname="eth0", get_nad=get_nad)
+                    load_settings(conf), pod_namespace=namespace, pod_name=name,
+                    annotations=pod_annotations, cni_ifname="eth0", get_nad=get_nad)
             except MultusError as exc:
                 if not namespace:
                     return Check("plugins", FAIL, f"{label}: {exc.msg}", "fix clusterNetwork / "
@@ -354,9 +355,9 @@ class Doctor:
                      "run on this node (they write it), or fix readinessindicatorfile")
 
     def check_stale(self) -> Check:
-        from multusd.core import records
+        from multusd.core import records, settings
 
-        stale = [r for r in records.stale_sandboxes(records.cni_dir_of(self.config.raw))
+        stale = [r for r in records.stale_sandboxes(settings.cni_dir_of(self.config.raw))
                  if r.failed_delete is None]  # those are check_unreleased's
         if not stale:
             return Check("stale", OK, "no sandbox outlived its network namespace")
@@ -369,10 +370,10 @@ class Doctor:
 
     def check_unreleased(self) -> Check:
         """Sandboxes whose DEL failed: past deleteRetryWindow (unreleased), or still failing."""
-        from multusd.core import records
+        from multusd.core import records, settings
 
         now = time.time()
-        failed = [r for r in records.read_sandboxes(records.cni_dir_of(self.config.raw))
+        failed = [r for r in records.read_sandboxes(settings.cni_dir_of(self.config.raw))
                   if r.failed_delete is not None]
         details = [common.failed_delete_line(r, now) for r in failed]
         gone = [r for r in failed if r.is_unreleased(now)]
@@ -391,11 +392,11 @@ class Doctor:
     # -- helpers ------------------------------------------------------------------------------
     def _recorded_pods_elsewhere(self) -> List[str]:
         """Recorded (live) sandboxes whose pod the API schedules on another node."""
-        from multusd.core import records
+        from multusd.core import records, settings
 
         here = {(p.namespace, p.name) for p in self.pods or []}
         found = []
-        for record in records.read_sandboxes(records.cni_dir_of(self.config.raw)):
+        for record in records.read_sandboxes(settings.cni_dir_of(self.config.raw)):
             key = (record.pod_namespace, record.pod_name)
             if not record.pod_name or key in here or record.netns_state() != records.PRESENT:
                 continue

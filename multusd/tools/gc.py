@@ -8,7 +8,7 @@ surprise; the runtime's own request is run again as it was sent. Stale sandboxes
 netns is gone, no DEL failed) are listed, and released with ``--release`` by a DEL built from
 the sandbox's own records, exactly as the runtime would send it. Either goes through the
 daemon's socket when it answers (so its per-sandbox lock holds), else by the daemon's own
-DEL path (:meth:`multusd.core.sandbox.Multus.delete`) in this process. A stale sandbox whose
+DEL path (:meth:`multusd.core.multus.Multus.delete`) in this process. A stale sandbox whose
 network namespace exists, or cannot be told, is never touched.
 
 ``--forget CONTAINER_ID`` is for the one sandbox whose DEL cannot succeed (a plugin binary
@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Tuple
 
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
-from multusd.core import records, unreleased
+from multusd.core import records, settings, unreleased
 from multusd.tools import common
 
 LOG = logging.getLogger("multusd.gc")
@@ -47,7 +47,7 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
     if (left and not dry_run) or (release and stale):
         via = "daemon" if common.healthz(config.socket_path)[0] else "in-process"
     if not dry_run:
-        unreleased.prune(records.cni_dir_of(config.raw))
+        unreleased.prune(settings.cni_dir_of(config.raw))
     retried = [retry_one(config, r, via) for r in left] if not dry_run else []
     outcomes = [release_one(config, r, via) for r in stale] if release else []
     unreleased_docs = _docs(left, retried)
@@ -67,11 +67,11 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
 def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int:
     """``multusd gc --forget CONTAINER_ID``: DEL what can be released, drop every record."""
     from multusd.core import request
-    from multusd.core.sandbox import Multus
+    from multusd.core.multus import Multus
 
     try:
         config = common.load_config(config_path)
-        cni_dir = records.cni_dir_of(config.raw)
+        cni_dir = settings.cni_dir_of(config.raw)
         record = records.read_sandbox(cni_dir, container_id)
     except common.ToolError as exc:
         print(f"multusd gc: {exc}", file=sys.stderr)
@@ -189,7 +189,7 @@ def retry_one(config, record: records.SandboxRecord, via: str) -> Dict[str, Any]
             config, env, conf)
     except Exception as exc:  # noqa: BLE001 - one sandbox's failure must not stop the rest
         error = f"{type(exc).__name__}: {exc}"
-    cni_dir = records.cni_dir_of(config.raw)
+    cni_dir = settings.cni_dir_of(config.raw)
     if records.read_sandbox(cni_dir, record.container_id) is None:
         return {"released": True, "error": ""}
     if not error:
@@ -227,7 +227,7 @@ def release_one(config, record: records.SandboxRecord, via: str) -> Dict[str, An
         error = f"{type(exc).__name__}: {exc}"
     if error:
         return {"released": False, "error": error}
-    left = records.read_sandbox(records.cni_dir_of(config.raw), record.container_id)
+    left = records.read_sandbox(settings.cni_dir_of(config.raw), record.container_id)
     if left is not None:
         return {"released": False, "error": "DEL succeeded but records remain: "
                 + ", ".join(left.files)}
@@ -243,7 +243,7 @@ def _via_daemon(config, env: Dict[str, str], conf: bytes) -> str:
 
 def _in_process(config, env: Dict[str, str], conf: bytes) -> str:
     from multusd.core import request
-    from multusd.core.sandbox import Multus
+    from multusd.core.multus import Multus
     from multusd.errors import MultusError
 
     try:

@@ -26,9 +26,9 @@ nothing. Times are the wall clock (seconds since the epoch), so they survive reb
 import os
 import time
 
+from multusd import DEFAULT_CNI_DIR
 from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
 
-DEFAULT_CNI_DIR = "/var/lib/cni/multus"
 MARK_DIR = ".multusd-unreleased"
 SETTINGS_FILE = ".settings"  # {"deleteRetryWindow": seconds}, written by the daemon at start
 # Five minutes: kubelet retries a failed StopPodSandbox about every 10 s (its pod workers'

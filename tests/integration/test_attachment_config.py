@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from harness import Cluster, netns_addresses
-from multusd.cni import cache
+from multusd.cni import resultcache
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
@@ -121,7 +121,7 @@ def test_static_ipam_without_capabilities_takes_the_ip_and_mac_from_legacy_args(
     assert json.loads(link)[0]["address"] == "c2:11:22:33:44:77"  # bridge read MAC=
     status = {s["interface"]: s for s in cluster.status("default", "legacy-pod")}
     assert status["net1"]["ips"] == ["10.1.7.5"] and status["net1"]["mac"] == "c2:11:22:33:44:77"
-    cached = cache.read(cluster.daemon.cni_dir, "legacy", cid, "net1")
+    cached = resultcache.read(cluster.daemon.cni_dir, "legacy", cid, "net1")
     assert cached["cniArgs"][-2:] == [["MAC", "c2:11:22:33:44:77"], ["IP", "10.1.7.5/24"]]
     # libcni records the capability args it was handed, declared or not (so does upstream)
     assert cached["capabilityArgs"] == {"ips": ["10.1.7.5/24"], "mac": "c2:11:22:33:44:77"}
@@ -175,8 +175,8 @@ def test_default_route_moves_to_net1_in_the_pod_and_in_the_caches(cluster):
     assert default_routes(ns_name) == [("10.91.0.1", "net1")]
 
     cni_dir = cluster.daemon.cni_dir
-    eth0 = cache.read_result(cni_dir, "cluster-net", cid, "eth0")
-    net1 = cache.read_result(cni_dir, "gwnet", cid, "net1")
+    eth0 = resultcache.read_result(cni_dir, "cluster-net", cid, "eth0")
+    net1 = resultcache.read_result(cni_dir, "gwnet", cid, "net1")
     assert not any(r.get("dst") == "0.0.0.0/0" for r in eth0.get("routes", []))
     assert {"dst": "0.0.0.0/0", "gw": "10.91.0.1"} in net1["routes"]
     # the result the runtime sees is eth0's, untouched

@@ -250,7 +250,7 @@ def test_the_daemons_own_retry_goes_through_its_socket(cluster):
     # the background retry's requests enter the daemon where the runtime's do: its lanes keep
     # one sandbox's requests one at a time
     from multusd.config import daemonconf
-    from multusd.core.sandbox import Multus
+    from multusd.core.multus import Multus
     from multusd.daemon import delretry
 
     plugin = vanishing(cluster, "bridge-vendor", "bridge")

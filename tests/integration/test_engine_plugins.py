@@ -16,8 +16,8 @@ from typing import Dict, List
 import pytest
 
 from testlib import PLUGIN_DIR, netns_links, netns_routes, run, unique
-from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf
+from multusd.cni import resultcache
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.errors import MultusError, PluginError
 
@@ -76,15 +76,15 @@ def test_bridge_host_local_add_check_del(netns, bridge_name, cni_state, subnet):
     default = [r for r in netns_routes(netns) if r["dst"] == "default"]
     assert default and default[0]["gateway"] == f"{subnet}.1"
     assert lease_files(cni_state["ipam_dir"], name) == [address.split("/")[0]]
-    assert cache.read_result(cni_state["cache_dir"], name, attachment.container_id,
-                             "eth0") == result
+    assert resultcache.read_result(cni_state["cache_dir"], name, attachment.container_id,
+                                   "eth0") == result
 
     engine.check(net, attachment)
 
     engine.delete(net, attachment)
     assert "eth0" not in netns_links(netns)
     assert lease_files(cni_state["ipam_dir"], name) == []
-    assert cache.read(cni_state["cache_dir"], name, attachment.container_id, "eth0") is None
+    assert resultcache.read(cni_state["cache_dir"], name, attachment.container_id, "eth0") is None
 
 
 def test_check_notices_a_missing_interface(netns, bridge_name, cni_state, subnet):
@@ -174,7 +174,7 @@ def test_twenty_concurrent_adds_then_dels(make_netns, bridge_name, cni_state, su
     in_threads(engine.delete)
     assert errors == []
     assert lease_files(cni_state["ipam_dir"], name) == []
-    assert cache.list_entries(cni_state["cache_dir"]) == []
+    assert resultcache.list_entries(cni_state["cache_dir"]) == []
 
 
 def test_del_of_something_already_gone(make_netns, bridge_name, cni_state, subnet):

@@ -14,8 +14,8 @@ from typing import List
 
 import pytest
 
-from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf
+from multusd.cni import resultcache
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.errors import (DeadlineExceeded, DelegateError, IncompatibleCNIVersion,
                             InvalidNetworkConfig, MultusError, PluginError,
@@ -82,9 +82,9 @@ def test_add_chains_prev_result_and_returns_the_last_result(engine, record, tmp_
         assert env["CNI_NETNS"] == "/var/run/netns/x" and env["CNI_IFNAME"] == "eth0"
         assert env["CNI_ARGS"] == "IgnoreUnknown=true;K8S_POD_NAME=web;EXTRA=a=b"
         assert env["CNI_PATH"] == f"{stub_bin}:{tmp_path / 'empty-bin'}"
-    entry = cache.read(rt.cache_dir, "chain-net", "cid1", "eth0")
+    entry = resultcache.read(rt.cache_dir, "chain-net", "cid1", "eth0")
     assert entry["result"] == result
-    assert cache.decode_config(entry) == net.data
+    assert resultcache.decode_config(entry) == net.data
     assert engine.cached_result("chain-net", rt) == result
 
 
@@ -107,7 +107,7 @@ def test_runtime_config_only_carries_declared_capabilities(engine, record, tmp_p
     assert first["stdin"]["runtimeConfig"] == {"mac": "c2:11:22:33:44:66",
                                                "ips": ["10.9.0.5/24"]}
     assert "runtimeConfig" not in second["stdin"]
-    cached = cache.read(str(tmp_path / "cache"), "chain-net", "cid1", "eth0")
+    cached = resultcache.read(str(tmp_path / "cache"), "chain-net", "cid1", "eth0")
     assert cached["capabilityArgs"] == caps
 
 
@@ -120,7 +120,7 @@ def test_del_runs_in_reverse_with_the_cached_result(engine, record, tmp_path):
     assert [c["command"] for c in dels] == ["DEL"] * 3
     assert [c["stdin"].get("appendInterface") for c in dels] == ["third", "second", None]
     assert all(c["stdin"]["prevResult"] == added for c in dels)
-    assert cache.read(rt.cache_dir, "chain-net", "cid1", "eth0") is None
+    assert resultcache.read(rt.cache_dir, "chain-net", "cid1", "eth0") is None
 
 
 def test_del_below_040_sends_no_prev_result(engine, record, tmp_path):
@@ -152,7 +152,7 @@ def test_del_failure_still_runs_the_other_plugins_and_keeps_the_cache(engine, re
         engine.delete(net, rt)
     assert err.value.code == 77 and err.value.msg == "cannot release"
     assert [c["command"] for c in calls(record)] == ["ADD"] * 3 + ["DEL"] * 3
-    assert cache.read(rt.cache_dir, "n", "cid1", "eth0") is not None
+    assert resultcache.read(rt.cache_dir, "n", "cid1", "eth0") is not None
 
 
 def test_check_uses_the_cached_result(engine, record, tmp_path):
@@ -197,7 +197,7 @@ def test_plugin_error_stops_add_and_passes_through(engine, record, tmp_path):
         engine.add(net, rt)
     assert err.value.to_cni_error()["extraKey"] == "kept"
     assert len(calls(record)) == 1
-    assert cache.read(rt.cache_dir, "n", "cid1", "eth0") is None
+    assert resultcache.read(rt.cache_dir, "n", "cid1", "eth0") is None
 
 
 @pytest.mark.parametrize("plugin, error, fragment", [
@@ -290,7 +290,7 @@ def test_gc_deletes_stale_attachments_then_gcs_plugins(engine, record, tmp_path,
     assert dels[0]["env"]["CNI_NETNS"] == "/var/run/netns/x"
     assert dels[0]["env"]["CNI_ARGS"] == "IgnoreUnknown=true;K8S_POD_NAME=web;EXTRA=a=b"
     assert dels[-1]["stdin"]["runtimeConfig"] == {"mac": "c2:00:00:00:00:01"}
-    remaining = {(e["networkName"], e["containerId"]) for e in cache.list_entries(cache_dir)}
+    remaining = {(e["networkName"], e["containerId"]) for e in resultcache.list_entries(cache_dir)}
     assert remaining == {("chain-net", "keep1"), ("other-net", "stale2")}
     gcs = [c for c in gc_calls if c["command"] == "GC"]
     if plugin_gc:

@@ -23,7 +23,7 @@ import pytest
 import upstreambin
 import upstreamfmt
 from harness import Cluster, call_shim, netns_addresses
-from multusd.cni.cache import RuntimeConf
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.tools import sockcheck
 from upstreambin import DAEMON

@@ -1,8 +1,8 @@
 """netns.py in real network namespaces: default-route moves (F50), interface checks, errors.
 
 Links are veth pairs made with ``ip`` inside the test namespace (both ends stay in it), or
-real bridge/host-local plugins; cached results are written with multusd.cni.cache first.
-The pure cache-rewriting tests at the top need no privileges.
+real bridge/host-local plugins; cached results are written with multusd.cni.resultcache first.
+(The cached result's edits themselves, without privileges: tests/unit/cni/test_cni_result.py.)
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import socket
 import pytest
 
 from testlib import PLUGIN_DIR, netns_routes, run, unique
-from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf
+from multusd.cni import resultcache
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.conflist import Engine, NetworkConfigList
-from multusd.core.delegates import Delegate, mark_gateway_filters
-from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, UnknownContainer
-from multusd.core.defaultroute import DefaultRoutes, with_default_routes, without_default_routes
+from multusd.core.defaultroute import apply_default_routes
+from multusd.core.delegate import Delegate
+from multusd.core.podnetworks import mark_gateway_filters
+from multusd.errors import InvalidEnvironment, IOFailure, UnknownContainer
 from multusd.node.netns import PodNetns
 
 
@@ -30,64 +31,15 @@ def in_pod(netns_path, method, *args):
 
 
 def apply_all(netns_path, cache_dir, container_id, delegates_with_results):
-    """DefaultRoutes.apply for each (delegate, result), as the orchestrator does per ADD."""
-    with DefaultRoutes(netns_path, cache_dir, container_id) as routes:
+    """apply_default_routes for each (delegate, result) in one opening of the namespace, as
+    ADD does."""
+    with PodNetns(netns_path) as netns:
         for delegate, result in delegates_with_results:
-            routes.apply(delegate, result)
+            apply_default_routes(delegate, result, netns, cache_dir, container_id)
 
 V4_DEFAULT = {"dst": "0.0.0.0/0", "gw": "10.10.0.1"}
 V6_DEFAULT = {"dst": "::/0", "gw": "fd10::1"}
-V6_DEFAULT_GO_SPELLING = {"dst": "::0/0", "gw": "fd10::1"}
 OTHER_ROUTE = {"dst": "10.20.0.0/16", "gw": "10.10.0.1"}
-
-
-# --- cached-result rewriting (no privileges) --------------------------------------------------
-
-
-def test_without_default_routes_drops_only_the_requested_family():
-    result = {"cniVersion": "1.0.0", "ips": [{"address": "10.10.0.2/24"}],
-              "routes": [V4_DEFAULT, OTHER_ROUTE, V6_DEFAULT, V6_DEFAULT_GO_SPELLING,
-                         {"gw": "10.10.0.9"}]}
-    only_v4 = without_default_routes(result, ipv4=True, ipv6=False)
-    assert only_v4["routes"] == [OTHER_ROUTE, V6_DEFAULT, V6_DEFAULT_GO_SPELLING,
-                                 {"gw": "10.10.0.9"}]
-    only_v6 = without_default_routes(result, ipv4=False, ipv6=True)
-    assert only_v6["routes"] == [V4_DEFAULT, OTHER_ROUTE, {"gw": "10.10.0.9"}]
-    assert len(result["routes"]) == 5, "the input must not be modified"
-
-
-def test_without_default_routes_removes_an_emptied_routes_list():
-    result = {"cniVersion": "0.4.0", "ips": [], "routes": [V4_DEFAULT]}
-    assert "routes" not in without_default_routes(result, True, True)
-
-
-def test_legacy_results_use_ip4_and_ip6_sections():
-    result = {"cniVersion": "0.2.0",
-              "ip4": {"ip": "10.10.0.2/24", "routes": [V4_DEFAULT, OTHER_ROUTE]},
-              "ip6": {"ip": "fd10::2/64", "routes": [V6_DEFAULT]}}
-    dropped = without_default_routes(result, ipv4=True, ipv6=True)
-    assert dropped["ip4"]["routes"] == [OTHER_ROUTE]
-    assert "routes" not in dropped["ip6"]
-    added = with_default_routes(dropped, ["10.1.1.254", "fd01::fe"])
-    assert added["ip4"]["routes"] == [OTHER_ROUTE, {"dst": "0.0.0.0/0", "gw": "10.1.1.254"}]
-    assert added["ip6"]["routes"] == [{"dst": "::/0", "gw": "fd01::fe"}]
-    no_v6 = with_default_routes({"ip4": {"ip": "10.1.1.2/24"}}, ["fd01::fe"])
-    assert no_v6 == {"ip4": {"ip": "10.1.1.2/24"}}, "no ip6 section: nothing to add to"
-
-
-def test_with_default_routes_appends_one_route_per_gateway():
-    result = {"cniVersion": "1.1.0", "ips": [{"address": "10.1.1.2/24"}]}
-    added = with_default_routes(result, ["10.1.1.254", "FD01::00FE"])
-    assert added["routes"] == [{"dst": "0.0.0.0/0", "gw": "10.1.1.254"},
-                               {"dst": "::/0", "gw": "fd01::fe"}]
-    assert "routes" not in result
-
-
-def test_malformed_cached_routes_are_a_decode_failure():
-    with pytest.raises(DecodeFailure) as err:
-        without_default_routes({"cniVersion": "1.0.0", "routes": {"dst": "0.0.0.0/0"}},
-                               True, True, where="/x/results/n-c-eth0")
-    assert "/x/results/n-c-eth0" in err.value.msg
 
 
 # --- real namespaces -------------------------------------------------------------------------
@@ -130,7 +82,7 @@ def write_cache(cache_dir: str, container_id: str, netns: str, d: Delegate,
                 result: dict) -> None:
     rt = RuntimeConf(container_id=container_id, netns=netns, ifname=d.ifname,
                      cache_dir=cache_dir)
-    cache.write(cache_dir, d.conf_name, rt, d.conf, result)
+    resultcache.write(cache_dir, d.conf_name, rt, d.conf, result)
 
 
 @pytest.mark.privileged
@@ -200,8 +152,8 @@ def test_apply_moves_both_default_routes_to_net1_and_updates_both_caches(pod, tm
 
     assert default_routes(pod, "-4") == [("10.1.1.254", "net1")]
     assert default_routes(pod, "-6") == [("fd01::fe", "net1")]
-    assert cache.read_result(cache_dir, "cluster", cid, "eth0")["routes"] == [OTHER_ROUTE]
-    assert cache.read_result(cache_dir, "m", cid, "net1")["routes"] == [
+    assert resultcache.read_result(cache_dir, "cluster", cid, "eth0")["routes"] == [OTHER_ROUTE]
+    assert resultcache.read_result(cache_dir, "m", cid, "net1")["routes"] == [
         {"dst": "0.0.0.0/0", "gw": "10.1.1.254"}, {"dst": "::/0", "gw": "fd01::fe"}]
     assert eth0_result["routes"] == [V4_DEFAULT, OTHER_ROUTE, V6_DEFAULT], \
         "the result returned to the runtime is not modified"
@@ -215,10 +167,9 @@ def test_empty_default_route_list_removes_every_default_route(pod, tmp_path):
     result = {"cniVersion": "1.0.0", "ips": [{"address": "10.10.0.2/24"}],
               "routes": [V4_DEFAULT, V6_DEFAULT]}
     write_cache(cache_dir, cid, pod, eth0, result)
-    with DefaultRoutes(pod, cache_dir, cid) as routes:
-        routes.apply(eth0, result)
+    apply_all(pod, cache_dir, cid, [(eth0, result)])
     assert default_routes(pod, "-4") == [] and default_routes(pod, "-6") == []
-    assert "routes" not in cache.read_result(cache_dir, "cluster", cid, "eth0")
+    assert "routes" not in resultcache.read_result(cache_dir, "cluster", cid, "eth0")
 
 
 @pytest.mark.privileged
@@ -227,7 +178,7 @@ def test_apply_without_a_cached_result_fails_before_touching_the_namespace(pod, 
                                     delegate("m", "net1", gateways=["10.1.1.254"])])
     with pytest.raises(IOFailure) as err:
         apply_all(pod, str(tmp_path / "cache"), "c1",
-                                       [(eth0, {"cniVersion": "1.0.0", "ips": [{}]})])
+                  [(eth0, {"cniVersion": "1.0.0", "ips": [{}]})])
     assert "error deleting default gateway in cache" in err.value.msg
     assert default_routes(pod, "-4") == [("10.10.0.1", "eth0")]
 
@@ -237,9 +188,9 @@ def test_apply_ignores_results_without_interfaces_and_unmarked_delegates(pod, tm
     eth0, _ = mark_gateway_filters([delegate("cluster", "eth0", master=True),
                                     delegate("m", "net1", gateways=["10.1.1.254"])])
     cache_dir = str(tmp_path / "cache")  # stays empty: neither call may need it
-    with DefaultRoutes(pod, cache_dir, "c1") as routes:
-        routes.apply(eth0, {"cniVersion": "1.0.0"})
-        routes.apply(delegate("plain", "eth0"), {"cniVersion": "1.0.0", "ips": [{}]})
+    apply_all(pod, cache_dir, "c1", [(eth0, {"cniVersion": "1.0.0"}),
+                                     (delegate("plain", "eth0"),
+                                      {"cniVersion": "1.0.0", "ips": [{}]})])
     assert default_routes(pod, "-4") == [("10.10.0.1", "eth0")]
     assert not os.path.exists(cache_dir)
 
@@ -304,14 +255,14 @@ def test_default_route_moves_after_each_real_plugin_add(netns, bridge_name, seco
     attachments = [RuntimeConf(container_id=cid, netns=netns, ifname=d.ifname,
                                cache_dir=cache_dir) for d in delegates]
     try:
-        with DefaultRoutes(netns, cache_dir, cid) as routes:
+        with PodNetns(netns) as pod_netns:
             for d, net, rt in zip(delegates, nets, attachments):
                 result = engine.add(NetworkConfigList.load(net), rt)
-                routes.apply(d, result)
+                apply_default_routes(d, result, pod_netns, cache_dir, cid)
         assert default_routes(netns, "-4") == [(gateway, "net1")]
-        eth0_cached = cache.read_result(cache_dir, delegates[0].conf_name, cid, "eth0")
+        eth0_cached = resultcache.read_result(cache_dir, delegates[0].conf_name, cid, "eth0")
         assert not [r for r in eth0_cached.get("routes", []) if r["dst"] == "0.0.0.0/0"]
-        net1_cached = cache.read_result(cache_dir, delegates[1].conf_name, cid, "net1")
+        net1_cached = resultcache.read_result(cache_dir, delegates[1].conf_name, cid, "net1")
         assert net1_cached["routes"][-1] == {"dst": "0.0.0.0/0", "gw": gateway}
     finally:
         for net, rt in zip(reversed(nets), reversed(attachments)):

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from harness import Cluster, call_shim, netns_addresses
-from multusd.cni import cache
+from multusd.cni import resultcache
 from multusd.wire import api
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -135,7 +135,7 @@ def test_del_after_a_failed_add_succeeds_and_nothing_is_left(sandbox):
     delete = podman("DEL", conf, "app", cid, ns_path)
     assert delete.code == 0, delete.output
     assert not os.path.exists(os.path.join(daemon.cni_dir, cid))
-    assert cache.list_entries(daemon.cni_dir) == []
+    assert resultcache.list_entries(daemon.cni_dir) == []
 
 
 def test_with_a_kubeconfig_a_container_is_served_without_a_pod_lookup(sandbox, kube_api,

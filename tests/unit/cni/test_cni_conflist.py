@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from multusd.cni.cache import RuntimeConf
+from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.conflist import NetworkConfigList
 from multusd.errors import DecodeFailure, IncompatibleCNIVersion, InvalidNetworkConfig
 

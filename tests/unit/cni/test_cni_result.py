@@ -1,15 +1,18 @@
-"""Result conversion (multusd.convert, through multusd.cni.result): golden files, every pair."""
+"""multusd.cni.result: conversion (multusd.convert) on golden files, every pair; queries; a
+result's default routes taken out and added, in both shapes (routes list, ip4/ip6)."""
 
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import os
 
 import pytest
 
 from multusd import SUPPORTED_VERSIONS, ResultError, convert
-from multusd.cni.result import convert_result, ip_addresses, is_empty
+from multusd.cni.result import (convert_result, ip_addresses, is_empty, with_default_routes,
+                                without_default_routes)
 from multusd.errors import DecodeFailure, IncompatibleCNIVersion
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "results")
@@ -107,3 +110,70 @@ def test_the_package_reports_what_the_engine_raises(bad, code, error):
     with pytest.raises(error) as raised:
         convert_result(bad, "0.3.1")
     assert raised.value.msg == reported.value.msg and raised.value.code == code
+
+
+V4_DEFAULT = {"dst": "0.0.0.0/0", "gw": "10.10.0.1"}
+V6_DEFAULT = {"dst": "::/0", "gw": "fd10::1"}
+V6_DEFAULT_GO_SPELLING = {"dst": "::0/0", "gw": "fd10::1"}
+OTHER_ROUTE = {"dst": "10.20.0.0/16", "gw": "10.10.0.1"}
+
+
+# --- a cached result's default routes taken out or added ----------------------------------
+
+
+def test_without_default_routes_drops_only_the_requested_family():
+    result = {"cniVersion": "1.0.0", "ips": [{"address": "10.10.0.2/24"}],
+              "routes": [V4_DEFAULT, OTHER_ROUTE, V6_DEFAULT, V6_DEFAULT_GO_SPELLING,
+                         {"gw": "10.10.0.9"}]}
+    only_v4 = without_default_routes(result, ipv4=True, ipv6=False)
+    assert only_v4["routes"] == [OTHER_ROUTE, V6_DEFAULT, V6_DEFAULT_GO_SPELLING,
+                                 {"gw": "10.10.0.9"}]
+    only_v6 = without_default_routes(result, ipv4=False, ipv6=True)
+    assert only_v6["routes"] == [V4_DEFAULT, OTHER_ROUTE, {"gw": "10.10.0.9"}]
+    assert len(result["routes"]) == 5, "the input must not be modified"
+
+
+def test_without_default_routes_removes_an_emptied_routes_list():
+    result = {"cniVersion": "0.4.0", "ips": [], "routes": [V4_DEFAULT]}
+    assert "routes" not in without_default_routes(result, True, True)
+
+
+def test_legacy_results_use_ip4_and_ip6_sections():
+    result = {"cniVersion": "0.2.0",
+              "ip4": {"ip": "10.10.0.2/24", "routes": [V4_DEFAULT, OTHER_ROUTE]},
+              "ip6": {"ip": "fd10::2/64", "routes": [V6_DEFAULT]}}
+    dropped = without_default_routes(result, ipv4=True, ipv6=True)
+    assert dropped["ip4"]["routes"] == [OTHER_ROUTE]
+    assert "routes" not in dropped["ip6"]
+    added = with_default_routes(dropped, ["10.1.1.254", "fd01::fe"])
+    assert added["ip4"]["routes"] == [OTHER_ROUTE, {"dst": "0.0.0.0/0", "gw": "10.1.1.254"}]
+    assert added["ip6"]["routes"] == [{"dst": "::/0", "gw": "fd01::fe"}]
+    no_v6 = with_default_routes({"ip4": {"ip": "10.1.1.2/24"}}, ["fd01::fe"])
+    assert no_v6 == {"ip4": {"ip": "10.1.1.2/24"}}, "no ip6 section: nothing to add to"
+
+
+def test_with_default_routes_appends_one_route_per_gateway():
+    result = {"cniVersion": "1.1.0", "ips": [{"address": "10.1.1.2/24"}]}
+    added = with_default_routes(result, ["10.1.1.254", "FD01::00FE"])
+    assert added["routes"] == [{"dst": "0.0.0.0/0", "gw": "10.1.1.254"},
+                               {"dst": "::/0", "gw": "fd01::fe"}]
+    assert "routes" not in result
+
+
+def test_malformed_cached_routes_are_a_decode_failure():
+    with pytest.raises(DecodeFailure) as err:
+        without_default_routes({"cniVersion": "1.0.0", "routes": {"dst": "0.0.0.0/0"}},
+                               True, True, where="/x/results/n-c-eth0")
+    assert "/x/results/n-c-eth0" in err.value.msg
+
+
+def test_gateways_may_be_given_parsed():
+    added = with_default_routes({"cniVersion": "1.0.0"}, [ipaddress.ip_address("FD01::FE")])
+    assert added["routes"] == [{"dst": "::/0", "gw": "fd01::fe"}]
+
+
+def test_a_result_of_an_unknown_shape_keeps_its_routes_in_the_list():
+    result = {"cniVersion": "9.9.9", "routes": [V4_DEFAULT, OTHER_ROUTE]}
+    assert without_default_routes(result, True, False)["routes"] == [OTHER_ROUTE]
+    unversioned = {"ip4": {"ip": "10.1.1.2/24", "routes": [V4_DEFAULT]}}
+    assert "routes" not in without_default_routes(unversioned, True, False)["ip4"]

@@ -119,26 +119,24 @@ def test_reverse_waves_keeps_only_what_started():
     assert parallel.reverse_waves([[0], [1, 2, 3], [4]], only=[0, 1, 2, 3]) == [[3, 2, 1], [0]]
 
 
-def test_run_calls_runs_together_and_reports_each_outcome_in_order():
+def test_run_each_runs_together_and_reports_each_outcome_in_order():
     barrier = threading.Barrier(3, timeout=10)  # fails unless three calls run at once
 
     def meet(value):
         barrier.wait()
+        if value == 2:
+            raise ValueError("boom")
         return value
 
-    def boom():
-        barrier.wait()
-        raise ValueError("boom")
-
-    outcomes = parallel.run_calls([lambda: meet(1), boom, lambda: meet(3)], limit=3)
+    outcomes = parallel.run_each(meet, [1, 2, 3], limit=3)
     assert outcomes[0] == (1, None) and outcomes[2] == (3, None)
     assert outcomes[1][0] is None and isinstance(outcomes[1][1], ValueError)
 
 
-def test_run_calls_bounds_the_threads():
+def test_run_each_bounds_the_threads():
     running, peak, lock = [0], [0], threading.Lock()
 
-    def call():
+    def call(_item):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
@@ -146,7 +144,7 @@ def test_run_calls_bounds_the_threads():
             running[0] -= 1
         return threading.current_thread().name
 
-    names = {value for value, _ in parallel.run_calls([call] * 20, limit=2)}
+    names = {value for value, _ in parallel.run_each(call, range(20), limit=2)}
     assert peak[0] <= 2
     assert len(names) <= 2
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 from multusd import store
-from multusd.cni import cache
-from multusd.cni.cache import RuntimeConf
+from multusd.cni import resultcache
+from multusd.cni.resultcache import RuntimeConf
 from multusd.core import records, scratch
-from multusd.core.delegates import Delegate
+from multusd.core.delegate import Delegate
 
 CLUSTER = (b'{"cniVersion":"0.4.0","name":"cluster-net","type":"bridge",'
            b'"ipam":{"type":"host-local"}}')
@@ -30,7 +30,7 @@ def _attach(cni_dir: str, cid: str, netns: str, net: str, conf: bytes, ifname: s
     rt = RuntimeConf(container_id=cid, netns=netns, ifname=ifname, args=ARGS,
                      capability_args={"CNIDeviceInfoFile": f"/devinfo/{cid}-{ifname}"},
                      cache_dir=cni_dir)
-    cache.write(cni_dir, net, rt, conf, _result(ifname, address))
+    resultcache.write(cni_dir, net, rt, conf, _result(ifname, address))
 
 
 def _sandbox(tmp_path, cid: str = "cid1", netns: str = "/proc/self/ns/net") -> str:
@@ -80,7 +80,7 @@ def test_without_a_scratch_cache_the_result_cache_still_names_the_attachments(tm
 def test_a_released_master_leaves_its_interface_name_to_the_runtime_default(tmp_path):
     # a DEL that released eth0 but not net1 (a plugin binary gone): net1 is not the master
     cni_dir = _sandbox(tmp_path)
-    cache.delete(cni_dir, "cluster-net", "cid1", "eth0")
+    resultcache.delete(cni_dir, "cluster-net", "cid1", "eth0")
 
     record = records.read_sandbox(cni_dir, "cid1")
 

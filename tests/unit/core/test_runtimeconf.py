@@ -9,7 +9,7 @@ import pytest
 
 from multusd.store.valueclass import replace
 
-from multusd.core.delegates import Delegate
+from multusd.core.delegate import Delegate
 from multusd.errors import InvalidNetworkConfig
 from multusd.core.runtimeconf import (declared_capabilities, delegate_capability_args,
                                      device_info_path, inject_cni_args, legacy_cni_args,

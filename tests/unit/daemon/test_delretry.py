@@ -1,7 +1,7 @@
 """multusd.daemon.delretry: the daemon's slow background DEL of unreleased sandboxes.
 
 The retrier is handed the daemon's request handler; here that is the same decode, parse and
-dispatch to :class:`~multusd.core.sandbox.Multus` (no socket, no lock: one request at a time).
+dispatch to :class:`~multusd.core.multus.Multus` (no socket, no lock: one request at a time).
 The delegate is the stub plugin ``stub-record``, whose DEL fails until a file exists.
 """
 
@@ -15,10 +15,10 @@ import time
 from harness import STUBS
 from multusd import store
 from multusd.config import daemonconf
-from multusd.core import request as cmdargs
+from multusd.core import request
 from multusd.core import scratch, unreleased
-from multusd.core.delegates import Delegate
-from multusd.core.sandbox import Multus
+from multusd.core.delegate import Delegate
+from multusd.core.multus import Multus
 from multusd.daemon.delretry import DelRetrier
 
 LOG = logging.LoggerAdapter(logging.getLogger("test"), {})
@@ -45,8 +45,8 @@ class Node:
 
     def handle(self, endpoint: str, body: bytes, deadline: float, request_id: str):
         self.requests.append((endpoint, request_id))
-        env, config, _ = cmdargs.decode_body(body)
-        return self.multus.cni(cmdargs.parse(env, config, self.config), deadline, LOG)
+        env, config, _ = request.decode_body(body)
+        return self.multus.cni(request.parse(env, config, self.config), deadline, LOG)
 
     def sandbox(self, cid: str, failed_at: float) -> None:
         """Records of ``cid``, and the mark of a DEL that first failed at ``failed_at``."""
@@ -55,7 +55,7 @@ class Node:
         store.atomic_write(os.path.join(self.cni_dir, cid), scratch.delegates_to_cache([delegate]))
         env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
                "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
-        unreleased.record(self.cni_dir, cmdargs.parse(env, RUNTIME_CONF, self.config),
+        unreleased.record(self.cni_dir, request.parse(env, RUNTIME_CONF, self.config),
                           (unreleased.Failure("stubnet", "eth0", "its daemon is down"),), "m",
                           window=5, pod_gone=False, now=failed_at)
 

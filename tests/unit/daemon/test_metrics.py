@@ -319,7 +319,7 @@ def test_metrics_off_never_imports_prometheus_client():
     # the engine must not pull in the daemon layer either (it is handed an observer)
     probe = (
         "import sys\n"
-        "import multusd.cni.conflist, multusd.core.sandbox\n"
+        "import multusd.cni.conflist, multusd.core.multus\n"
         "assert not [m for m in sys.modules if m.startswith('multusd.daemon')], sys.modules\n"
         "from multusd.daemon import lifecycle, metrics\n"
         "null = metrics.NullMetrics()\n"
@@ -405,16 +405,17 @@ def test_scratch_count_of_an_unreadable_path_is_unknown(tmp_path):
 
 
 def test_stale_sandboxes_gauge_counts_records_whose_netns_is_gone(tmp_path):
-    from multusd.cni import cache
+    from multusd.cni import resultcache
 
     cni_dir = str(tmp_path / "multus")
     daemon = DaemonMetrics()
     daemon.set_sources(cni_dir=cni_dir)
     assert sample(daemon.render(), "multusd_stale_sandboxes") == "0.0"
     for cid, netns in (("live", "/proc/self/ns/net"), ("gone", str(tmp_path / "no-such-netns"))):
-        rt = cache.RuntimeConf(container_id=cid, netns=netns, ifname="eth0", cache_dir=cni_dir)
-        cache.write(cni_dir, "net", rt, b'{"cniVersion":"1.0.0","name":"net","type":"x"}',
-                    {"cniVersion": "1.0.0"})
+        rt = resultcache.RuntimeConf(container_id=cid, netns=netns, ifname="eth0",
+                                     cache_dir=cni_dir)
+        resultcache.write(cni_dir, "net", rt, b'{"cniVersion":"1.0.0","name":"net","type":"x"}',
+                          {"cniVersion": "1.0.0"})
     assert sample(daemon.render(), "multusd_stale_sandboxes") == "1.0"
     daemon.set_sources()
     assert "\nmultusd_stale_sandboxes " not in daemon.render()  # no source, no sample

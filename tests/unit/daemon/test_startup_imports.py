@@ -157,7 +157,7 @@ def test_the_daemon_imports_nothing_of_ours_after_start_up():
 def test_start_up_loads_the_request_path():
     """What the check above counts on: the request path, hot-plug and the namespace work."""
     loaded, _ = late_imports()
-    assert {"multusd.daemon.lifecycle", "multusd.daemon.server", "multusd.core.sandbox",
+    assert {"multusd.daemon.lifecycle", "multusd.daemon.server", "multusd.core.multus",
             "multusd.core.hotplug", "multusd.node.netns", "multusd.node.devices",
             "multusd.kube.client", "multusd.daemon.metrics"} <= loaded
     assert not {name for name in loaded if name.startswith("multusd.tools")}

@@ -15,7 +15,8 @@ import pytest
 from multusd.node import devices
 
 from multusd.core import runtimeconf
-from multusd.core.delegates import build_delegates
+from multusd.core.podnetworks import build_delegates
+from multusd.core.settings import load_settings
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure
 
 POD_UID = "9f1c7c1e-0000-4000-8000-000000000001"
@@ -203,7 +204,7 @@ class Nad:
 
 
 def test_two_nads_with_the_same_resource_get_the_sorted_ids_in_order(tmp_path, checkpoint):
-    """F41 end to end through delegates.build_delegates with the real allocator."""
+    """F41 end to end through podnetworks.build_delegates with the real allocator."""
     nads = {name: Nad(name, {"cniVersion": "1.0.0", "name": name, "type": "host-device"},
                       {"k8s.v1.cni.cncf.io/resourceName": RESOURCE})
             for name in ("sriov-a", "sriov-b")}
@@ -212,7 +213,7 @@ def test_two_nads_with_the_same_resource_get_the_sorted_ids_in_order(tmp_path, c
                                        checkpoint=checkpoint)
     netconf = {"cniVersion": "1.0.0", "name": "multus", "type": "multus",
                "delegates": [{"cniVersion": "1.0.0", "name": "cluster", "type": "bridge"}]}
-    built = build_delegates(netconf, pod_namespace="default", pod_name="pod-a",
+    built = build_delegates(load_settings(netconf), pod_namespace="default", pod_name="pod-a",
                             annotations={"k8s.v1.cni.cncf.io/networks": "sriov-a,sriov-b"},
                             cni_ifname="eth0", get_nad=lambda ns, name: nads.get(name),
                             device_id_for=allocate)

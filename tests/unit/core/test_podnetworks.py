@@ -1,5 +1,5 @@
-"""Delegate resolution (cluster network, defaultNetworks, NADs, aux chain), conf loading
-(multusd.core.netconf) and the scratch cache (multusd.core.scratch).
+"""multusd.core.podnetworks: which delegates a pod gets (cluster network, defaultNetworks,
+NADs, the default-network annotation, default-route marks, the auxiliary chain).
 
 Conf files are real files under tmp_path; NADs come from a dict behind the NadGetter seam
 (the only stand-in: Kubernetes itself).
@@ -7,101 +7,31 @@ Conf files are real files under tmp_path; NADs come from a dict behind the NadGe
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Dict, Optional
 
 import pytest
 
-from multusd.core.netconf import find_conf_by_name, load_conf_file, nad_config, resolve_network
-from multusd.core.delegates import (Delegate, NadNotFound, add_device_id, build_delegates,
-                               load_settings, mark_gateway_filters)
-from multusd.core.scratch import delegates_from_cache, delegates_to_cache
-from multusd.errors import ConfigError, DecodeFailure, InvalidNetworkConfig, TryAgainLater
+from multusd.core.delegate import Delegate
+from multusd.core.podnetworks import (NadNotFound, add_device_id, build_delegates,
+                                      mark_gateway_filters)
+from multusd.core.settings import load_settings
+from multusd.errors import InvalidNetworkConfig, TryAgainLater
+
+from nads import BRIDGE, MACVLAN, Nad, Nads, write
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 DEFAULT_NETWORK = "v1.multus-cni.io/default-network"
 
-BRIDGE = {"cniVersion": "0.3.1", "name": "cbr0", "type": "bridge", "bridge": "cni0",
-          "ipam": {"type": "host-local", "subnet": "10.10.0.0/24", "dataDir": "/x"}}
-MACVLAN = ('{"cniVersion":"0.3.1","name":"net1","type":"macvlan","master":"dummy0",'
-           '"capabilities":{"mac":true}}')
-
-
-@dataclass
-class Nad:
-    namespace: str
-    name: str
-    config: str
-    annotations: Dict[str, str] = field(default_factory=dict)
-
-
-class Nads:
-    """The NadGetter seam: NADs by (namespace, name); records every lookup."""
-
-    def __init__(self, *nads: Nad) -> None:
-        self.nads = {(n.namespace, n.name): n for n in nads}
-        self.lookups = []
-
-    def __call__(self, namespace: str, name: str) -> Optional[Nad]:
-        self.lookups.append((namespace, name))
-        return self.nads.get((namespace, name))
-
-
-def write(path, data) -> str:
-    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
-    with open(str(path), "w") as handle:
-        handle.write(data if isinstance(data, str) else json.dumps(data))
-    return str(path)
-
-
-@pytest.fixture
-def conf_dir(tmp_path):
-    return str(tmp_path / "multus.d")
-
 
 def build(netconf, annotations=None, nads=None, namespace="test", **kw):
-    return build_delegates(netconf, pod_namespace=namespace, pod_name="mypod",
+    return build_delegates(load_settings(netconf), pod_namespace=namespace, pod_name="mypod",
                            annotations=annotations, cni_ifname="eth0",
                            get_nad=nads if nads is not None else Nads(), **kw)
 
 
 def summary(delegates):
     return [(d.name, d.ifname, d.master) for d in delegates]
-
-
-# --- settings ------------------------------------------------------------------------------
-
-
-def test_settings_defaults_and_global_namespaces_forms():
-    settings = load_settings({"clusterNetwork": "x"})
-    assert settings.conf_dir == "/etc/cni/multus/net.d"
-    assert settings.multus_namespace == "kube-system"
-    assert settings.system_namespaces == ("kube-system",)
-    assert settings.global_namespaces == ("default",)
-    assert settings.namespace_isolation is False
-    assert load_settings({"clusterNetwork": "x", "globalNamespaces": " a, b"}) \
-        .global_namespaces == ("a", "b")
-    assert load_settings({"clusterNetwork": "x", "globalNamespaces": ["c"]}) \
-        .global_namespaces == ("c",)
-    assert load_settings({"clusterNetwork": "x", "systemNamespaces": None}) \
-        .system_namespaces == ()
-
-
-def test_settings_list_every_problem():
-    with pytest.raises(ConfigError) as err:
-        load_settings({"clusterNetwork": 3, "systemNamespaces": "kube-system",
-                       "namespaceIsolation": "yes"})
-    paths = [p.path for p in err.value.problems]
-    assert paths == ["systemNamespaces", "namespaceIsolation", "clusterNetwork"]
-    assert "must be a list of strings" in err.value.msg
-
-
-def test_settings_need_delegates_or_cluster_network():
-    with pytest.raises(ConfigError, match="at least one delegate/clusterNetwork"):
-        load_settings({"name": "multus"})
 
 
 # --- delegates mode ------------------------------------------------------------------------
@@ -189,32 +119,6 @@ def test_cluster_network_from_a_conflist_with_subdirectory_chain(tmp_path):
         b'"kubernetes":{"kubeconfig":"/k"}}],"x-vendor":{"b":1,"a":2}}')
 
 
-def test_conflist_load_only_inlined_plugins_skips_the_chain(tmp_path):
-    path = write(tmp_path / "l.conflist", '{"name":"l","loadOnlyInlinedPlugins":"true",'
-                                          '"plugins":[{"type":"bridge"}]}')
-    write(tmp_path / "l" / "50-tuning.conf", {"type": "tuning"})
-    assert b"tuning" not in load_conf_file(path)
-
-
-@pytest.mark.parametrize("filename, content, expected", [
-    ("x.conf", {"name": "l", "plugins": [{"type": "bridge"}]},
-     "no 'type'; perhaps this is supposed to be a .conflist?"),
-    ("x.conflist", {"plugins": [{"type": "bridge"}]}, "no name"),
-    ("x.conflist", {"name": "l", "plugins": []}, "'plugins' must be a non-empty list"),
-    ("x.conflist", {"name": "l"}, "no plugin configs found"),
-    ("x.conflist", {"name": "l", "plugins": [{"name": "p"}]},
-     "failed to parse plugin config 0: missing 'type'"),
-    ("x.conflist", {"name": "../l", "plugins": [{"type": "bridge"}]},
-     "invalid network config name '../l'"),
-    ("x.conf", "{not json", "error parsing configuration"),
-])
-def test_load_conf_file_errors(tmp_path, filename, content, expected):
-    path = write(tmp_path / filename, content)
-    with pytest.raises(InvalidNetworkConfig) as err:
-        load_conf_file(path)
-    assert expected in err.value.msg and repr(path) in err.value.msg
-
-
 def test_cluster_network_errors_name_the_value_and_namespace(tmp_path, conf_dir):
     with pytest.raises(InvalidNetworkConfig) as err:
         build({"clusterNetwork": "nope", "confDir": conf_dir}, {})
@@ -225,19 +129,6 @@ def test_cluster_network_errors_name_the_value_and_namespace(tmp_path, conf_dir)
     os.makedirs(str(tmp_path / "empty"))
     with pytest.raises(InvalidNetworkConfig, match="without any .conf or .conflist"):
         build({"clusterNetwork": str(tmp_path / "empty")}, {})
-
-
-def test_find_conf_by_name_and_broken_files(conf_dir):
-    assert find_conf_by_name(conf_dir, "x") is None  # no directory: nothing found
-    write(f"{conf_dir}/20-b.conflist", {"name": "b", "plugins": [{"type": "bridge"}]})
-    write(f"{conf_dir}/30-odd.conflist", {"name": "has space", "plugins": [{"type": "ptp"}]})
-    write(f"{conf_dir}/.10-a.conf.tmp", "garbage")
-    assert json.loads(find_conf_by_name(conf_dir, "b"))["name"] == "b"
-    assert json.loads(find_conf_by_name(conf_dir, "has space"))["name"] == "has space"
-    assert find_conf_by_name(conf_dir, "zzz") is None
-    write(f"{conf_dir}/10-broken.conf", {"name": "broken"})
-    with pytest.raises(InvalidNetworkConfig, match="10-broken.conf.*no 'type'"):
-        find_conf_by_name(conf_dir, "b")
 
 
 # --- defaultNetworks -----------------------------------------------------------------------
@@ -294,7 +185,7 @@ def test_missing_nad_raises_nad_not_found_with_event_text(cluster):
 
 def test_selections_without_a_kubernetes_client_are_an_error(cluster):
     with pytest.raises(InvalidNetworkConfig, match="no Kubernetes client"):
-        build_delegates(cluster, pod_namespace="test", pod_name="p",
+        build_delegates(load_settings(cluster), pod_namespace="test", pod_name="p",
                         annotations={NETWORKS: "net1"}, cni_ifname="eth0", get_nad=None)
 
 
@@ -325,17 +216,6 @@ def test_nad_with_empty_spec_uses_the_conf_dir_file_of_its_name(cluster, conf_di
     assert delegates[1].name == "test/net1" and delegates[1].is_conflist
     with pytest.raises(InvalidNetworkConfig, match="has an empty spec and no file"):
         build(cluster, {NETWORKS: "ghost"}, nads)
-
-
-@pytest.mark.parametrize("config, expected", [
-    ("{bad", "spec.config is not valid JSON"),
-    ('["x"]', "must be a JSON object"),
-    ('{"name":"n"}', "delegate must have the 'type' or 'plugin' field"),
-])
-def test_nad_config_errors(conf_dir, config, expected):
-    with pytest.raises(InvalidNetworkConfig) as err:
-        nad_config(Nad("test", "n", config), conf_dir)
-    assert "network-attachment-definition test/n" in err.value.msg and expected in err.value.msg
 
 
 def test_cni_args_and_device_id_are_injected_into_the_executed_conf(cluster):
@@ -414,133 +294,3 @@ def test_auxiliary_chain_without_plugins_is_skipped_and_needs_a_path(tmp_path, c
         build(dict(cluster, auxiliaryCNIChainName="aux"), {})
     with pytest.raises(InvalidNetworkConfig, match="invalid network config name"):
         build({"clusterNetwork": primary, "auxiliaryCNIChainName": "../up"}, {})
-
-
-# --- resolve_network ------------------------------------------------------------------------
-
-
-def test_resolve_network_returns_resource_name_of_a_nad(conf_dir):
-    nads = Nads(Nad("kube-system", "n", MACVLAN, {"k8s.v1.cni.cncf.io/resourceName": "r/x"}))
-    assert resolve_network("n", multus_namespace="kube-system", conf_dir=conf_dir,
-                           get_nad=nads) == ("kube-system/n", MACVLAN.encode(), "r/x")
-
-
-def test_a_broken_nad_is_reported_rather_than_hidden_by_the_file_fallback(conf_dir):
-    write(f"{conf_dir}/10-n.conf", {"name": "n", "type": "bridge"})
-    nads = Nads(Nad("kube-system", "n", "{broken"))
-    with pytest.raises(InvalidNetworkConfig, match="spec.config is not valid JSON"):
-        resolve_network("n", multus_namespace="kube-system", conf_dir=conf_dir, get_nad=nads)
-
-
-# --- scratch cache -------------------------------------------------------------------------
-
-# What upstream's json.Marshal([]*DelegateNetConf) writes for the delegates built in
-# test_cache_matches_upstream_bytes (derived from the Go struct tags and PluginConf.MarshalJSON).
-EMPTY_LIST = ('"CNINetworkConfigList":{"Name":"","CNIVersion":"","DisableCheck":false,'
-              '"DisableGC":false,"LoadOnlyInlinedPlugins":false,"Plugins":null,"Bytes":null},')
-UPSTREAM_CACHE = (
-    '[{"Conf":{"cniVersion":"0.3.1","ipam":{"type":"host-local"},"name":"cbr0","type":"bridge"},'
-    '"ConfList":{},' + EMPTY_LIST + '"Name":"cbr0","IsFilterV4Gateway":true,'
-    '"IsFilterV6Gateway":true,"Bytes":"%s"},'
-    '{"Conf":{"capabilities":{"mac":true},"cniVersion":"0.3.1","ipam":{},"name":"net1",'
-    '"type":"macvlan"},"ConfList":{},' + EMPTY_LIST + '"Name":"test/net1","ifnameRequest":"if1",'
-    '"macRequest":"c2:11:22:33:44:55","ipRequest":["10.1.1.5/24"],'
-    '"default-route":["10.1.1.254"],"IsFilterV4Gateway":false,"IsFilterV6Gateway":true,'
-    '"Bytes":"%s"}]')
-
-
-def test_cache_matches_upstream_bytes(tmp_path):
-    primary = write(tmp_path / "10-b.conf", BRIDGE)
-    nads = Nads(Nad("test", "net1", MACVLAN))
-    delegates = build({"clusterNetwork": primary}, {NETWORKS: (
-        '[{"name":"net1","interface":"if1","mac":"c2:11:22:33:44:55",'
-        '"ips":["10.1.1.5/24"],"default-route":["10.1.1.254"]}]')}, nads)
-    expected = UPSTREAM_CACHE % (base64.b64encode(open(primary, "rb").read()).decode(),
-                                 base64.b64encode(MACVLAN.encode()).decode())
-    assert delegates_to_cache(delegates).decode() == expected
-
-
-def test_an_upstream_v43_conflist_from_a_file_is_read_from_what_it_executed():
-    """v4.3 records a clusterNetwork "*.conflist" with lossy Bytes (only PluginConf's keys)
-    and the plugins it ran in CNINetworkConfigList: DEL must run those."""
-    import upstreamfmt  # tests/: upstream's format from its Go types
-
-    raw = {"cniVersion": "0.4.0", "name": "k8s-pod-network", "plugins": [
-        {"type": "bridge", "bridge": "cni0", "ipam": {"type": "host-local",
-                                                      "subnet": "10.1.0.0/16"}},
-        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True}]}
-    conf = json.dumps(raw).encode()
-    entry = upstreamfmt.delegate_entry(conf, "k8s-pod-network", from_file_conflist=True)
-    assert "subnet" not in base64.b64decode(entry["Bytes"]).decode()  # what v4.3 wrote
-    (delegate,) = delegates_from_cache(upstreamfmt.scratch_cache([entry]))
-    assert json.loads(delegate.conf) == raw
-    assert delegate.master and delegate.name == "k8s-pod-network"
-
-
-def test_cache_round_trip_keeps_what_del_needs(cluster):
-    nads = Nads(Nad("test", "net1", MACVLAN))
-    delegates = build(cluster, {NETWORKS: '[{"name":"net1","interface":"if1",'
-                                          '"mac":"c2:11:22:33:44:55","default-route":[],'
-                                          '"portMappings":[{"hostPort":1,"containerPort":1}]}]'},
-                      nads)
-    loaded = delegates_from_cache(delegates_to_cache(delegates), top_cni_version="1.0.0")
-    assert summary(loaded) == summary(delegates)
-    assert [d.conf for d in loaded] == [d.conf for d in delegates]
-    assert loaded[1].mac_request == "c2:11:22:33:44:55"
-    assert loaded[1].gateway_request == ()
-    assert loaded[1].filter_v4_gateway and loaded[1].filter_v6_gateway
-    assert loaded[1].port_mappings == ()  # not cached, as upstream
-
-
-def test_upstream_written_cache_loads_and_conflist_gets_top_cni_version():
-    raw_conflist = (b'{"name":"l","plugins":[{"type":"bridge"},{"type":"calico",'
-                    b'"kubernetes":{"kubeconfig":"/etc/cni/net.d/calico-kubeconfig"}}]}')
-    upstream = json.dumps([
-        {"Conf": {"ipam": {}, "name": "l"},
-         "ConfList": {"name": "l", "plugins": [{"ipam": {}, "type": "bridge"},
-                                               {"ipam": {}, "type": "calico"}]},
-         "Name": "kube-system/l", "IsFilterV4Gateway": False, "IsFilterV6Gateway": False,
-         "Bytes": base64.b64encode(raw_conflist).decode()},
-        {"Conf": {"cniVersion": "0.3.1", "ipam": {}, "name": "net1", "type": "macvlan"},
-         "ConfList": {}, "Name": "test/net1", "ifnameRequest": "if1",
-         "ipRequest": ["10.1.1.5"], "IsFilterV4Gateway": True, "IsFilterV6Gateway": True,
-         "deviceID": "0000:03:00.1", "resourceName": "intel.com/sriov",
-         "Bytes": base64.b64encode(MACVLAN.encode()).decode()},
-        {"Conf": {"cniVersion": "0.3.1", "ipam": {}, "name": "m", "type": "macvlan"},
-         "ConfList": {}, "Name": "test/m", "IsFilterV4Gateway": False,
-         "IsFilterV6Gateway": False, "Bytes": base64.b64encode(b'{"type":"macvlan"}').decode()},
-    ]).encode()
-    first, second, third = delegates_from_cache(upstream, top_cni_version="0.4.0",
-                                                cni_ifname="eth9")
-    assert (first.name, first.ifname, first.master) == ("kube-system/l", "eth9", True)
-    assert first.conf == (b'{"cniVersion":"0.4.0","name":"l","plugins":[{"type":"bridge"},'
-                          b'{"type":"calico","kubernetes":{"kubeconfig":'
-                          b'"/etc/cni/net.d/calico-kubeconfig"}}]}')
-    assert (second.ifname, second.ip_request, second.device_id, second.resource_name) == \
-        ("if1", ("10.1.1.5",), "0000:03:00.1", "intel.com/sriov")
-    assert second.filter_v4_gateway and second.gateway_request is None
-    assert second.conf == MACVLAN.encode()  # a plain conf is never rewritten
-    assert third.ifname == "net2"
-
-
-def test_cache_without_bytes_is_rebuilt_from_the_parsed_views():
-    data = json.dumps([{"Conf": {"cniVersion": "0.3.1", "ipam": {}, "name": "c",
-                                 "type": "bridge"}, "ConfList": {}, "Name": "c"}]).encode()
-    (delegate,) = delegates_from_cache(data)
-    assert json.loads(delegate.conf)["type"] == "bridge"
-
-
-@pytest.mark.parametrize("data, expected", [
-    (b"{", "not valid JSON"),
-    (b'{"a":1}', "not a JSON list"),
-    (b'[{"Bytes":"***"}]', "invalid base64"),
-    (b'[{"Name":"x"}]', "holds no delegate config"),
-    (b'[{"Name":3,"Bytes":"e30="}]', "non-string 'Name'"),
-])
-def test_corrupt_cache_is_a_decode_failure(data, expected):
-    with pytest.raises(DecodeFailure, match=expected):
-        delegates_from_cache(data)
-
-
-def test_empty_cache_list_gives_no_delegates():
-    assert delegates_from_cache(b"[]") == []

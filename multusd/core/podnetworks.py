@@ -10,49 +10,35 @@ Resolves, as upstream Multus does (``k8sclient.go:GetDefaultNetworks``, ``TryLoa
 4. the pod's ``k8s.v1.cni.cncf.io/networks`` selections (NADs), with namespace isolation;
 5. the ``auxiliaryCNIChainName`` chain;
 
-then validates ``default-route`` requests (no ECMP) and names the interfaces. Loading the
-configs themselves is :mod:`multusd.core.netconf`'s; the scratch cache is :mod:`multusd.core.scratch`'s.
-No Kubernetes client of its own (NADs come through a :class:`~multusd.core.netconf.NadGetter`),
-no processes.
+then validates ``default-route`` requests (no ECMP) and names the interfaces, all from the
+request's :class:`~multusd.core.settings.MultusSettings`, read once by the caller. Loading the
+configs themselves is :mod:`multusd.core.netconf`'s; the scratch cache is
+:mod:`multusd.core.scratch`'s. No Kubernetes client of its own (NADs come through a
+:class:`~multusd.core.netconf.NadGetter`, :func:`nad_getter` makes one of the ``kube``
+object), no processes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from multusd.config.reader import ConfigReader
 from multusd.core.delegate import Delegate, ifname_for
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
-                      nad_config, nad_resource_name, network_name, resolve_network)
-from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig, MultusError
-from multusd.store.valueclass import Record, replace
+                                  nad_config, nad_resource_name, network_name, resolve_network)
+from multusd.core.settings import MultusSettings
+from multusd.errors import InvalidNetworkConfig, MultusError
+from multusd.store.valueclass import replace
 from multusd.store import go_json
 from multusd.core.runtimeconf import inject_cni_args
-from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection,
-                        parse_default_network, parse_ip, parse_selections)
+from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION,
+                                    NetworkSelection, parse_default_network, parse_ip,
+                                    parse_selections)
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
-DEFAULT_MULTUS_NAMESPACE = "kube-system"
-DEFAULT_SYSTEM_NAMESPACES = ("kube-system",)
-DEFAULT_GLOBAL_NAMESPACES = ("default",)
 PASSTHRU_PLUGIN = {"type": "passthru", "name": "passthru-cni"}
-
-
-def _global_namespaces(reader: ConfigReader, netconf: Mapping[str, Any]) -> Tuple[str, ...]:
-    value = netconf.get("globalNamespaces")
-    if value is None or value == "":
-        return DEFAULT_GLOBAL_NAMESPACES
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(","))
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(v.strip() for v in value)
-    reader.bad("globalNamespaces", "a comma-separated string of namespaces", value)
-    return DEFAULT_GLOBAL_NAMESPACES
-
 
 DeviceIdGetter = Callable[[str], str]
 """Given a NAD's resourceName, the next device ID allocated to the pod for it ("" if none)."""
@@ -74,56 +60,13 @@ class NadNotFound(InvalidNetworkConfig):
         super().__init__(f"{self.event_message}; create it, or correct the pod's annotation")
 
 
-class MultusSettings(Record):
-    """The keys of the merged multus config that decide what a pod gets (F29 defaults)."""
-
-    conf_dir: str = DEFAULT_CONF_DIR
-    multus_namespace: str = DEFAULT_MULTUS_NAMESPACE
-    system_namespaces: Tuple[str, ...] = DEFAULT_SYSTEM_NAMESPACES
-    global_namespaces: Tuple[str, ...] = DEFAULT_GLOBAL_NAMESPACES
-    namespace_isolation: bool = False
-    cluster_network: str = ""
-    default_networks: Tuple[str, ...] = ()
-    delegates: Tuple[Dict[str, Any], ...] = ()
-    auxiliary_chain: str = ""
-    cni_version: str = ""
-
-
-def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
-    """Read and check the selection-related keys of the merged multus config.
-
-    :raises ConfigError: listing every problem (wrong types, neither delegates nor
-        clusterNetwork).
-    """
-    problems = reader = ConfigReader()
-    settings = MultusSettings(
-        conf_dir=reader.string(netconf, "confDir") or DEFAULT_CONF_DIR,
-        multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
-        system_namespaces=reader.string_list(netconf, "systemNamespaces",
-                                             DEFAULT_SYSTEM_NAMESPACES),
-        global_namespaces=_global_namespaces(reader, netconf),
-        namespace_isolation=reader.boolean(netconf, "namespaceIsolation"),
-        cluster_network=reader.string(netconf, "clusterNetwork"),
-        default_networks=reader.string_list(netconf, "defaultNetworks", ()),
-        delegates=reader.objects(netconf, "delegates"),
-        auxiliary_chain=reader.string(netconf, "auxiliaryCNIChainName"),
-        cni_version=reader.string(netconf, "cniVersion"),
-    )
-    if not problems and not settings.cluster_network and not settings.delegates:
-        problems.append(ConfigProblem("clusterNetwork", "at least one delegate/clusterNetwork "
-                                      "must be specified: set clusterNetwork (or delegates)"))
-    if problems:
-        raise ConfigError("of the multus network config", problems)
-    return settings
-
-
-def build_delegates(netconf: Mapping[str, Any], *, pod_namespace: str, pod_name: str,
+def build_delegates(settings: MultusSettings, *, pod_namespace: str, pod_name: str,
                     annotations: Optional[Mapping[str, str]], cni_ifname: str,
                     get_nad: Optional[NadGetter],
                     device_id_for: Optional[DeviceIdGetter] = None) -> List[Delegate]:
     """Every delegate of a pod, in execution order, with interface names assigned.
 
-    :param netconf: the merged multus config (request config with daemon-config overlaid).
+    :param settings: the request's multus settings (read once by the caller).
     :param annotations: the pod's annotations; None when there is no pod (only the
         cluster network / ``delegates`` are used).
     :param cni_ifname: CNI_IFNAME, the master's interface name.
@@ -132,7 +75,6 @@ def build_delegates(netconf: Mapping[str, Any], *, pod_namespace: str, pod_name:
     :raises NadNotFound: when a selected NAD does not exist (emit ``NoNetworkFound``).
     :raises InvalidNetworkConfig: for every other unusable config or annotation.
     """
-    settings = load_settings(netconf)
     pod = f"{pod_namespace}/{pod_name}"
     resolver = _Resolver(settings, get_nad, device_id_for, pod)
     if settings.cluster_network:
@@ -157,6 +99,13 @@ def build_delegates(netconf: Mapping[str, Any], *, pod_namespace: str, pod_name:
         if auxiliary is not None:
             delegates.append(auxiliary)
     return _assign_ifnames(delegates, cni_ifname)
+
+
+def nad_getter(kube: Any, deadline: float) -> Optional[NadGetter]:
+    """The NAD lookup of a request (bounded by its ``deadline``); None without Kubernetes."""
+    if kube is None:
+        return None
+    return lambda namespace, name: kube.get_nad(namespace, name, deadline=deadline)
 
 
 def mark_gateway_filters(delegates: Sequence[Delegate]) -> List[Delegate]:
@@ -326,5 +275,3 @@ def _is_v4(gateway: str) -> bool:
     ip = parse_ip(gateway)
     return ip.version == 4 or getattr(ip, "ipv4_mapped", None) is not None
 
-
-# --- internals: settings -------------------------------------------------------------------

@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd import store
+from multusd import DEFAULT_CNI_DIR, store
 from multusd.errors import InvalidEnvironment, InvalidNetworkConfig, IOFailure
 from multusd.store.valueclass import Record, field
 
@@ -24,8 +24,6 @@ LOG = logging.getLogger(__name__)
 
 KIND = "cniCacheV1"
 RESULTS_DIR = "results"
-#: Multus's default ``cniDir``, which it gives libcni as its cache directory.
-DEFAULT_CACHE_DIR = "/var/lib/cni/multus"
 
 
 class RuntimeConf(Record):
@@ -36,7 +34,7 @@ class RuntimeConf(Record):
     ifname: str
     args: Tuple[Tuple[str, str], ...] = ()
     capability_args: Mapping[str, Any] = field(default_factory=dict)
-    cache_dir: str = DEFAULT_CACHE_DIR
+    cache_dir: str = DEFAULT_CNI_DIR
 
 
 def result_path(cache_dir: str, net_name: str, container_id: str, ifname: str) -> str:
@@ -55,7 +53,13 @@ def result_path(cache_dir: str, net_name: str, container_id: str, ifname: str) -
             raise InvalidEnvironment(
                 f"{label} {value!r} cannot name a cache file: it must be non-empty and "
                 "contain no '/'")
-    return os.path.join(cache_dir, RESULTS_DIR, f"{net_name}-{container_id}-{ifname}")
+    return os.path.join(cache_dir, RESULTS_DIR, _file_name(net_name, container_id, ifname))
+
+
+def entry_path(cache_dir: str, entry: Mapping[str, Any]) -> str:
+    """The file of an entry :func:`list_entries` returned (its names are not checked again)."""
+    return os.path.join(cache_dir, RESULTS_DIR, _file_name(
+        entry.get("networkName"), entry.get("containerId"), entry.get("ifName")))
 
 
 def write(cache_dir: str, net_name: str, rt: RuntimeConf, config_bytes: bytes,
@@ -162,6 +166,10 @@ def decode_config(entry: dict) -> bytes:
         LOG.warning("CNI cache entry for %r has an invalid base64 config",
                     entry.get("networkName"))
         return b""
+
+
+def _file_name(net_name: Any, container_id: Any, ifname: Any) -> str:
+    return f"{net_name}-{container_id}-{ifname}"
 
 
 def _write_entry(path: str, entry: dict) -> None:

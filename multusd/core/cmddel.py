@@ -1,0 +1,179 @@
+"""DEL of a pod sandbox, and ``multusd gc --forget``: every delegate it recorded, released.
+
+The rules it keeps (architecture.md, invariants 4 and 10):
+
+* DEL is idempotent and best-effort complete: gone pod, NAD, netns or cache do not stop it;
+  a missing or corrupt scratch cache falls back to libcni's result cache; a failed delegate
+  does not stop the others (dependents are released before what they depend on);
+* a CNI_NETNS that is there but is no namespace (a FIFO, a file, a hung mount) is dropped:
+  the delegates run without one rather than each waiting out the deadline;
+* the sandbox's records stay until every delegate's DEL succeeded (upstream's
+  ``retryDeleteOnError``, always); a delegate's DEL error is returned, so that the runtime
+  retries instead of leaking, for the sandbox's ``deleteRetryWindow``
+  (:mod:`multusd.core.unreleased`); after it, DEL answers success so that the pod can
+  terminate, and the sandbox's records stay, marked unreleased, for ``multusd gc``; a DEL
+  that succeeds drops the mark.
+
+No settings are read beyond the directories: a DEL must work whatever else the config gets
+wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+from multusd import store
+from multusd.cni import resultcache
+from multusd.cni.conflist import Engine
+from multusd.cni.invoke import missing_plugin
+from multusd.core import scratch, unreleased
+from multusd.core.delegate import Delegate
+from multusd.core.request import CmdArgs, pod_prefix
+from multusd.core.runner import DelegateRunner, Failures, as_cni_error
+from multusd.core.settings import auxiliary_chain_of, cni_dir_of
+from multusd.errors import MultusError, UnknownContainer
+from multusd.node.netns import check_namespace
+from multusd.store.valueclass import Record, replace
+
+
+def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: Any,
+            parallel_delegates: bool = False, window: float) -> None:
+    """DEL of the sandbox ``req`` names.
+
+    :param window: the daemon's ``deleteRetryWindow``.
+    :raises MultusError: a delegate's DEL failed, while the sandbox's window lasts.
+    """
+    if not req.container_id:
+        log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
+        return
+    done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
+    cni_dir = cni_dir_of(req.config)
+    if done.failures:
+        # kept until every delegate's DEL succeeds (upstream's retryDeleteOnError, always);
+        # the error reaches the runtime for the sandbox's window, then DEL answers success
+        found = [unreleased.Failure(network=delegate.name, ifname=delegate.ifname,
+                                    error=as_cni_error(exc, log).msg)
+                 for delegate, exc in done.failures]
+        unreleased.report(cni_dir, done.req, found, f"{pod_prefix(req)}: DEL failed for "
+                          f"{len(found)} network(s), the runtime will retry: "
+                          + " / ".join(f"{f.network} ({f.ifname}): {f.error}" for f in found)
+                          + missing_plugin_hint(req, done.failures),
+                          window=window, kube=kube, log=log)
+        return
+    store.remove(done.scratch_path)
+    if unreleased.clear(cni_dir, req.container_id):
+        log.info("DEL: the sandbox's earlier DEL failures are over")
+    log.info("DEL: %d network(s) released", len(done.delegates))
+
+
+def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
+           parallel_delegates: bool = False) -> List[Tuple[Delegate, str]]:
+    """DEL every delegate of the sandbox, then drop its records whatever failed.
+
+    For ``multusd gc --forget``: the operator's knowing decision for a sandbox whose DEL
+    cannot succeed (a plugin binary that is gone for good). Returns ``(delegate, "")``
+    for each delegate released and ``(delegate, why not)`` for each that was not.
+    """
+    done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
+    cni_dir = cni_dir_of(req.config)
+    failed = {id(d): as_cni_error(exc, log).msg for d, exc in done.failures}
+    for entry in resultcache.list_entries(cni_dir):
+        if entry.get("containerId") == req.container_id:
+            resultcache.delete(cni_dir, str(entry["networkName"]), req.container_id,
+                               str(entry["ifName"]))
+    store.remove(done.scratch_path)
+    unreleased.clear(cni_dir, req.container_id)
+    outcome = [(d, failed.get(id(d), "")) for d in done.delegates]
+    for delegate, why in outcome:
+        if why:
+            log.warning("gc --forget %s: %s (%s) NOT released, its records dropped: %s",
+                        req.container_id, delegate.name, delegate.ifname, why)
+    log.info("gc --forget %s: %d of %d network(s) released, every record dropped",
+             req.container_id, sum(1 for _, why in outcome if not why), len(outcome))
+    return outcome
+
+
+class Release(Record):
+    """What :func:`release` did: the request as run (CNI_NETNS dropped when it was no
+    namespace), the sandbox's scratch cache, its delegates and those whose DEL failed."""
+
+    req: CmdArgs
+    scratch_path: str
+    delegates: Tuple[Delegate, ...]
+    failures: Failures
+
+
+def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
+            parallel_delegates: bool = False) -> Release:
+    """DEL of every delegate the sandbox recorded, best-effort complete: a failed delegate
+    does not stop the others. The records are the caller's to keep or drop."""
+    req = netns_for_del(req, log)
+    path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
+    delegates = delegates_for_del(req, path, log)
+    runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
+                            auxiliary_chain=auxiliary_chain_of(req.config))
+    return Release(req=req, scratch_path=path, delegates=tuple(delegates),
+                   failures=runner.delete_all(delegates))
+
+
+def netns_for_del(req: CmdArgs, log: Any) -> CmdArgs:
+    """The request, with CNI_NETNS dropped when it is there but is not a namespace.
+
+    A FIFO, a plain file or a hung mount would hold every delegate's DEL until the deadline;
+    the spec allows DEL without a netns, so IPAM and host-side state are still released. A
+    netns that is gone is passed on: plugins handle that themselves.
+    """
+    if not req.netns:
+        return req
+    try:
+        check_namespace(req.netns)
+    except UnknownContainer:
+        return req
+    except MultusError as exc:
+        log.warning("DEL: %s; running the delegates without a network namespace", exc.msg)
+        return replace(req, netns="")
+    return req
+
+
+def delegates_for_del(req: CmdArgs, path: str, log: Any) -> List[Delegate]:
+    """The delegates the scratch cache at ``path`` records; libcni's result cache's when it
+    is missing or unreadable."""
+    try:
+        data = scratch.read_cache(path)
+        if data is not None:
+            return scratch.delegates_from_cache(data, top_cni_version=req.cni_version,
+                                                cni_ifname=req.ifname)
+    except MultusError as exc:
+        log.error("scratch cache %s is unreadable (%s): deleting what libcni's result "
+                  "cache still knows about", path, exc.msg)
+    return delegates_from_result_cache(req, log)
+
+
+def delegates_from_result_cache(req: CmdArgs, log: Any) -> List[Delegate]:
+    """Rebuild the delegates from ``<cniDir>/results/*-<containerID>-*`` (no scratch cache)."""
+    found = []
+    for entry in resultcache.list_entries(cni_dir_of(req.config)):
+        if entry.get("containerId") != req.container_id:
+            continue
+        config = resultcache.decode_config(entry)
+        found.append(Delegate(
+            name=str(entry.get("networkName", "")), conf=config,
+            ifname=str(entry.get("ifName", "")), master=entry.get("ifName") == req.ifname))
+    found.sort(key=lambda d: (not d.master, d.ifname))
+    if found:
+        log.warning("no scratch cache for %s: deleting %d attachment(s) found in the "
+                    "result cache", req.container_id, len(found))
+    return found
+
+
+def missing_plugin_hint(req: CmdArgs, failures: Failures) -> str:
+    """The two ways out when a DEL failed because a plugin binary is gone; "" otherwise."""
+    missing = [found for found in (missing_plugin(exc) for _, exc in failures) if found]
+    if not missing:
+        return ""
+    names = ", ".join(sorted({name for name, _ in missing}))
+    dirs = ", ".join(dict.fromkeys(d for _, searched in missing for d in searched))
+    return (f". Plugin {names} is not installed (searched {dirs}), so this sandbox cannot be "
+            f"released and its records stay: install {names} again, or drop the records "
+            f"knowingly with `multusd gc --forget {req.container_id}` (it releases what the "
+            f"other plugins can; what {names} set up stays as it is)")

@@ -1,0 +1,136 @@
+"""The Multus orchestration (:class:`Multus`): each CNI request of a sandbox to its command.
+
+ADD is :mod:`multusd.core.cmdadd`'s, DEL (and ``multusd gc --forget``) is
+:mod:`multusd.core.cmddel`'s, ``/delegate`` (hot-plug) is :mod:`multusd.core.hotplug`'s; the
+commands that attach and release nothing are here: CHECK (every attachment the scratch cache
+records, each delegate whose version has CHECK), STATUS (the Kubernetes caches synced, the
+readiness indicator file present, the cluster network's plugins ready) and GC (the cluster
+network's plugins told which attachments libcni's result cache still holds). Each command
+uses the engine of its request (:meth:`Multus.engine`); ADD, DEL and CHECK run their
+delegates through a :class:`~multusd.core.runner.DelegateRunner`. No HTTP, no systemd: the
+daemon hands each parsed request in, with its deadline and logger.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Mapping, Tuple
+
+from multusd.cni import resultcache
+from multusd.cni.conflist import Engine, NetworkConfigList
+from multusd.cni.invoke import PluginObserver, search_path
+from multusd.cni.version import supports_check
+from multusd.config.daemonconf import DaemonConfig
+from multusd.core import cmdadd, cmddel, hotplug, scratch
+from multusd.core.delegate import Delegate
+from multusd.core.podnetworks import build_delegates, nad_getter
+from multusd.core.request import CmdArgs
+from multusd.core.runner import DelegateRunner, delegate_error
+from multusd.core.settings import cni_dir_of, load_settings, require_delegates
+from multusd.errors import MultusError
+from multusd.node.netns import check_namespace
+
+
+class Multus:
+    """The Multus semantics for one daemon; safe to call from many threads at once."""
+
+    def __init__(self, config: DaemonConfig, kube: Any = None, *,
+                 plugin_observer: PluginObserver | None = None) -> None:
+        self.config = config
+        self.kube = kube
+        self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
+        self._daemon_cni_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
+
+    def ready(self) -> bool:
+        """Ready to serve ADD: the pod cache (if any) has listed once (stale: live GETs)."""
+        return self.kube is None or self.kube.ready()
+
+    def cni(self, req: CmdArgs, deadline: float, log: Any) -> dict | None:
+        """A ``/cni`` request: ADD (returns its result), DEL, CHECK, STATUS or GC."""
+        handler = {"ADD": self.add, "DEL": self.delete, "CHECK": self.check,
+                   "STATUS": self.status, "GC": self.gc}[req.command]
+        return handler(req, deadline, log)
+
+    def engine(self, conf: Mapping[str, Any]) -> Engine:
+        """The engine of a request: its ``binDir`` (or the default ones), then the daemon's
+        CNI_PATH; every plugin run is told to the metrics."""
+        return Engine(search_path(str(conf.get("binDir") or ""), self._daemon_cni_path),
+                      observer=self.plugin_observer)
+
+    def add(self, req: CmdArgs, deadline: float, log: Any) -> dict:
+        """ADD: see :func:`multusd.core.cmdadd.cmd_add`."""
+        engine = self.engine(req.config)
+        return cmdadd.cmd_add(req, deadline, log, engine=engine, kube=self.kube,
+                              parallel_delegates=self.config.parallel_delegates)
+
+    def delete(self, req: CmdArgs, deadline: float, log: Any) -> None:
+        """DEL: see :func:`multusd.core.cmddel.cmd_del`."""
+        engine = self.engine(req.config)
+        cmddel.cmd_del(req, deadline, log, engine=engine, kube=self.kube,
+                       parallel_delegates=self.config.parallel_delegates,
+                       window=self.config.delete_retry_window)
+
+    def forget(self, req: CmdArgs, deadline: float, log: Any) -> List[Tuple[Delegate, str]]:
+        """``multusd gc --forget``: see :func:`multusd.core.cmddel.forget`."""
+        engine = self.engine(req.config)
+        return cmddel.forget(req, deadline, log, engine=engine,
+                             parallel_delegates=self.config.parallel_delegates)
+
+    def hotplug(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
+                log: Any) -> dict | None:
+        """A ``/delegate`` request (hot-plug): see :mod:`multusd.core.hotplug`."""
+        engine = self.engine(req.config)
+        return hotplug.handle_delegate(req, attributes, deadline, log, engine=engine,
+                                       kube=self.kube)
+
+    # -- CHECK, STATUS, GC ------------------------------------------------------------------
+    def check(self, req: CmdArgs, deadline: float, log: Any) -> None:
+        path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
+        data = scratch.read_cache(path)
+        if data is None:
+            raise MultusError(f"CHECK: no attachments recorded for container {req.container_id} "
+                              f"({path} is missing): was ADD run?")
+        delegates = scratch.delegates_from_cache(data, top_cni_version=req.cni_version,
+                                                 cni_ifname=req.ifname)
+        check_namespace(req.netns)
+        runner = DelegateRunner(self.engine(req.config), req, deadline, log)
+        for delegate in delegates:
+            net = NetworkConfigList.load(delegate.conf, source=delegate.name)
+            if not supports_check(net.cni_version):
+                log.info("CHECK skipped for %s: cniVersion %s has no CHECK", delegate.name,
+                         net.cni_version)
+                continue
+            try:
+                runner.check(delegate, net)
+            except MultusError as exc:
+                raise delegate_error(req, delegate, exc).with_prefix("CHECK: ") from exc
+
+    def status(self, req: CmdArgs, deadline: float, log: Any) -> None:
+        cmdadd.wait_for_readiness_file(req.config, deadline)
+        if not self.ready():
+            reason = self.kube.last_error or "the first list has not completed yet"
+            raise MultusError(f"multusd cannot serve ADD yet: its pod cache from "
+                              f"{self.kube.server_url} has not synced ({reason})", code=50)
+        net = self._cluster_network(req, deadline)
+        self.engine(req.config).status(net, deadline)
+
+    def gc(self, req: CmdArgs, deadline: float, log: Any) -> None:
+        cmdadd.wait_for_readiness_file(req.config, deadline)
+        directory = cni_dir_of(req.config)
+        if not os.path.isdir(os.path.join(directory, resultcache.RESULTS_DIR)):
+            raise MultusError(f"error in gather valid attachments: {directory}/results does "
+                              "not exist")
+        valid = [{"containerID": e["containerId"], "ifname": e["ifName"]}
+                 for e in resultcache.list_entries(directory)
+                 if e.get("containerId") and e.get("ifName")]
+        net = self._cluster_network(req, deadline)
+        self.engine(req.config).gc(net, directory, valid, deadline)
+
+    def _cluster_network(self, req: CmdArgs, deadline: float) -> NetworkConfigList:
+        """The master network of the daemon's config (STATUS and GC act on it alone)."""
+        require_delegates(req.config)
+        delegates = build_delegates(
+            load_settings(req.config), pod_namespace="", pod_name="", annotations=None,
+            cni_ifname=req.ifname or "eth0", get_nad=nad_getter(self.kube, deadline))
+        return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
+

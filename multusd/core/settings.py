@@ -1,0 +1,105 @@
+"""The keys of a request's merged multus config that multusd acts on, each read in one place.
+
+Two kinds of reads, for two kinds of commands:
+
+* :class:`MultusSettings` (:func:`load_settings`): what decides which delegates a pod gets
+  (``clusterNetwork``, ``defaultNetworks``, ``delegates``, the namespaces, the auxiliary
+  chain), read strictly, every problem listed, once per ADD (and per STATUS and GC, which
+  resolve the cluster network) and handed on from there;
+* the directories (:func:`cni_dir_of`, :func:`devinfo_dir_of`, :func:`kubelet_dir_of`) and
+  the auxiliary chain's name (:func:`auxiliary_chain_of`), read leniently: DEL, ``multusd
+  gc`` and ``multusd status`` must find a sandbox's records whatever else the config gets
+  wrong.
+
+The defaults are upstream's (F29); the directories' own are the layers' that use them
+(libcni's cache directory, the kubelet's and the device-info spec's, in ``node``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Tuple
+
+from multusd import DEFAULT_CNI_DIR
+from multusd.config.reader import ConfigReader
+from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig
+from multusd.node.devices import DEVINFO_DIR, KUBELET_DIR
+from multusd.store.valueclass import Record
+
+DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
+DEFAULT_MULTUS_NAMESPACE = "kube-system"
+DEFAULT_SYSTEM_NAMESPACES = ("kube-system",)
+DEFAULT_GLOBAL_NAMESPACES = ("default",)
+NO_NETWORKS = "at least one delegate/clusterNetwork must be specified"
+
+
+class MultusSettings(Record):
+    """The keys of the merged multus config that decide what a pod gets (F29 defaults)."""
+
+    conf_dir: str = DEFAULT_CONF_DIR
+    multus_namespace: str = DEFAULT_MULTUS_NAMESPACE
+    system_namespaces: Tuple[str, ...] = DEFAULT_SYSTEM_NAMESPACES
+    global_namespaces: Tuple[str, ...] = DEFAULT_GLOBAL_NAMESPACES
+    namespace_isolation: bool = False
+    cluster_network: str = ""
+    default_networks: Tuple[str, ...] = ()
+    delegates: Tuple[Dict[str, Any], ...] = ()
+    auxiliary_chain: str = ""
+    cni_version: str = ""
+
+
+def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
+    """Read and check the selection-related keys of the merged multus config.
+
+    :raises ConfigError: listing every problem (wrong types, neither delegates nor
+        clusterNetwork).
+    """
+    problems = reader = ConfigReader()
+    settings = MultusSettings(
+        conf_dir=reader.string(netconf, "confDir") or DEFAULT_CONF_DIR,
+        multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
+        system_namespaces=reader.string_list(netconf, "systemNamespaces",
+                                             DEFAULT_SYSTEM_NAMESPACES),
+        global_namespaces=reader.names(netconf, "globalNamespaces", DEFAULT_GLOBAL_NAMESPACES),
+        namespace_isolation=reader.boolean(netconf, "namespaceIsolation"),
+        cluster_network=reader.string(netconf, "clusterNetwork"),
+        default_networks=reader.string_list(netconf, "defaultNetworks", ()),
+        delegates=reader.objects(netconf, "delegates"),
+        auxiliary_chain=reader.string(netconf, "auxiliaryCNIChainName"),
+        cni_version=reader.string(netconf, "cniVersion"),
+    )
+    if not problems and not settings.cluster_network and not settings.delegates:
+        problems.append(ConfigProblem("clusterNetwork", f"{NO_NETWORKS}: set clusterNetwork "
+                                      "(or delegates)"))
+    if problems:
+        raise ConfigError("of the multus network config", problems)
+    return settings
+
+
+def require_delegates(netconf: Mapping[str, Any]) -> None:
+    """Refuse, before any work, a config that names no network at all (upstream's check).
+
+    :raises InvalidNetworkConfig: neither ``clusterNetwork`` nor ``delegates`` is set.
+    """
+    if not netconf.get("clusterNetwork") and not netconf.get("delegates"):
+        raise InvalidNetworkConfig(f"{NO_NETWORKS}: set \"clusterNetwork\" (or \"delegates\") "
+                                   "in daemon-config.json or the runtime's CNI config")
+
+
+def cni_dir_of(netconf: Mapping[str, Any]) -> str:
+    """``cniDir``: where the scratch and result caches (and the unreleased marks) live."""
+    return str(netconf.get("cniDir") or DEFAULT_CNI_DIR)
+
+
+def devinfo_dir_of(netconf: Mapping[str, Any]) -> str:
+    """``deviceInfoDir``: the device-info files' directory (``dp/`` and ``cni/`` in it)."""
+    return str(netconf.get("deviceInfoDir") or DEVINFO_DIR)
+
+
+def kubelet_dir_of(netconf: Mapping[str, Any]) -> str:
+    """``kubeletRootDir``: where the kubelet's pod-resources socket and checkpoint are."""
+    return str(netconf.get("kubeletRootDir") or KUBELET_DIR)
+
+
+def auxiliary_chain_of(netconf: Mapping[str, Any]) -> str:
+    """``auxiliaryCNIChainName`` as DEL reads it (without the checks of an ADD)."""
+    return str(netconf.get("auxiliaryCNIChainName") or "")

@@ -1,0 +1,132 @@
+"""multusd.core.cmddel: DEL of a sandbox and ``multusd gc --forget``, through the daemon's
+Multus, on stub delegates whose records are written as ADD writes them (no namespace needed:
+DEL runs without one as the spec allows)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from multusd import store
+from multusd.cni import resultcache
+from multusd.cni.resultcache import RuntimeConf
+from multusd.core import scratch, unreleased
+from multusd.core.delegate import Delegate
+from multusd.errors import MultusError
+
+from stubnode import LOG, StubNode
+
+ERROR = {"cniVersion": "1.0.0", "code": 11, "msg": "its daemon is down"}
+
+
+@pytest.fixture
+def node(tmp_path):
+    return StubNode(tmp_path)
+
+
+def record(node: StubNode, cid: str, *confs: dict, scratch_cache: bool = True) -> None:
+    """``cid``'s records as an ADD of ``confs`` leaves them: scratch and result cache."""
+    delegates = [Delegate(name=c["name"], conf=json.dumps(c).encode(),
+                          ifname="eth0" if i == 0 else f"net{i}", master=i == 0)
+                 for i, c in enumerate(confs)]
+    if scratch_cache:
+        store.atomic_write(scratch.cache_path(node.cni_dir, cid),
+                           scratch.delegates_to_cache(delegates))
+    for d in delegates:
+        rt = RuntimeConf(container_id=cid, netns="", ifname=d.ifname, cache_dir=node.cni_dir)
+        resultcache.write(node.cni_dir, d.conf_name, rt, d.conf, {"cniVersion": "1.0.0"})
+
+
+def test_del_releases_every_delegate_last_first_then_drops_the_records(node):
+    confs = [node.stub("cluster"), node.stub("extra"), node.stub("third")]
+    node.configure(confs)
+    record(node, "c1", *confs)
+    node.run("DEL", "c1")
+    assert node.calls() == [("DEL", "third", "net2"), ("DEL", "extra", "net1"),
+                            ("DEL", "cluster", "eth0")]
+    assert node.records() == []
+    node.run("DEL", "c1")  # idempotent: nothing is left to release
+    assert len(node.calls()) == 3
+
+
+def test_without_a_scratch_cache_del_releases_what_the_result_cache_knows(node):
+    confs = [node.stub("cluster"), node.stub("extra")]
+    node.configure(confs)
+    record(node, "c1", *confs, scratch_cache=False)
+    node.run("DEL", "c1")
+    assert sorted(node.calls()) == [("DEL", "cluster", "eth0"), ("DEL", "extra", "net1")]
+    assert node.records() == []
+
+
+def test_a_corrupt_scratch_cache_falls_back_to_the_result_cache(node):
+    confs = [node.stub("cluster")]
+    node.configure(confs)
+    record(node, "c1", *confs)
+    store.atomic_write(scratch.cache_path(node.cni_dir, "c1"), b"{not json")
+    node.run("DEL", "c1")
+    assert node.calls() == [("DEL", "cluster", "eth0")]
+    assert node.records() == []
+
+
+def test_a_failed_delete_is_reported_and_kept_until_it_succeeds(node, tmp_path):
+    fixed = str(tmp_path / "fixed")
+    confs = [node.stub("cluster"), node.stub("flaky", failDelUnless=fixed, error=ERROR)]
+    node.configure(confs, deleteRetryWindow=300)
+    record(node, "c1", *confs)
+    with pytest.raises(MultusError) as err:
+        node.run("DEL", "c1")
+    assert err.value.msg.startswith("[ns/web/u1]: DEL failed for 1 network(s), the runtime "
+                                    "will retry: flaky (net1): its daemon is down")
+    assert node.calls() == [("DEL", "flaky", "net1"), ("DEL", "cluster", "eth0")]
+    assert node.records() == ["c1", "results/flaky-c1-net1"]  # what is not released stays
+    assert unreleased.read(node.cni_dir, "c1").attempts == 1
+    open(fixed, "w").close()
+    node.run("DEL", "c1")
+    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
+
+
+def test_a_missing_plugin_names_both_ways_out(node):
+    confs = [node.stub("cluster"), {"cniVersion": "1.0.0", "name": "gone", "type": "no-such"}]
+    node.configure(confs)
+    record(node, "c1", *confs)
+    with pytest.raises(MultusError) as err:
+        node.run("DEL", "c1")
+    assert "Plugin no-such is not installed (searched " in err.value.msg
+    assert "`multusd gc --forget c1`" in err.value.msg
+
+
+def test_a_netns_that_is_no_namespace_is_dropped_and_a_missing_one_passed_on(node, tmp_path):
+    confs = [node.stub("cluster")]
+    node.configure(confs)
+    plain = tmp_path / "plain-file"
+    plain.write_text("")
+    record(node, "c1", *confs)
+    node.run("DEL", "c1", str(plain))
+    assert node.call_env(0)["CNI_NETNS"] == ""
+    record(node, "c2", *confs)
+    node.run("DEL", "c2", str(tmp_path / "gone"))
+    assert node.call_env(1)["CNI_NETNS"] == str(tmp_path / "gone")
+
+
+def test_del_without_a_container_id_runs_nothing(node):
+    confs = [node.stub("cluster")]
+    node.configure(confs)
+    record(node, "c1", *confs)
+    node.run("DEL", "")
+    assert node.calls() == [] and node.records() == ["c1", "results/cluster-c1-eth0"]
+
+
+def test_forget_drops_every_record_whatever_failed(node, tmp_path):
+    never = str(tmp_path / "never")
+    confs = [node.stub("cluster"), node.stub("stuck", failDelUnless=never, error=ERROR)]
+    node.configure(confs)
+    record(node, "c1", *confs)
+    unreleased.record(node.cni_dir, node.request("DEL"), (), "m", window=5, pod_gone=False)
+    outcome = node.multus.forget(node.request("DEL"), time.monotonic() + 30, LOG)
+    assert [(d.name, why) for d, why in outcome] == [("cluster", ""),
+                                                    ("stuck", "its daemon is down")]
+    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
+    assert os.listdir(os.path.join(node.cni_dir, "results")) == []

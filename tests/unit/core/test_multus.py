@@ -1,0 +1,101 @@
+"""multusd.core.multus: the class Multus, each request to its command; CHECK, STATUS and GC
+on stub delegates (a real namespace where CHECK opens one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from multusd.errors import MultusError, TryAgainLater
+
+from stubnode import LOG, StubNode
+
+
+@pytest.fixture
+def node(tmp_path):
+    return StubNode(tmp_path)
+
+
+def stub_calls(node: StubNode) -> list:
+    with open(node.calls_file) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_the_engine_searches_the_requests_bin_dir_then_the_daemons_cni_path(node, tmp_path):
+    node.configure([node.stub("cluster")])
+    daemon_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
+    engine = node.multus.engine({"binDir": str(tmp_path)})
+    assert engine.bin_dirs[0] == str(tmp_path)
+    assert list(engine.bin_dirs[1:]) == [p for p in daemon_path if p != str(tmp_path)]
+    assert engine.observer is node.multus.plugin_observer
+    assert node.multus.engine({}).bin_dirs[:2] == ("/opt/cni/bin", "/usr/lib/cni")
+
+
+def test_without_kubernetes_the_daemon_is_ready_at_once(node):
+    node.configure([node.stub("cluster")])
+    assert node.multus.ready()
+
+
+@pytest.mark.privileged
+def test_check_asks_every_delegate_whose_version_has_check(node, netns):
+    node.configure([node.stub("cluster"), node.stub("old", cniVersion="0.3.1"),
+                    node.stub("extra")])
+    node.run("ADD", "c1", netns)
+    node.run("CHECK", "c1", netns)
+    assert node.calls()[3:] == [("CHECK", "cluster", "eth0"), ("CHECK", "extra", "net2")]
+
+
+@pytest.mark.privileged
+def test_check_without_records_says_add_was_not_run(node, netns):
+    node.configure([node.stub("cluster")])
+    with pytest.raises(MultusError, match="CHECK: no attachments recorded for container c1"):
+        node.run("CHECK", "c1", netns)
+
+
+@pytest.mark.privileged
+def test_a_failed_check_names_the_pod_and_the_network(node, netns):
+    error = {"cniVersion": "1.0.0", "code": 11, "msg": "not ready"}
+    node.configure([node.stub("cluster", failOn="CHECK", error=error)])
+    node.run("ADD", "c1", netns)
+    with pytest.raises(MultusError) as err:
+        node.run("CHECK", "c1", netns)
+    assert err.value.msg == ('CHECK: [ns/web/u1:cluster]: error adding container to network '
+                             '"cluster": not ready')
+
+
+def test_status_asks_the_cluster_networks_plugins_only(node):
+    node.configure([node.stub("cluster", cniVersion="1.1.0"),
+                    node.stub("extra", cniVersion="1.1.0")])
+    node.run("STATUS", cniVersion="1.1.0")
+    assert node.calls() == [("STATUS", "cluster", "")]
+
+
+def test_status_waits_for_the_readiness_indicator_file_within_the_deadline(node, tmp_path):
+    node.configure([node.stub("cluster", cniVersion="1.1.0")],
+                   multusConfigFile=str(tmp_path / "00-multus.conf"))
+    req = node.request("STATUS", cniVersion="1.1.0",
+                       readinessindicatorfile=str(tmp_path / "ready"))
+    with pytest.raises(TryAgainLater, match="still waiting for readinessindicatorfile"):
+        node.multus.cni(req, time.monotonic() + 0.3, LOG)
+    (tmp_path / "ready").write_text("")
+    node.multus.cni(req, time.monotonic() + 5, LOG)
+    assert node.calls() == [("STATUS", "cluster", "")]
+
+
+def test_gc_hands_the_cluster_network_every_attachment_the_result_cache_holds(node, tmp_path):
+    node.configure([node.stub("cluster", cniVersion="1.1.0")])
+    with pytest.raises(MultusError, match="results does not exist"):
+        node.run("GC", cniVersion="1.1.0")
+    results = os.path.join(node.cni_dir, "results")
+    os.makedirs(results)
+    with open(os.path.join(results, "other-c9-eth0"), "w") as handle:
+        json.dump({"kind": "cniCacheV1", "containerId": "c9", "ifName": "eth0",
+                   "networkName": "other", "config": ""}, handle)
+    node.run("GC", cniVersion="1.1.0")
+    (call,) = stub_calls(node)
+    assert call["command"] == "GC"
+    assert call["stdin"]["cni.dev/valid-attachments"] == [{"containerID": "c9",
+                                                           "ifname": "eth0"}]
