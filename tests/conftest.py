@@ -45,6 +45,24 @@ def host_cni_dir_untouched() -> Iterator[None]:
         "a \"cniDir\" of the test's own (DaemonProcess.shim_conf() does)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kubeconfig_files_removed() -> Iterator[None]:
+    """The files every kubeconfig load keeps in the root-only directory of /run (a parsed copy
+    per path and content, the ``-data`` certificates and keys) are removed when the tests end:
+    the tests' kubeconfigs have a path and content of their own each, and are not the host's."""
+    from multusd.kube.kubeconfig import data_dir
+
+    directory = data_dir()
+    before = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    yield
+    if os.path.isdir(directory):
+        for name in set(os.listdir(directory)) - before:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
 KUBE_FIXTURES = {"kube_api", "make_kube_api"}
 
 

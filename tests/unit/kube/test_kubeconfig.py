@@ -64,17 +64,6 @@ def both(path):
     return ours(path), theirs(path)
 
 
-@pytest.fixture(autouse=True)
-def no_data_files_left():
-    """Remove the -data files a test made (the directory is shared with real daemons)."""
-    directory = kubeconfig.data_dir()
-    before = set(os.listdir(directory)) if os.path.isdir(directory) else set()
-    yield
-    if os.path.isdir(directory):
-        for name in set(os.listdir(directory)) - before:
-            os.unlink(os.path.join(directory, name))
-
-
 @pytest.fixture
 def files(tmp_path):
     for name, data in (("ca.crt", CA), ("client.crt", CERT), ("client.key", KEY)):
