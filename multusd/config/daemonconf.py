@@ -25,6 +25,7 @@ from multusd.store.valueclass import Record, field
 from multusd.wire.delwindow import DEFAULT_WINDOW
 
 LOG = logging.getLogger(__name__)
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"  # upstream: every interface
 
 DEFAULT_CONFIG_PATH = "/etc/cni/net.d/multus.d/daemon-config.json"
 LOG_LEVELS = ("debug", "verbose", "error", "panic")
@@ -53,7 +54,7 @@ class DaemonConfig(Record):
     log_to_stderr: bool = True
     log_options: Mapping[str, Any] = field(default_factory=dict)
     metrics_port: int | None = None
-    metrics_address: str = "127.0.0.1"
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
     kubeconfig: str = ""
     node_name: str = ""
     request_timeout: float = 110.0
@@ -115,7 +116,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         "log_to_stderr": problems.boolean(raw, "logToStderr", True),
         "log_options": problems.mapping(raw, "logOptions"),
         "metrics_port": problems.port(raw, "metricsPort"),
-        "metrics_address": problems.string(raw, "metricsAddress", "127.0.0.1"),
+        "metrics_address": problems.string(raw, "metricsAddress", DEFAULT_METRICS_ADDRESS),
         "kubeconfig": problems.string(raw, "kubeconfig", ""),
         "node_name": problems.string(raw, "nodeName", ""),  # "" = resolved by the daemon
         "request_timeout": problems.positive(raw, "requestTimeout", 110.0, float),

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from multusd import __version__
 from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.core.settings import cni_dir_of
-from multusd.daemon import delretry, metrics, systemd
+from multusd.daemon import delretry, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.multus import Multus
 from multusd.errors import MultusError
@@ -178,10 +178,10 @@ class Daemon:
         if self.config.metrics_port is None:
             return
         try:
-            self.metrics_server = metrics.serve(self.config.metrics_address,
+            self.metrics_server = metricsserver.serve(self.config.metrics_address,
                                                 self.config.metrics_port,
                                                 registry=self.metrics.registry)
-        except metrics.MetricsServerError as exc:
+        except metricsserver.MetricsServerError as exc:
             raise StartupError(str(exc)) from exc
         kube = self.kube
 

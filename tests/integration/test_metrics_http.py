@@ -14,7 +14,8 @@ import pytest
 
 from multusd.cni import invoke
 from multusd.daemon import metrics
-from multusd.daemon.metrics import DaemonMetrics, MetricsServerError, serve
+from multusd.daemon.metrics import DaemonMetrics
+from multusd.daemon.metricsserver import DEFAULT_ADDRESS, MetricsServerError, serve
 from testlib import metric_value
 
 
@@ -147,7 +148,7 @@ def test_close_stops_serving_and_frees_the_port():
 
 def test_empty_address_means_loopback():
     with serve("", 0, registry=DaemonMetrics().registry) as running:
-        assert running.address == metrics.DEFAULT_ADDRESS == "127.0.0.1"
+        assert running.address == DEFAULT_ADDRESS == "127.0.0.1"
         assert get(running.url)[0] == 200
 
 
