@@ -20,6 +20,7 @@ from typing import Optional
 from multusd.errors import DecodeFailure, InvalidEnvironment
 
 MAX_BODY = 4 * 1024 * 1024
+READ_TIMEOUT = 30.0  # seconds for a whole request, and for each answer's writes
 MAX_HEADER_LINE = 65536
 MAX_HEADERS = 100
 MAX_HEAD = 65536  # request line and headers together

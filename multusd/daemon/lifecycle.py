@@ -270,7 +270,7 @@ class Daemon:
         return info
 
     def _report_status(self) -> None:
-        counts = self.server.counts
+        counts = self.server.runner.counted()
         systemd.notify(f"STATUS=serving: {counts['ok']} requests done, "
                        f"{counts['failed']} failed, {self.server.in_flight} in flight"
                        f"{self._node_status()}")

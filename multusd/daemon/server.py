@@ -5,14 +5,15 @@ request head and body as its bytes arrive, so a connection that sends nothing or
 holds no thread and no worker: it is closed when its head has not arrived within
 ``head_timeout`` (5 s), or its whole request within ``read_timeout``. The reactor itself
 answers ``/healthz``, ``/readyz`` and ``/status`` (they never wait behind CNI work) and every
-refusal; a complete ``/cni`` or ``/delegate`` request goes to :class:`~multusd.daemon.lanes.Lanes`
-(a DEL lane beside the general one, one sandbox's requests in order, one at a time), whose
-worker answers it. Bounded: open connections (at the cap the oldest idle one is closed for a
-new one), waiting requests, each request's head and body, and bytes of request buffered in
-all (a declared body counts in full once its head is read, a chunked one as it comes; past
-the bound either is refused "busy, retry"). A refused request
-is answered 400 with CNI error JSON, then what the client still sends is read away (bounded)
-before the close, so that it reads the answer instead of a broken pipe.
+refusal; a complete ``/cni`` or ``/delegate`` request goes to
+:class:`~multusd.daemon.lanes.Lanes` (a DEL lane beside the general one, one sandbox's
+requests in order, one at a time), whose worker runs and answers it
+(:mod:`multusd.daemon.cnirun`). Bounded: open connections (at the cap the oldest idle one is
+closed for a new one), waiting requests, each request's head and body, and bytes of request
+held in all (:class:`~multusd.daemon.cnirun.MemoryBound`: a declared body counts in full once
+its head is read, a chunked one as it comes; past the bound either is refused "busy, retry").
+A refused request is answered 400 with CNI error JSON, then what the client still sends is
+read away (bounded) before the close, so that it reads the answer instead of a broken pipe.
 """
 
 from __future__ import annotations
@@ -31,15 +32,16 @@ from collections import OrderedDict
 from typing import Any, Callable, List, Mapping, Optional
 
 from multusd.daemon import httpreq
-from multusd.daemon.httpreq import LINGER, READING, READY_WAIT, WRITING, Connection
+from multusd.daemon.httpreq import (LINGER, READ_TIMEOUT, READING, READY_WAIT, WRITING,
+                                    Connection)
+from multusd.daemon.cnirun import CniRunner, Handler, MemoryBound, error_answer
 from multusd.daemon.lanes import Job, Lanes, del_lane_workers
-from multusd.errors import (DecodeFailure, MultusError, TryAgainLater, from_exception)
+from multusd.errors import DecodeFailure, MultusError, TryAgainLater
 from multusd.wire import api
 
 LOG = logging.getLogger(__name__)
 
 MAX_BODY = httpreq.MAX_BODY
-READ_TIMEOUT = 30.0  # the whole request, and each answer's writes
 HEAD_TIMEOUT = 5.0  # a connection's request head; a shim sends it at once
 # A /readyz asked while the daemon starts is answered when it becomes ready, or after this
 # long: the shim then does not sleep between polls through a cold start.
@@ -54,8 +56,6 @@ LINGER_BYTES = 16 * MAX_BODY
 MAX_BUFFERED = 64 * 1024 * 1024
 SWEEP_INTERVAL = 1.0  # how often waiting requests are checked against their deadline
 
-# handler(endpoint, body, deadline, request_id) -> response object (dict) or None
-Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
 
 class Server:
     """Serves the Multus API on a listening unix socket until :meth:`stop`."""
@@ -79,17 +79,17 @@ class Server:
         self.read_timeout = read_timeout or READ_TIMEOUT
         self.head_timeout = head_timeout or HEAD_TIMEOUT
         self.max_connections = max_connections or max(512, 8 * workers)
-        self.max_buffered = max_buffered or MAX_BUFFERED
         fast_workers = del_workers or del_lane_workers(workers)
         # CNI requests, running or waiting, never hold the connection slots probes need
         room = self.max_connections - workers - fast_workers - PROBE_ROOM
-        self.lanes = Lanes(self._run_job, workers=workers, fast_workers=fast_workers,
+        self.memory = MemoryBound(max_buffered or MAX_BUFFERED)
+        self.runner = CniRunner(handler, self.memory, request_timeout=request_timeout,
+                                observe_http=observe_http, after_request=after_request,
+                                finished=lambda job: self._closed())
+        self.lanes = Lanes(self.runner.run_job, workers=workers, fast_workers=fast_workers,
                            max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
         self.ready = True
-        self.counts = {"ok": 0, "failed": 0}
-        self._counts_lock = threading.Lock()
         self._open = 0  # connections accepted and not yet closed, reactor's or a worker's
-        self._buffered = 0
         self._idle = threading.Condition()
         self._conns: "OrderedDict[int, Connection]" = OrderedDict()  # the reactor's, oldest first
         self._timers: List[tuple] = []  # (deadline, sequence, conn) heap, stale entries skipped
@@ -165,9 +165,7 @@ class Server:
 
     def status(self) -> dict:
         """What ``GET /status`` answers: request counts and in flight, plus :attr:`describe`."""
-        with self._counts_lock:
-            counts = dict(self.counts)
-        info = {"requests": counts, "inFlight": max(0, self._open - 1),  # not this one
+        info = {"requests": self.runner.counted(), "inFlight": max(0, self._open - 1),  # not this one
                 "queued": self.lanes.queued, "running": self.lanes.running,
                 "ready": bool(self.ready and self.readiness())}
         info.update(self.describe())
@@ -286,7 +284,7 @@ class Server:
                 LOG.debug("a client did not send its request in time")
                 limit = (self.read_timeout if conn.parser.state != httpreq.HEAD
                          else min(self.head_timeout, self.read_timeout))
-                self._answer(conn, 408, _error(TryAgainLater(
+                self._answer(conn, 408, error_answer(TryAgainLater(
                     f"the request was not received within {limit:.0f}s"))[1])
             else:  # sent nothing, did not read its answer, or lingered long enough
                 self._close(conn)
@@ -305,21 +303,21 @@ class Server:
                 conn.eof = True
                 parser.at_eof()
                 return self._close(conn)  # nothing sent, or nothing more expected
-            self._charge(conn, len(data))
+            self.memory.charge(conn, len(data))
             before = parser.state
             parser.feed(data)
             if parser.parse() != httpreq.HEAD and before == httpreq.HEAD:
                 self._set_deadline(conn, conn.read_deadline)
                 self._route(conn)
-            if conn.metered and conn.phase == READING and self._buffered > self.max_buffered:
-                raise self._busy_buffering()
+            if conn.metered and conn.phase == READING and self.memory.over():
+                raise self.memory.busy()
             if conn.phase == READING and parser.state == httpreq.DONE:
                 self._complete(conn)
         except httpreq.BadRequest as exc:
             LOG.debug("malformed HTTP request: %s", exc)
-            self._answer(conn, *_error(DecodeFailure(f"malformed HTTP request: {exc}")))
+            self._answer(conn, *error_answer(DecodeFailure(f"malformed HTTP request: {exc}")))
         except MultusError as exc:
-            self._answer(conn, *_error(exc))
+            self._answer(conn, *error_answer(exc))
 
     def _route(self, conn: Connection) -> None:
         """The head is in: answer at once, or say which body to read."""
@@ -352,10 +350,10 @@ class Server:
             to_come = length - len(parser.buffer)  # what came with the head is charged
             if length < 0:
                 conn.metered = True  # chunked: charged as it comes, up to the bound
-            elif self._buffered + to_come > self.max_buffered:
-                raise self._busy_buffering()
+            elif self.memory.over(to_come):
+                raise self.memory.busy()
             elif to_come > 0:  # charged now, so that bodies still to come count in the bound
-                self._charge(conn, to_come)
+                self.memory.charge(conn, to_come)
                 conn.reserved = to_come
             self._continue(conn)
             parser.expect_body(length)
@@ -395,7 +393,7 @@ class Server:
         job = Job(conn.sock, parser.path, parser.method, parser.body,
                   time.monotonic() + self.request_timeout, command, key, conn.charged)
         if not self.lanes.submit(job):
-            return self._answer(conn, *_error(TryAgainLater(
+            return self._answer(conn, *error_answer(TryAgainLater(
                 f"multusd is busy: {self.lanes.max_queued} requests are waiting for a worker; "
                 "retry, or raise \"workers\" in daemon-config.json")))
         self._disown(conn)
@@ -442,7 +440,7 @@ class Server:
         except OSError:
             return self._close(conn)
         conn.phase = LINGER
-        self._refund(conn)
+        self.memory.refund(conn)
         self._modify(conn, selectors.EVENT_READ)
         self._set_deadline(conn, time.monotonic() + LINGER_TIMEOUT)
 
@@ -468,10 +466,7 @@ class Server:
         self._conns[conn.fd] = conn
         self._selector.register(sock, selectors.EVENT_READ, conn)
         conn.events = selectors.EVENT_READ
-        self._count("failed")
-        self._answer(conn, *_error(TryAgainLater(
-            f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
-            "raise \"workers\" in daemon-config.json or retry")))
+        self._answer(conn, *self.runner.too_late())
 
     def _modify(self, conn: Connection, events: int) -> None:
         if events == conn.events:
@@ -500,7 +495,7 @@ class Server:
             conn.sock.close()
         except OSError:
             pass
-        self._refund(conn)
+        self.memory.refund(conn)
         self._closed()
 
     def _closed(self) -> None:
@@ -509,76 +504,3 @@ class Server:
             self._idle.notify_all()
             if not self._accepting and not self._stopped:
                 self._wake_locked()  # a connection slot is free: the reactor may accept
-
-    def _busy_buffering(self) -> MultusError:
-        return TryAgainLater(f"multusd is busy: {self._buffered >> 20} MiB of requests are "
-                             "waiting to be served; retry")
-
-    def _charge(self, conn: Connection, size: int) -> None:
-        """Count ``size`` bytes read against the bound, but for those charged in advance."""
-        covered = min(size, conn.reserved)
-        conn.reserved -= covered
-        with self._idle:
-            self._buffered += size - covered
-        conn.charged += size - covered
-
-    def _refund(self, conn: Connection) -> None:
-        if conn.charged:
-            with self._idle:
-                self._buffered -= conn.charged
-            conn.charged = conn.reserved = 0
-
-    # -- the workers' side ------------------------------------------------------------------
-    def _run_job(self, job: Job) -> None:
-        """On a worker thread: run one CNI request, answer it, close the connection."""
-        if time.monotonic() >= job.deadline:
-            self._count("failed")
-            status, payload = _error(TryAgainLater(
-                f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
-                "raise \"workers\" in daemon-config.json or retry"))
-        else:
-            status, payload = self.run_cni(job.path, job.body, job.deadline)
-        sock = job.conn
-        try:
-            sock.setblocking(True)
-            sock.settimeout(READ_TIMEOUT)
-            sock.sendall(httpreq.response(status, payload))
-            self.observe_http(job.path, job.method, status)
-        except OSError as exc:
-            LOG.debug("the client of a %s request went away before its answer: %s",
-                      job.command or "CNI", exc)
-        finally:
-            try:
-                sock.close()
-            except OSError:
-                pass
-            if job.charged:
-                with self._idle:
-                    self._buffered -= job.charged
-            self._closed()
-
-    def run_cni(self, endpoint: str, body: bytes, deadline: float) -> tuple[int, bytes]:
-        """Run one /cni or /delegate request; (status, body) to answer."""
-        request_id = os.urandom(8).hex()  # not uuid: it imports platform
-        try:
-            response = self.handler(endpoint, body, deadline, request_id)
-        except Exception as exc:  # every failure reaches the runtime as a CNI error
-            error = from_exception(exc)
-            if not isinstance(exc, MultusError):
-                LOG.exception("request %s failed unexpectedly", request_id)
-            self._count("failed")
-            return _error(error)
-        self._count("ok")
-        if response is None:
-            return 200, b""
-        return 200, json.dumps(response).encode()
-
-    def _count(self, outcome: str) -> None:
-        with self._counts_lock:
-            self.counts[outcome] += 1
-        self.after_request()
-
-
-def _error(error: MultusError) -> tuple[int, bytes]:
-    return 400, json.dumps(error.to_cni_error()).encode()
-
