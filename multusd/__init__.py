@@ -46,6 +46,17 @@ COMMAND_MIN_VERSION: dict = {"CHECK": "0.4.0", "STATUS": "1.1.0", "GC": "1.1.0"}
 #: gives libcni) and the marks of a failed DEL.
 DEFAULT_CNI_DIR: str = "/var/lib/cni/multus"
 
+#: The marks of a DEL that failed, one file per container ID in ``<cniDir>/<UNRELEASED_DIR>``
+#: (a name no container ID has), written by the shim when the daemon cannot answer
+#: (``wire/delwindow``) and by the daemon (``core/unreleased``): who wrote a mark, the runtime's
+#: request env kept in it (to run the DEL again), and the daemon's ``deleteRetryWindow`` for
+#: the shim, in ``<UNRELEASED_DIR>/<WINDOW_FILE>``.
+UNRELEASED_DIR: str = ".multusd-unreleased"
+WINDOW_FILE: str = ".settings"
+MARKED_BY_SHIM, MARKED_BY_DAEMON = "shim", "daemon"
+MARK_REQUEST_ENV: tuple = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME",
+                           "CNI_ARGS", "CNI_PATH")
+
 #: The keys of the spec's DNS object (a result's ``dns``, a network config's ``dns``).
 DNS_KEYS: tuple = ("nameservers", "domain", "search", "options")
 

@@ -30,7 +30,8 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from multusd import store
+from multusd import (MARK_REQUEST_ENV, MARKED_BY_DAEMON, MARKED_BY_SHIM, UNRELEASED_DIR,
+                     WINDOW_FILE, store)
 from multusd.cni.args import parse_cni_args
 from multusd.cni.resultcache import RESULTS_DIR
 from multusd.cni.names import is_valid_name
@@ -39,16 +40,11 @@ from multusd.store.valueclass import Record, replace
 
 LOG = logging.getLogger(__name__)
 
-MARK_DIR = ".multusd-unreleased"   # the same names as multusd.wire.delwindow's
-SETTINGS_FILE = ".settings"
-BY_SHIM, BY_DAEMON = "shim", "daemon"
 # Once the pod is gone from the API: kubelet retries an orphaned sandbox's StopPodSandbox
 # about every 10 s, so a transient failure still gets three more tries.
 POD_GONE_GRACE = 30.0
 EVENT_REASON = "NetworkNotReleased"
 REPORTING, UNRELEASED = "reporting", "unreleased"
-REQUEST_ENV = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS",
-               "CNI_PATH")
 
 
 class Failure(Record):
@@ -124,11 +120,11 @@ class FailedDelete(Record):
 
 
 def mark_dir(cni_dir: str) -> str:
-    return os.path.join(cni_dir, MARK_DIR)
+    return os.path.join(cni_dir, UNRELEASED_DIR)
 
 
 def mark_path(cni_dir: str, container_id: str) -> str:
-    return os.path.join(cni_dir, MARK_DIR, container_id)
+    return os.path.join(cni_dir, UNRELEASED_DIR, container_id)
 
 
 def read(cni_dir: str, container_id: str) -> Optional[FailedDelete]:
@@ -176,10 +172,10 @@ def record(cni_dir: str, request: Any, failures: Sequence[Failure], error: str, 
         until = min(until, gone_since + min(window, POD_GONE_GRACE))
     mark = FailedDelete(
         container_id=request.container_id, first_failure=first, last_failure=now,
-        until=until, attempts=(old.attempts if old is not None else 0) + 1, by=BY_DAEMON,
+        until=until, attempts=(old.attempts if old is not None else 0) + 1, by=MARKED_BY_DAEMON,
         error=error, failures=tuple(failures), window=window, pod_gone_since=gone_since,
         announced=old.announced if old is not None else False,
-        request={"env": {k: request.env[k] for k in REQUEST_ENV if k in request.env},
+        request={"env": {k: request.env[k] for k in MARK_REQUEST_ENV if k in request.env},
                  "config": request.config_bytes.decode("utf-8", "replace")})
     _write(cni_dir, mark)
     return mark
@@ -263,7 +259,7 @@ def publish_window(cni_dir: str, window: float, default: float) -> None:
 
     :raises IOFailure: it cannot be written or removed.
     """
-    path = os.path.join(mark_dir(cni_dir), SETTINGS_FILE)
+    path = os.path.join(mark_dir(cni_dir), WINDOW_FILE)
     if window == default:
         if store.remove(path):
             try:
@@ -362,7 +358,7 @@ def _parse(container_id: str, data: Optional[dict]) -> Optional[FailedDelete]:
         container_id=container_id, first_failure=first,
         last_failure=_number(data, "lastFailure", first), until=_number(data, "until", first),
         attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 1,
-        by=str(data.get("by") or BY_SHIM), error=str(data.get("error") or ""),
+        by=str(data.get("by") or MARKED_BY_SHIM), error=str(data.get("error") or ""),
         failures=failures, window=_number(data, "window"),
         pod_gone_since=_number(data, "podGoneSince"), announced=data.get("announced") is True,
         request=request if isinstance(request, dict) else None)

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from multusd import MARKED_BY_SHIM
 from multusd.config import daemonconf, nodename
 from multusd.errors import ConfigError
 from multusd.wire import api
@@ -248,7 +249,7 @@ def failed_delete_line(record: Any, now: Optional[float] = None) -> str:
     who = f"{record.pod or mark.pod or '?'} {record.container_id}"
     history = (f"its DEL has failed since {unreleased.stamp(mark.first_failure)} "
                f"({mark.attempts} attempt(s)" + (", recorded by the shim: multusd did not "
-                                                  "record them" if mark.by == unreleased.BY_SHIM
+                                                  "record them" if mark.by == MARKED_BY_SHIM
                                                   else "")
                + f"): {mark.what_failed()}")
     if mark.is_unreleased(now):

@@ -26,23 +26,19 @@ nothing. Times are the wall clock (seconds since the epoch), so they survive reb
 import os
 import time
 
-from multusd import DEFAULT_CNI_DIR
+from multusd import (DEFAULT_CNI_DIR, MARK_REQUEST_ENV, MARKED_BY_SHIM, UNRELEASED_DIR,
+                     WINDOW_FILE)
 from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
 
-MARK_DIR = ".multusd-unreleased"
-SETTINGS_FILE = ".settings"  # {"deleteRetryWindow": seconds}, written by the daemon at start
 # Five minutes: kubelet retries a failed StopPodSandbox about every 10 s (its pod workers'
 # back-off), so a transient failure (an IPAM daemon or OVS restarting, a plugin being
 # upgraded) gets ~30 more tries; it is longer than the default terminationGracePeriod (30 s)
 # and well within the timeouts drain tools use (10 min and more).
 DEFAULT_WINDOW = 300.0
-BY_SHIM, BY_DAEMON = "shim", "daemon"
-REQUEST_ENV = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS",
-               "CNI_PATH")
 
 
 def marks_dir(cni_dir: str = "") -> str:
-    return os.path.join(cni_dir or DEFAULT_CNI_DIR, MARK_DIR)
+    return os.path.join(cni_dir or DEFAULT_CNI_DIR, UNRELEASED_DIR)
 
 
 def cni_dir_of(conf: dict) -> str:
@@ -58,7 +54,7 @@ def cni_dir_of(conf: dict) -> str:
 def window(directory: str) -> float:
     """The daemon's published ``deleteRetryWindow``, else :data:`DEFAULT_WINDOW`."""
     try:
-        with open(os.path.join(directory, SETTINGS_FILE), "rb") as handle:
+        with open(os.path.join(directory, WINDOW_FILE), "rb") as handle:
             value = quickjson.loads(handle.read()).get("deleteRetryWindow")
     except (OSError, ValueError, AttributeError):
         return DEFAULT_WINDOW
@@ -100,15 +96,15 @@ def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
     path = os.path.join(directory, container_id)
     now = time.time() if now is None else now
     mark = read_mark(path)
-    if mark is not None and mark.get("by") != BY_SHIM:
+    if mark is not None and mark.get("by") != MARKED_BY_SHIM:
         return mark
     first = mark is None
     if first:
         seconds = window(directory)
-        mark = {"containerId": container_id, "by": BY_SHIM, "firstFailure": now,
+        mark = {"containerId": container_id, "by": MARKED_BY_SHIM, "firstFailure": now,
                 "lastFailure": now, "until": now + seconds, "window": seconds, "attempts": 1,
                 "error": error,
-                "request": {"env": {k: env[k] for k in REQUEST_ENV if k in env},
+                "request": {"env": {k: env[k] for k in MARK_REQUEST_ENV if k in env},
                             "config": stdin.decode("utf-8", "replace")}}
     else:
         attempts = mark.get("attempts")

@@ -30,11 +30,8 @@ def del_request(cni_dir: str, cid: str = "c0ffee", uid: str = "u-1") -> request.
 FAILED = (unreleased.Failure(network="default/vendor", ifname="net1", error="plugin gone"),)
 
 
-def test_the_same_format_and_place_as_the_shims():
-    assert unreleased.MARK_DIR == delwindow.MARK_DIR
-    assert unreleased.SETTINGS_FILE == delwindow.SETTINGS_FILE
-    assert unreleased.REQUEST_ENV == delwindow.REQUEST_ENV
-    assert (unreleased.BY_SHIM, unreleased.BY_DAEMON) == (delwindow.BY_SHIM, delwindow.BY_DAEMON)
+def test_the_same_place_and_window_as_the_shims():
+    assert unreleased.mark_dir("/x") == delwindow.marks_dir("/x")
     assert daemonconf.from_dict({}).delete_retry_window == delwindow.DEFAULT_WINDOW
 
 

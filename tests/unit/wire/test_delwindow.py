@@ -6,6 +6,7 @@ import json
 import os
 import stat
 
+import multusd
 from multusd.wire import delwindow
 
 ENV = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c0ffee", "CNI_NETNS": "/run/netns/x",
@@ -19,7 +20,7 @@ def conf(tmp_path) -> dict:
 
 
 def mark_file(tmp_path, cid: str = "c0ffee") -> str:
-    return str(tmp_path / "cni" / delwindow.MARK_DIR / cid)
+    return str(tmp_path / "cni" / multusd.UNRELEASED_DIR / cid)
 
 
 def test_the_first_failure_starts_the_default_window_in_a_root_only_mark(tmp_path):
@@ -49,14 +50,14 @@ def test_later_failures_keep_the_first_and_count(tmp_path):
 def test_the_daemons_published_window_is_used(tmp_path):
     directory = os.path.dirname(mark_file(tmp_path))
     os.makedirs(directory)
-    with open(os.path.join(directory, delwindow.SETTINGS_FILE), "w") as handle:
+    with open(os.path.join(directory, multusd.WINDOW_FILE), "w") as handle:
         json.dump({"deleteRetryWindow": 7}, handle)
 
     mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=1000.0)
 
     assert (mark["window"], mark["until"]) == (7.0, 1007.0)
     for bad in ('{"deleteRetryWindow": -1}', '{"deleteRetryWindow": true}', "[", "{}"):
-        with open(os.path.join(directory, delwindow.SETTINGS_FILE), "w") as handle:
+        with open(os.path.join(directory, multusd.WINDOW_FILE), "w") as handle:
             handle.write(bad)
         assert delwindow.window(directory) == delwindow.DEFAULT_WINDOW
 
