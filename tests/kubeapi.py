@@ -841,7 +841,8 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             selector.terms.append((_FieldSelector.FIELDS["metadata.namespace"], ns, True))
         api = self.server.api
         with api._cond:
-            api.read_log.append((time.monotonic(), kind, _is_watch(query)))
+            api.read_log.append((time.monotonic(), kind, _is_watch(query) and  # a WatchList:
+                                 query.get("sendInitialEvents", "").lower() != "true"))  # a read
         if _is_watch(query):
             self._watch(kind, store, selector, query, generation,
                         (list_kind[:-len("List")], api_version))

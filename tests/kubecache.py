@@ -23,7 +23,8 @@ ledger uses too):
 Every list answered is recorded in :attr:`ReadPaths.list_reads` as (kind, "cache" or
 "storage", objects returned, objects read): a storage list of pods with a field selector
 reads every pod of the cluster, as ``apiserver_storage_list_fetched_objects_total`` counts;
-every list and watch asked for, with its arrival time, in :attr:`ReadPaths.read_log`.
+every read of the whole state (a LIST or a WatchList) and every watch asked for, with its
+arrival time, in :attr:`ReadPaths.read_log`.
 Faults of its own: :meth:`ReadPaths.hold_watch_cache`, :attr:`ReadPaths.watch_cache_ready`,
 :attr:`ReadPaths.between_pages` (a write and a compaction between two pages),
 :attr:`ReadPaths.watch_timeout_cap` (watches that end sooner).
@@ -123,7 +124,8 @@ class ReadPaths:
         self._history = History()
         self._cache_held: Optional[Tuple[int, Dict[str, Dict[Key, Obj]]]] = None
         self.list_reads: List[Tuple[str, str, int, int]] = []
-        self.read_log: List[Tuple[float, str, bool]] = []  # (monotonic time, kind, watch)
+        # (monotonic time, kind, a watch (True) or a read of the whole state: LIST, WatchList)
+        self.read_log: List[Tuple[float, str, bool]] = []
 
     # ---- test controls ---------------------------------------------------------------------
 
