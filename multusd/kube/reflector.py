@@ -15,20 +15,23 @@ bookmark annotated ``k8s.io/initial-events-end`` arrives; until then the cache s
 (not synced, if known stale), as during a LIST. The stream then goes on as the watch.
 
 *Else LIST then WATCH, for the life of the process* (:attr:`WatchState.watch_list`, shared by
-the reflectors of one server; logged once), where the server refuses a WatchList (422 Invalid:
-"sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList
-feature gate is enabled" while that gate is off, as in 1.27-1.31 and 1.33 by default;
-"resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch" in 1.19-1.26;
-a 400 from a proxy), refuses it in the stream (1.31 and later over an etcd before 3.4.31, or
-3.5.0-3.5.12: one ERROR event, 500, "a watch stream was requested by the client but the
-required storage feature RequestWatchProgress is disabled"), or ignores it (before 1.19: a
-plain watch from 0 sends the state as ADDED events but never the end bookmark). The end
-bookmark must come within :data:`WATCHLIST_END_WAIT` of the stream's start or of its last
-ADDED event: a server that streams lists sends it right after them, from the same snapshot
-(1.27-1.31: at its next bookmark tick, within about a second), after waiting at most 3 s for
-its cache to reach the version asked for; one that ignores the parameters sends its first
-bookmark after a minute. Where a WatchList worked before, a late end bookmark is a stalled
-stream, asked again. Any other failure backs off as that of any request.
+the reflectors of one server; logged once), where the server does not stream lists:
+
+* it refuses the request: 422 Invalid, "sendInitialEvents: Forbidden: sendInitialEvents is
+  forbidden for watch unless the WatchList feature gate is enabled" (1.27-1.31 and 1.33, whose
+  gate is off by default) or "resourceVersionMatch: Forbidden: resourceVersionMatch is
+  forbidden for watch" (1.19-1.26); or 400 (a proxy that does not take it);
+* it refuses it in the stream: 1.31 and later over an etcd that cannot answer progress
+  requests (before 3.4.31, or 3.5.0-3.5.12) send one ERROR event, 500 "a watch stream was
+  requested by the client but the required storage feature RequestWatchProgress is disabled";
+* it ignores it (before 1.19): a plain watch from 0 sends the state as ADDED events but never
+  the end bookmark, which must come within :data:`WATCHLIST_END_WAIT` of the stream's answer
+  or of its last ADDED event. A server that streams lists sends it right after them (1.27-1.31:
+  at its next bookmark tick, about a second later), having waited for its cache (at most 3 s)
+  before it answered; one that ignores the parameters sends its first bookmark after a minute.
+  Where a WatchList worked before, a late end bookmark is a stalled stream, asked again.
+
+Any other failure of a WatchList backs off as that of any request.
 
 *Lists.* The first asks for ``resourceVersion=0`` (pages of :data:`LIST_PAGE` with
 ``continue`` where the server pages, as a watch cache not yet ready does); a relist for the
@@ -75,6 +78,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from multusd.kube.clientconfig import ClientConfig, WatchError
 from multusd.kube.objects import Key, Obj, key_of
+from multusd.kube.retries import Backoff
 from multusd.kube.transport import IdleTimeout
 from multusd.kube.watchstream import (Expired, TooLarge, answer, gone, retry_after,
                                       shutdown_response, too_large, too_large_error,
@@ -104,23 +108,6 @@ Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 class NoWatchList(Exception):
     """The server does not stream lists (WatchList): it refused the request, refused it in
     the stream, or ignored ``sendInitialEvents`` (no end bookmark in time)."""
-
-
-class Backoff:
-    """Exponential backoff with jitter (each delay at random between half and all of the
-    current step, so that many nodes spread out), reset after a success."""
-
-    def __init__(self, initial: float = BACKOFF_INITIAL, maximum: float = BACKOFF_MAX) -> None:
-        self.initial, self.maximum = initial, maximum
-        self.current = initial
-
-    def next(self) -> float:
-        delay = self.current * random.uniform(0.5, 1.0)
-        self.current = min(self.current * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self.current = self.initial
 
 
 class WatchState:
@@ -174,8 +161,10 @@ class Reflector:
         self.watch_idle, self.list_end_wait = watch_idle, list_end_wait
         self.version = ""  # the last version synced to ("": none yet)
         self.version_unavailable = False  # the server said it cannot serve self.version
-        self.backoff = Backoff()  # requests that got no answer; reset by any answer
-        self.churn = Backoff()  # watches that end at once without news; reset by one that lives
+        # requests that got no answer; reset by any answer
+        self.backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
+        # watches that end at once without news; reset by one that lives
+        self.churn = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
         self.need_list = True  # the next round reads the whole state (first sync, relist)
         self.initial_events = 0  # events of the last WatchList before its end bookmark
         self._watching = False  # a watch was asked for in this round

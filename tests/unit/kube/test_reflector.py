@@ -13,7 +13,7 @@ import json
 import logging
 
 from multusd.kube import reflector as reflector_mod
-from multusd.kube import watchstream
+from multusd.kube import retries, watchstream
 from multusd.kube.reflector import WatchState
 from multusd.kube.transport import ApiError
 from testlib import wait_for
@@ -242,7 +242,7 @@ def test_a_silent_stream_is_resumed_from_its_version(kube_api, run):
 
 
 def test_backoff_doubles_to_its_cap_with_jitter_and_resets():
-    backoff = reflector_mod.Backoff(0.25, 4.0)
+    backoff = retries.Backoff(0.25, 4.0)
     steps = []
     for _ in range(8):
         step = backoff.current
@@ -252,7 +252,7 @@ def test_backoff_doubles_to_its_cap_with_jitter_and_resets():
     assert steps == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
     backoff.reset()
     assert backoff.current == 0.25
-    assert len({round(reflector_mod.Backoff(4.0, 4.0).next(), 6) for _ in range(50)}) > 10
+    assert len({round(retries.Backoff(4.0, 4.0).next(), 6) for _ in range(50)}) > 10
 
 
 def test_retry_after_comes_from_the_header_or_the_status():
