@@ -380,7 +380,8 @@ class Reflector:
             response = self.send(query, self.request_timeout,
                                  self.list_end_wait if initial else silence)
         except self.config.request_errors() as exc:
-            if initial and getattr(exc, "status", None) in (400, 422):
+            if initial and (getattr(exc, "status", None) in (400, 422) or
+                            NO_PROGRESS_REQUESTS in answer(exc)):
                 raise NoWatchList(f"{self.what}: answered {answer(exc)}") from exc
             raise
         self._opened = time.monotonic()
