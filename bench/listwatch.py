@@ -18,7 +18,7 @@ stand-in API server, in-process, and prints figures (nothing is asserted):
 ``restart``  an API server that is down ``--down`` seconds and comes back as kube-apiserver
              does (a new watch cache: watches from older versions get 410; the cache not
              ready for ``--warmup`` s: 429 Retry-After 1): seconds from its coming back to the
-             first LIST of each resource, and how long ADDs arriving every 0.2 s for
+             first LIST or WatchList of each resource, and how long ADDs arriving every 0.2 s for
              ``--adds-for`` s meanwhile take (the readiness wait as the shim's, the pod's
              lookup and its network-status PUT).
 
@@ -112,6 +112,14 @@ def reads(api: FakeKubeAPI, kind: str) -> List[str]:
                 for k, source, returned, read in api.list_reads if k == kind]
 
 
+def opened(api: FakeKubeAPI, kind: str, since: float, watch: bool) -> int:
+    """Watches (``watch``) or reads of the whole state (LISTs, WatchLists) of ``kind`` asked
+    for since ``since``."""
+    with api._cond:
+        return sum(1 for at, k, is_watch in api.read_log
+                   if k == kind and at >= since and is_watch == watch)
+
+
 def start(args: argparse.Namespace, workdir: str) -> Dict[str, Any]:
     api = make_api(workdir, args.pods, args.nads)
     proxy = CountingProxy(api.port)
@@ -164,8 +172,7 @@ def quiet(args: argparse.Namespace, workdir: str) -> Dict[str, Any]:
     try:
         client.wait_synced(30, nads=True)
         api.wait_for_watchers(2)
-        before = {path: api.count("GET", path, watch=True) for path in (PODS, NADS)}
-        lists = {path: api.count("GET", path, watch=False) for path in (PODS, NADS)}
+        began = time.monotonic()
         writer = threading.Thread(target=churn, daemon=True)
         writer.start()
         time.sleep(args.seconds)
@@ -173,10 +180,10 @@ def quiet(args: argparse.Namespace, workdir: str) -> Dict[str, Any]:
         writer.join()
         result: Dict[str, Any] = {
             "scaled_seconds": args.seconds, "stands_for_minutes": args.seconds * args.scale / 60,
-            "watch_opens": {path: api.count("GET", path, watch=True) - before[path]
-                            for path in (PODS, NADS)},
-            "relists": {path: api.count("GET", path, watch=False) - lists[path]
-                        for path in (PODS, NADS)}}
+            "watch_opens": {path: opened(api, kind, began, watch=True)
+                            for path, kind in ((PODS, "pods"), (NADS, "nads"))},
+            "relists": {path: opened(api, kind, began, watch=False)  # LISTs and WatchLists
+                        for path, kind in ((PODS, "pods"), (NADS, "nads"))}}
         reopens = getattr(client, "watch_reopens", None)
         if reopens is not None:
             result["reopens_by_cause"] = {f"{r}/{c}": n for (r, c), n in sorted(reopens.items())}

@@ -25,7 +25,8 @@ the real ``kubernetes`` client to work against it:
   compacted away, and send bookmarks as kube-apiserver does (every minute, and 2 s before
   their ``timeoutSeconds``); a watch with ``sendInitialEvents=true`` (WatchList, what
   client-go 0.35's informers open) streams the objects as ADDED, then the BOOKMARK annotated
-  ``k8s.io/initial-events-end``;
+  ``k8s.io/initial-events-end`` (or is refused or ignored as older servers do:
+  :attr:`watch_list`);
 * bearer-token auth (401 without it), optional TLS with a throw-away CA made by ``openssl``;
 * request bodies in JSON, or in Kubernetes' protobuf (``Content-Type:
   application/vnd.kubernetes.protobuf``, what client-go clients such as upstream Multus's
@@ -526,10 +527,11 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
     def fail_next(self, method: str, path_prefix: str, status: int = 0, *,
                   times: Optional[int] = 1, watch: Optional[bool] = None,
                   retry_after: Optional[Any] = None, drop: str = "",
-                  processed: bool = False) -> None:
+                  processed: bool = False, initial_events: Optional[bool] = None) -> None:
         """Answer the next ``times`` matching requests (None: all of them) with ``status``.
 
-        ``watch`` narrows the match to watch (True) or non-watch (False) requests.
+        ``watch`` narrows the match to watch (True) or non-watch (False) requests,
+        ``initial_events`` to WatchLists (True: ``sendInitialEvents=true``) or others.
         ``retry_after`` adds a ``Retry-After`` header (and, as kube-apiserver, the Status's
         ``details.retryAfterSeconds`` when it is a number). Instead of an answer, ``drop``
         cuts the connection once the request was read: ``"reset"`` (RST: SO_LINGER 0) or
@@ -542,7 +544,7 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
             self._failures.append({"method": method.upper(), "prefix": path_prefix,
                                    "status": status, "times": times, "watch": watch,
                                    "retry_after": retry_after, "drop": drop,
-                                   "processed": processed})
+                                   "processed": processed, "initial_events": initial_events})
 
     def fail_connections(self, how: str, times: int = 1) -> None:
         """Cut the next ``times`` connections as they are accepted, before reading a
@@ -577,19 +579,15 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
                 continue
             if failure["watch"] is not None and failure["watch"] != _is_watch(query):
                 continue
+            if failure["initial_events"] is not None and failure["initial_events"] != (
+                    query.get("sendInitialEvents", "").lower() == "true"):
+                continue
             if failure["times"] is not None:
                 failure["times"] -= 1
                 if failure["times"] <= 0:
                     self._failures.remove(failure)
             return dict(failure)
         return None
-
-
-def _initial_events_end(type_meta: Tuple[str, str], version: int) -> Obj:
-    """The BOOKMARK that closes a watch-list's initial events (KEP-3157)."""
-    return {"kind": type_meta[0], "apiVersion": type_meta[1],
-            "metadata": {"resourceVersion": str(version),
-                         "annotations": {"k8s.io/initial-events-end": "true"}}}
 
 
 def _is_watch(query: Dict[str, str]) -> bool:
@@ -843,7 +841,8 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             selector.terms.append((_FieldSelector.FIELDS["metadata.namespace"], ns, True))
         api = self.server.api
         with api._cond:
-            api.read_log.append((time.monotonic(), kind, _is_watch(query)))
+            api.read_log.append((time.monotonic(), kind, _is_watch(query) and  # a WatchList:
+                                 query.get("sendInitialEvents", "").lower() != "true"))  # a read
         if _is_watch(query):
             self._watch(kind, store, selector, query, generation,
                         (list_kind[:-len("List")], api_version))
@@ -862,7 +861,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         api = self.server.api
         # WatchList (kube-apiserver 1.32+, client-go 0.35's informers by default): the state
         # streamed as ADDED events, then a BOOKMARK marking the end of the initial events.
-        stream_list = query.get("sendInitialEvents", "").lower() == "true"
+        stream_list = api._watch_list(query)  # 422 for options the server refuses
         bookmarks = query.get("allowWatchBookmarks", "").lower() == "true"
         timeout = min(float(query.get("timeoutSeconds") or 1800), api.watch_timeout_cap)
         deadline = time.monotonic() + timeout
@@ -872,7 +871,8 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             if not api.watch_cache_ready:
                 raise ApiError(429, "TooManyRequests", "storage is (re)initializing",
                                {"retryAfterSeconds": 1})
-        if api.expired_as_http and requested not in ("", "0") and int(requested) < compacted:
+        if api.expired_as_http and not stream_list and requested not in ("", "0") and \
+                int(requested) < compacted:
             raise ApiError(410, "Gone", f"too old resource version: {requested} ({compacted})")
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Transfer-Encoding: chunked\r\nCache-Control: no-cache, private\r\n\r\n")
@@ -881,15 +881,17 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 api._watchers += 1
                 api._cond.notify_all()
                 horizon = api._horizon()
-                if requested in ("", "0") or (stream_list and int(requested) <= horizon):
-                    # "any version" (or "not older than"): synthetic ADDED events for what
-                    # the watch cache holds, then changes
+                if stream_list:  # tests/kubecache.py: the state, then the end bookmark
+                    initial, sent, goes_on = api._initial_events(kind, store, selector,
+                                                                 type_meta, requested)
+                    deadline = deadline if goes_on else 0.0
+                elif requested in ("", "0"):
+                    # "any version": synthetic ADDED events for what the watch cache holds,
+                    # then changes
                     initial = [("ADDED", copy.deepcopy(o))
                                for o in api._cache_objects(kind, store).values()
                                if selector.matches(o)]
                     sent = horizon
-                    if stream_list:
-                        initial.append(("BOOKMARK", _initial_events_end(type_meta, sent)))
                 elif int(requested) < api._history.compacted:
                     # like kube-apiserver: a 200 stream that carries one ERROR event, then ends
                     expired = status_object(410, "Expired", f"too old resource version: "

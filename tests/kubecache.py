@@ -23,7 +23,8 @@ ledger uses too):
 Every list answered is recorded in :attr:`ReadPaths.list_reads` as (kind, "cache" or
 "storage", objects returned, objects read): a storage list of pods with a field selector
 reads every pod of the cluster, as ``apiserver_storage_list_fetched_objects_total`` counts;
-every list and watch asked for, with its arrival time, in :attr:`ReadPaths.read_log`.
+every read of the whole state (a LIST or a WatchList) and every watch asked for, with its
+arrival time, in :attr:`ReadPaths.read_log`.
 Faults of its own: :meth:`ReadPaths.hold_watch_cache`, :attr:`ReadPaths.watch_cache_ready`,
 :attr:`ReadPaths.between_pages` (a write and a compaction between two pages),
 :attr:`ReadPaths.watch_timeout_cap` (watches that end sooner).
@@ -32,6 +33,14 @@ Watches are served from the same cache: they deliver nothing newer than it has s
 ``allowWatchBookmarks`` get a BOOKMARK about every :attr:`ReadPaths.bookmark_interval` seconds
 (60 on the real server) and one 2 s before their ``timeoutSeconds``, each carrying the cache's
 newest version, sent only when that is newer than the last the watcher got.
+
+A WatchList (``watch`` with ``sendInitialEvents=true``, KEP-3157) is a cache read too
+(:meth:`ReadPaths._initial_events`, recorded in :attr:`ReadPaths.list_reads`): with
+``resourceVersion=0`` the cache's state as it is (it may lag), with ``N`` once the cache has
+reached N (else, after :attr:`ReadPaths.too_large_wait`, an ERROR event "Too large resource
+version"), unset once it has reached the newest write; as ADDED events, then the BOOKMARK
+annotated ``k8s.io/initial-events-end``. Its options are validated as kube-apiserver does (422
+Invalid); :attr:`ReadPaths.watch_list` makes it answer as servers that do not stream lists.
 """
 
 from __future__ import annotations
@@ -104,12 +113,19 @@ class ReadPaths:
     #: called once, after the next page that has a ``continue`` token went out (a test's
     #: write and compaction between two pages)
     between_pages: Optional[Callable[[], None]] = None
+    #: how a WatchList is answered: "serve" (1.32, 1.34+ over an etcd that answers progress
+    #: requests); "refused" (its WatchList gate off, as 1.27-1.31 and 1.33 by default: 422
+    #: Invalid); "no-progress" (1.31+ over an etcd before 3.4.31 or 3.5.0-3.5.12: a 200 stream
+    #: of one ERROR event 500); "ignored" (before 1.19, that knew neither parameter: the
+    #: request is a plain watch)
+    watch_list = "serve"
 
     def _init_reads(self) -> None:
         self._history = History()
         self._cache_held: Optional[Tuple[int, Dict[str, Dict[Key, Obj]]]] = None
         self.list_reads: List[Tuple[str, str, int, int]] = []
-        self.read_log: List[Tuple[float, str, bool]] = []  # (monotonic time, kind, watch)
+        # (monotonic time, kind, a watch (True) or a read of the whole state: LIST, WatchList)
+        self.read_log: List[Tuple[float, str, bool]] = []
 
     # ---- test controls ---------------------------------------------------------------------
 
@@ -209,6 +225,60 @@ class ReadPaths:
                  if selector.matches(o)]
         self.list_reads.append((kind, "cache", len(items), len(items)))
         return items, {"resourceVersion": str(self._horizon())}
+
+    def _watch_list(self, query: Dict[str, str]) -> bool:
+        """Whether a watch streams its initial state (WatchList), after kube-apiserver's
+        validation of its options (apimachinery's ValidateListOptions: 422 Invalid)."""
+        initial, match = query.get("sendInitialEvents", ""), query.get("resourceVersionMatch", "")
+        if self.watch_list == "ignored" or not (initial or match):
+            return False
+        causes: List[Tuple[str, str, str]] = []  # (field, reason, detail)
+        if initial and match != "NotOlderThan":
+            causes.append(("resourceVersionMatch", "FieldValueForbidden", "sendInitialEvents "
+                           "requires setting resourceVersionMatch to NotOlderThan"))
+        if initial and self.watch_list == "refused":
+            causes.append(("sendInitialEvents", "FieldValueForbidden", "sendInitialEvents is "
+                           "forbidden for watch unless the WatchList feature gate is enabled"))
+        if match and not initial:
+            causes.append(("resourceVersionMatch", "FieldValueForbidden", "resourceVersionMatch "
+                           "is forbidden for watch unless sendInitialEvents is provided"))
+        if not causes:
+            return initial.lower() == "true"
+        texts = [f"{field}: Forbidden: {detail}" for field, _, detail in causes]
+        raise self._error(422, "Invalid", 'ListOptions.meta.k8s.io "" is invalid: ' + (
+            texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"),
+            {"group": "meta.k8s.io", "kind": "ListOptions",
+             "causes": [{"reason": reason, "message": f"Forbidden: {detail}", "field": field}
+                        for field, reason, detail in causes]})
+
+    def _initial_events(self, kind: str, store: Dict[Key, Obj], selector: Any,
+                        type_meta: Tuple[str, str], requested: str,
+                        ) -> Tuple[List[Tuple[str, Obj]], int, bool]:
+        """A WatchList's first events (called with _cond held): (events, the version they
+        bring the watcher to, whether the stream goes on)."""
+        if self.watch_list == "no-progress":  # the cacher's answer (kubernetes #125667)
+            return [("ERROR", {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "a watch stream was requested by the client but the required "
+                           "storage feature RequestWatchProgress is disabled",
+                "reason": "InternalError", "code": 500})], self._rv, False  # type: ignore
+        wanted = int(requested) if requested else self._rv  # type: ignore[attr-defined]
+        if wanted > self._horizon():
+            self._cond.wait_for(lambda: self._horizon() >= wanted,  # type: ignore[attr-defined]
+                                self.too_large_wait)
+            if wanted > self._horizon():
+                return [("ERROR", {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": f"Timeout: Too large resource version: {wanted}, current: "
+                               f"{self._horizon()}", "reason": "Timeout", "code": 504,
+                    "details": _too_large_details()})], self._rv, False  # type: ignore
+        horizon = self._horizon()
+        items = [copy.deepcopy(o) for o in self._cache_objects(kind, store).values()
+                 if selector.matches(o)]
+        self.list_reads.append((kind, "cache", len(items), len(items)))
+        end = bookmark(type_meta, horizon)
+        end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return [("ADDED", o) for o in items] + [("BOOKMARK", end)], horizon, True
 
     def _storage_list(self, kind: str, store: Dict[Key, Obj], selector: Any, at: Optional[int],
                       limit: int, after: Optional[Tuple[str, ...]]) -> Tuple[List[Obj], Obj]:

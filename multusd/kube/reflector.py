@@ -1,16 +1,47 @@
 """List+watch reflectors, one cache each, reading the API server as client-go's reflector does.
 
-A reflector lists, then watches from the list's resourceVersion, until it is stopped.
+A reflector reads the whole state into its cache, then watches from that state's
+resourceVersion, until it is stopped. Every read is served from the API server's watch cache,
+never from etcd unless the server asks for it.
 
-*Lists come from the API server's watch cache, never from etcd unless the server asks for it.*
-The first list asks for ``resourceVersion=0`` (any version the cache holds; pages of
-:data:`LIST_PAGE` with ``continue`` where the server pages, as a watch cache not yet ready
-does); a relist asks for the last version this reflector synced to (not older than what it has
-already seen: never back in time, and still a cache read). Only when the server answers that
-this version is unavailable (410 Expired, or 504 "Too large resource version") it lists
-consistently (``resourceVersion`` unset: a read from etcd). A ``continue`` token that expired
-while paging (410) makes it list the whole at the requested version once, as client-go's pager
-does. A list replaces the cache, so objects deleted while no watch could see them leave it.
+*One request per resource where the server streams lists (WatchList, KEP-3157).* The first
+sync asks for ``watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan`` with
+``resourceVersion=0``: any state the watch cache holds, at once (client-go's form without a
+version waits for the cache to catch up with etcd, which a server whose etcd cannot answer
+progress requests refuses); a relist asks for the last version this reflector synced to (not
+older than what it has seen: never back in time). Its ADDED events, and the changes a server
+of 1.27-1.31 may send before the end, build a fresh state that replaces the cache when the
+bookmark annotated ``k8s.io/initial-events-end`` arrives; until then the cache stays as it was
+(not synced, if known stale), as during a LIST. The stream then goes on as the watch.
+
+*Else LIST then WATCH, for the life of the process* (:attr:`WatchState.watch_list`, shared by
+the reflectors of one server; logged once), where the server does not stream lists:
+
+* it refuses the request: 422 Invalid, "sendInitialEvents: Forbidden: sendInitialEvents is
+  forbidden for watch unless the WatchList feature gate is enabled" (1.27-1.31 and 1.33, whose
+  gate is off by default) or "resourceVersionMatch: Forbidden: resourceVersionMatch is
+  forbidden for watch" (1.19-1.26); or 400 (a proxy that does not take it);
+* it refuses it in the stream: 1.31 and later over an etcd that cannot answer progress
+  requests (before 3.4.31, or 3.5.0-3.5.12) send one ERROR event, 500 "a watch stream was
+  requested by the client but the required storage feature RequestWatchProgress is disabled";
+* it ignores it (before 1.19): a plain watch from 0 sends the state as ADDED events but never
+  the end bookmark, which must come within :data:`WATCHLIST_END_WAIT` of the stream's answer
+  or of its last ADDED event. A server that streams lists sends it right after them (1.27-1.31:
+  at its next bookmark tick, about a second later), having waited for its cache (at most 3 s)
+  before it answered; one that ignores the parameters sends its first bookmark after a minute.
+  Where a WatchList worked before, a late end bookmark is a stalled stream, asked again.
+
+Any other failure of a WatchList backs off as that of any request.
+
+*Lists.* The first asks for ``resourceVersion=0`` (pages of :data:`LIST_PAGE` with
+``continue`` where the server pages, as a watch cache not yet ready does); a relist for the
+last version synced to. Only when the server answers that this version is unavailable (410
+Expired, or 504 "Too large resource version", also as an ERROR event of a WatchList) it lists
+consistently (``resourceVersion`` unset: a read from etcd, paged; a consistent WatchList would
+wait for the cache to catch up, which a server without progress requests cannot do). A
+``continue`` token that expired while paging (410) makes it list the whole at the requested
+version once, as client-go's pager does. A list replaces the cache, so objects deleted while
+no watch could see them leave it.
 
 *Watches live as long as the server lets them.* Each watch asks for bookmarks and ends after
 ``timeoutSeconds`` (:data:`WATCH_TIMEOUT_SECONDS`); the server sends a bookmark about once a
@@ -30,13 +61,6 @@ expiry waits a random part of :data:`RELIST_SPREAD`, so that the nodes of a clus
 watches expire together (an API server restart, a compaction) do not relist in the same
 second. Readers do not wait for it (see below).
 
-WatchList (``sendInitialEvents=true``) is not used: client-go's form of it (no version) makes
-a server whose etcd cannot answer progress requests wait up to 3 s for a quiet resource and
-then answer 504; the form with ``resourceVersion=0`` saves one request per start but works
-by default only on servers of 1.34 or later (earlier ones refuse it while their WatchList gate
-is off, and those before 1.27 ignore it and never send the end-of-initial-events bookmark,
-which only a timeout could tell).
-
 While a cache is known stale (expired, until its relist completes) it does not count as synced
 and its readers ask the API server instead. A failing list keeps its HTTP status (404: the
 resource type is not installed, 403: forbidden) for the readers to name, and a reader that
@@ -48,14 +72,17 @@ from __future__ import annotations
 import json
 import logging
 import random
-import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from multusd.kube.clientconfig import ClientConfig, WatchError
 from multusd.kube.objects import Key, Obj, key_of
+from multusd.kube.retries import Backoff
 from multusd.kube.transport import IdleTimeout
+from multusd.kube.watchstream import (Expired, TooLarge, answer, gone, retry_after,
+                                      shutdown_response, too_large, too_large_error,
+                                      watch_events)
 
 LOG = logging.getLogger(__name__)
 
@@ -64,40 +91,23 @@ WATCH_SILENCE_MARGIN = 30.0  # a stream silent this long past its timeoutSeconds
 LIST_PAGE = 500  # client-go's pager size
 BACKOFF_INITIAL = 0.25
 BACKOFF_MAX = 3.0  # a server back after an outage is asked again within this
-RETRY_AFTER_MAX = 60.0
 RELIST_SPREAD = 1.5  # a relist after an expiry waits up to this long (at random)
 YOUNG_WATCH = 1.0  # a watch that ends sooner without news ended "at once" (client-go's rule)
 # why a watch ended and another was opened (the label of multusd_watch_reopens_total)
 REOPEN_CAUSES = ("ended", "expired", "error", "connection", "silence")
+# a WatchList's end bookmark comes within this of the stream's start or of its last ADDED event
+WATCHLIST_END_WAIT = 5.0
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the annotation of that bookmark (KEP-3157)
+# what a server whose storage cannot answer progress requests says to every WatchList
+NO_PROGRESS_REQUESTS = "RequestWatchProgress"
 
 # send(query, timeout, read_timeout) -> the open (streaming) transport Response of a LIST/WATCH
 Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 
 
-class Expired(Exception):
-    """The watch's resourceVersion is not in the server's history (410): list again."""
-
-
-class TooLarge(Expired):
-    """The server's history is behind our version ("Too large resource version"): list
-    consistently, the version we know is of no use to it."""
-
-
-class Backoff:
-    """Exponential backoff with jitter (each delay at random between half and all of the
-    current step, so that many nodes spread out), reset after a success."""
-
-    def __init__(self, initial: float = BACKOFF_INITIAL, maximum: float = BACKOFF_MAX) -> None:
-        self.initial, self.maximum = initial, maximum
-        self.current = initial
-
-    def next(self) -> float:
-        delay = self.current * random.uniform(0.5, 1.0)
-        self.current = min(self.current * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self.current = self.initial
+class NoWatchList(Exception):
+    """The server does not stream lists (WatchList): it refused the request, refused it in
+    the stream, or ignored ``sendInitialEvents`` (no end bookmark in time)."""
 
 
 class WatchState:
@@ -115,6 +125,9 @@ class WatchState:
         self.reopens: Dict[Tuple[str, str], int] = {}  # (kind, cause): watch ends
         self.wake: Dict[str, threading.Event] = {kind: threading.Event() for kind in kinds}
         self.open_watches: Dict[str, Any] = {}
+        # the server streams lists (WatchList): None not known yet, True it did, False it
+        # does not (the reflectors list, then watch, for the life of the process)
+        self.watch_list: Optional[bool] = None
 
     def all_synced(self) -> bool:
         """Every cache holds a complete, not known stale, list (call with ``cond`` held)."""
@@ -134,19 +147,26 @@ class Reflector:
     :param trim: turns an object dict into what the cache holds.
     :param watch_idle: seconds a watch stream may stay silent before it is resumed anew;
         None: its ``timeoutSeconds`` and :data:`WATCH_SILENCE_MARGIN`.
+    :param list_end_wait: seconds a WatchList's end bookmark may take after the stream's
+        start or its last ADDED event (:data:`WATCHLIST_END_WAIT`).
     """
 
     def __init__(self, state: WatchState, kind: str, what: str, send: Send,
                  trim: Callable[[Obj], Any], store: Dict[Key, Any], config: ClientConfig,
-                 request_timeout: float, watch_idle: Optional[float] = None) -> None:
+                 request_timeout: float, watch_idle: Optional[float] = None,
+                 list_end_wait: float = WATCHLIST_END_WAIT) -> None:
         self.state, self.kind, self.what = state, kind, what
         self.send, self.trim, self.store = send, trim, store
         self.config, self.request_timeout = config, request_timeout
-        self.watch_idle = watch_idle
+        self.watch_idle, self.list_end_wait = watch_idle, list_end_wait
         self.version = ""  # the last version synced to ("": none yet)
         self.version_unavailable = False  # the server said it cannot serve self.version
-        self.backoff = Backoff()  # requests that got no answer; reset by any answer
-        self.churn = Backoff()  # watches that end at once without news; reset by one that lives
+        # requests that got no answer; reset by any answer
+        self.backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
+        # watches that end at once without news; reset by one that lives
+        self.churn = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
+        self.need_list = True  # the next round reads the whole state (first sync, relist)
+        self.initial_events = 0  # events of the last WatchList before its end bookmark
         self._watching = False  # a watch was asked for in this round
         self._opened: Optional[float] = None  # when it got its answer
         self._news = False  # it delivered an event or bookmark
@@ -155,31 +175,27 @@ class Reflector:
 
     def run(self) -> None:
         state = self.state
-        need_list = True
         while not state.stopping.is_set():
             self._opened, self._news, self._watching = None, False, False
             try:
-                if need_list:
-                    self._list()
-                    need_list = False
-                cause = self._watch()
+                cause = self._sync() if self.need_list else self._watch()
                 pause = self._young_pause()
             except Expired as exc:
-                cause, need_list = "expired", True
+                cause, self.need_list = "expired", True
                 self.version_unavailable = isinstance(exc, TooLarge)
                 LOG.info("%s watch at version %s expired (%s); listing again", self.kind,
                          self.version, exc)
                 self._stale()
                 pause = max(self._young_pause(), random.uniform(0.0, RELIST_SPREAD))
             except WatchError as exc:
-                cause, need_list = "error", True  # client-go: an error event ends in a LIST
+                cause, self.need_list = "error", True  # client-go: an error event ends in a LIST
                 self._report(exc)
-                pause = max(self._young_pause(), _retry_after(exc) or 0.0)
+                pause = max(self._young_pause(), retry_after(exc) or 0.0)
             except self.config.request_errors() as exc:
                 if state.stopping.is_set():
                     break
-                if self._watching and self._opened is None and _gone(exc):  # 410 at its start
-                    cause, need_list = "expired", True
+                if self._watching and self._opened is None and gone(exc):  # 410 at its start
+                    cause, self.need_list = "expired", True
                     LOG.info("%s watch at version %s answered 410 Gone; listing again",
                              self.kind, self.version)
                     self._stale()
@@ -188,7 +204,7 @@ class Reflector:
                 else:
                     cause = "error" if getattr(exc, "status", None) else "connection"
                     self._report(exc)
-                    pause = max(self._young_pause(), _retry_after(exc) or self.backoff.next())
+                    pause = max(self._young_pause(), retry_after(exc) or self.backoff.next())
             except Exception:  # noqa: BLE001 - the watch thread must not die
                 LOG.exception("%s watch failed unexpectedly", self.kind)
                 cause, pause = "error", self.backoff.next()
@@ -246,20 +262,29 @@ class Reflector:
 
     # ---- lists ---------------------------------------------------------------------------------
 
-    def _list(self) -> None:
-        """List into the store (replacing it) and remember the list's version."""
-        wanted = "" if self.version_unavailable else (self.version or "0")
-        try:
-            fresh, version = self._read_pages(wanted)
-        except self.config.request_errors() as exc:
-            if wanted == "" or not (_gone(exc) or _too_large_error(exc)):
-                raise
-            LOG.info("the API server cannot list %s at version %s (%s); listing them "
-                     "consistently", self.kind, wanted, getattr(exc, "status", exc))
-            self.version_unavailable = True
-            wanted = ""
-            fresh, version = self._read_pages(wanted)
-        self.version_unavailable = False
+    def _sync(self) -> str:
+        """Read the whole state into the store and follow it: one WatchList where the server
+        streams lists, else a LIST, then a watch from its version."""
+        if self.state.watch_list is not False and not self.version_unavailable:
+            try:
+                return self._watch(initial=True)
+            except NoWatchList as exc:
+                with self.state.cond:
+                    first, self.state.watch_list = self.state.watch_list is not False, False
+                if first:  # once per process: both reflectors read the same server
+                    LOG.info("the API server does not stream lists (WatchList): %s; listing, "
+                             "then watching, from now on", exc)
+            except TooLarge as exc:
+                if not self.need_list:
+                    raise  # the watch that followed the initial events: as any watch
+                LOG.info("the API server cannot stream %s at version %s (%s); listing them "
+                         "consistently", self.kind, self.version, exc)
+                self.version_unavailable = True
+        self._list()
+        return self._watch()
+
+    def _install(self, fresh: Dict[Key, Any], version: str) -> None:
+        """Replace the store by a complete state read at ``version``."""
         with self.state.cond:
             self.store.clear()
             self.store.update(fresh)
@@ -267,6 +292,23 @@ class Reflector:
             self._recovered()
             self.state.cond.notify_all()
         self.version = version
+        self.need_list = False
+
+    def _list(self) -> None:
+        """List into the store (replacing it) and remember the list's version."""
+        wanted = "" if self.version_unavailable else (self.version or "0")
+        try:
+            fresh, version = self._read_pages(wanted)
+        except self.config.request_errors() as exc:
+            if wanted == "" or not (gone(exc) or too_large_error(exc)):
+                raise
+            LOG.info("the API server cannot list %s at version %s (%s); listing them "
+                     "consistently", self.kind, wanted, getattr(exc, "status", exc))
+            self.version_unavailable = True
+            wanted = ""
+            fresh, version = self._read_pages(wanted)
+        self.version_unavailable = False
+        self._install(fresh, version)
         LOG.debug("listed %d %s at version %s (asked for %s)", len(fresh), self.kind, version,
                   repr(wanted) if wanted else "a consistent read")
 
@@ -283,7 +325,7 @@ class Reflector:
             try:
                 data = self._get_json(query)
             except self.config.request_errors() as exc:
-                if "continue" not in query or not _gone(exc):
+                if "continue" not in query or not gone(exc):
                     raise
                 LOG.info("the %s list's continue token expired; listing them whole", self.kind)
                 fresh.clear()
@@ -317,15 +359,31 @@ class Reflector:
             return self.watch_idle
         return (timeout_seconds or WATCH_TIMEOUT_SECONDS[1]) + WATCH_SILENCE_MARGIN
 
-    def _watch(self) -> str:
-        """Follow one watch stream until it ends: "ended" by the server, or "silence"."""
+    def _watch(self, initial: bool = False) -> str:
+        """Follow one watch stream until it ends: "ended" by the server, or "silence".
+
+        With ``initial`` it is a WatchList: its initial events build a fresh state that
+        replaces the store when the bookmark that ends them arrives (:meth:`_initial`), and
+        the stream goes on as the watch. :raises NoWatchList: the server does not stream
+        lists (see the module docstring)."""
         state = self.state
         timeout_seconds = random.randint(*WATCH_TIMEOUT_SECONDS)
-        query = {"watch": True, "resourceVersion": self.version, "allowWatchBookmarks": True,
-                 "timeoutSeconds": timeout_seconds}
+        query: Dict[str, Any] = {"watch": True}
+        if initial:  # "any version the cache holds", or not older than the last synced one
+            query.update(sendInitialEvents=True, resourceVersionMatch="NotOlderThan")
+        query.update(resourceVersion=self.version or ("0" if initial else ""),
+                     allowWatchBookmarks=True, timeoutSeconds=timeout_seconds)
         silence = self._silence_bound(timeout_seconds)
         self._watching = True
-        response = self.send(query, self.request_timeout, silence)
+        self._opened, self._news = None, False
+        try:
+            response = self.send(query, self.request_timeout,
+                                 self.list_end_wait if initial else silence)
+        except self.config.request_errors() as exc:
+            if initial and (getattr(exc, "status", None) in (400, 422) or
+                            NO_PROGRESS_REQUESTS in answer(exc)):
+                raise NoWatchList(f"{self.what}: answered {answer(exc)}") from exc
+            raise
         self._opened = time.monotonic()
         self.backoff.reset()
         with state.cond:
@@ -333,14 +391,28 @@ class Reflector:
             self._recovered()
         if state.stopping.is_set():
             shutdown_response(response)
+        fresh: Optional[Dict[Key, Any]] = {} if initial else None
+        last_added, self.initial_events = self._opened, 0
         completed = False
         try:
             for event in watch_events(response):
-                self._apply(event)
+                if fresh is None:
+                    self._apply(event)
+                    continue
+                if event.get("type") == "ADDED":
+                    last_added = time.monotonic()
+                elif event.get("type") in ("MODIFIED", "DELETED") and \
+                        time.monotonic() - last_added > self.list_end_wait:
+                    raise IdleTimeout()  # changes, but no end of the initial events in time
+                if self._initial(event, fresh):
+                    fresh = None
+                    response.set_read_timeout(silence)
             completed = True
         except IdleTimeout:
             if state.stopping.is_set():
                 raise
+            if fresh is not None:
+                return self._no_end()
             LOG.info("the %s watch sent nothing for %.0fs; resuming it from version %s",
                      self.kind, silence, self.version)
             return "silence"
@@ -353,11 +425,54 @@ class Reflector:
                 response.close()
         return "ended"
 
+    def _initial(self, event: Obj, fresh: Dict[Key, Any]) -> bool:
+        """Apply an event of a WatchList's initial phase to ``fresh``; True once the bookmark
+        that ends it arrived and ``fresh`` replaced the store. Until then the store stays as
+        it is (not synced if it was known stale), as during a LIST. Changes may come before
+        that bookmark (servers of 1.27-1.31 send it with their next bookmark tick)."""
+        etype, obj = event.get("type"), event.get("object") or {}
+        if etype == "ERROR":
+            if NO_PROGRESS_REQUESTS in str(obj.get("message", "")):
+                raise NoWatchList(f"{self.what}: answered in the stream "
+                                  f"{obj.get('code')} {obj.get('message')}")
+            self._apply(event)  # raises, as any ERROR event
+        self._news = True
+        meta = obj.get("metadata") or {}
+        if etype == "BOOKMARK" and (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == \
+                "true":
+            version = str(meta.get("resourceVersion") or "")
+            self._install(dict(fresh), version)
+            fresh.clear()
+            with self.state.cond:
+                if self.state.watch_list is None:
+                    self.state.watch_list = True
+            LOG.debug("streamed %d %s at version %s", len(self.store), self.kind, version)
+            return True
+        if etype == "DELETED":
+            fresh.pop(key_of(obj), None)
+        elif etype in ("ADDED", "MODIFIED"):
+            fresh[key_of(obj)] = self.trim(obj)
+        self.initial_events += 1  # a bookmark without the annotation counts, changes nothing
+        return False
+
+    def _no_end(self) -> str:
+        """A WatchList without its end bookmark in time: a server that ignores
+        ``sendInitialEvents`` (:class:`NoWatchList`), or, where WatchLists worked before, a
+        stream that stalled ("silence": the next round asks again)."""
+        with self.state.cond:
+            worked = self.state.watch_list is True
+        if not worked:
+            raise NoWatchList(f"{self.what}: no bookmark ending the initial events within "
+                              f"{self.list_end_wait:g}s (it ignores sendInitialEvents)")
+        LOG.info("the %s WatchList did not end its initial events within %gs; asking "
+                 "again", self.kind, self.list_end_wait)
+        return "silence"
+
     def _apply(self, event: Obj) -> None:
         etype, obj = event.get("type"), event.get("object") or {}
         if etype == "ERROR":
             code, message = int(obj.get("code") or 500), str(obj.get("message", ""))
-            if _too_large(obj):
+            if too_large(obj):
                 raise TooLarge(message or f"ERROR event {code}")
             if code == 410:
                 raise Expired(message or f"ERROR event {code}")
@@ -379,69 +494,3 @@ class Reflector:
             self._recovered()
             self.state.cond.notify_all()
         self.version = new_version or self.version
-
-
-def _too_large(status: Obj) -> bool:
-    """kube-apiserver's "Too large resource version": its history starts after ours."""
-    causes = (status.get("details") or {}).get("causes") or []
-    return any(c.get("reason") == "ResourceVersionTooLarge" for c in causes if
-               isinstance(c, dict)) or "too large resource version" in \
-        str(status.get("message", "")).lower()
-
-
-def _status_of(exc: BaseException) -> Obj:
-    status_object = getattr(exc, "status_object", None)
-    return status_object() if callable(status_object) else {}
-
-
-def _too_large_error(exc: BaseException) -> bool:
-    return getattr(exc, "status", None) == 504 and _too_large(_status_of(exc))
-
-
-def _gone(exc: BaseException) -> bool:
-    """410: Expired (or Gone, as servers before 1.18 said)."""
-    return getattr(exc, "status", None) == 410
-
-
-def _retry_after(exc: BaseException) -> Optional[float]:
-    """Seconds the server asked us to wait (Retry-After, or the Status's retryAfterSeconds),
-    with a little jitter so that the nodes it told the same do not come back together."""
-    value: Any = None
-    headers = getattr(exc, "headers", None) or {}
-    for name, text in headers.items():
-        if name.lower() == "retry-after":
-            value = text
-    if value is None:
-        value = getattr(exc, "retry_after", None)
-    if value is None:
-        value = (_status_of(exc).get("details") or {}).get("retryAfterSeconds")
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        return None  # absent, or an HTTP date (kube-apiserver sends seconds)
-    if seconds <= 0:
-        return None
-    return min(seconds, RETRY_AFTER_MAX) * random.uniform(1.0, 1.2)
-
-
-def watch_events(response: Any) -> Iterator[Obj]:
-    """The JSON events of a chunked watch response, one per line, as they arrive."""
-    pending = b""
-    for chunk in response.stream():
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            if line.strip():
-                yield json.loads(line)
-    if pending.strip():
-        yield json.loads(pending)
-
-
-def shutdown_response(response: Any) -> None:
-    """Wake a thread blocked reading ``response`` by shutting its socket down."""
-    sock = getattr(getattr(response, "connection", None), "sock", None)
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass

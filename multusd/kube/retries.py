@@ -11,7 +11,7 @@ client-go's rest client (``rest/request.go``, ``rest/with_retry.go``) is the ref
 429 or a 5xx *with* an integer ``Retry-After`` (every verb: the server asked for it), waiting
 that many seconds; and, through ``isErrRetryableFunc``, a GET (no other verb) whose connection
 was reset or hit EOF, after an artificial ``Retry-After: 1``. Here (:func:`status_cause`,
-:func:`connection_cause`, :class:`Attempts`):
+:func:`connection_cause`, :class:`Attempts`; :class:`Backoff` for the reflectors' own loop):
 
 * 429, and a 5xx with ``Retry-After``: every verb, as client-go; ``Retry-After`` as
   delta-seconds or an HTTP-date (client-go reads only seconds), waited for in full plus up to
@@ -156,6 +156,24 @@ class Attempts:
             return None  # honoured, it would end past the deadline: fail now, not later
         self.retries += 1
         return delay
+
+
+class Backoff:
+    """Exponential backoff with jitter between the attempts of a loop that never gives up (a
+    reflector's): each delay at random between half and all of the current step, so that
+    many nodes spread out; the step doubles up to ``maximum`` and is reset after a success."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum = initial, maximum
+        self.current = initial
+
+    def next(self) -> float:
+        delay = self.current * random.uniform(0.5, 1.0)
+        self.current = min(self.current * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.initial
 
 
 class RetryCounts:

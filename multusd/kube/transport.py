@@ -111,9 +111,12 @@ class Response:
     """
 
     def __init__(self, transport: "Transport", connection: http.client.HTTPConnection,
-                 answer: http.client.HTTPResponse) -> None:
+                 answer: http.client.HTTPResponse, sock: Optional[socket.socket] = None) -> None:
         self._transport = transport
-        self.connection = connection  # .sock: what shutdown_response shuts down
+        self.connection = connection
+        # the socket the body is read from (what shutdown_response shuts down); an answer
+        # with "Connection: close" takes it over and leaves connection.sock None
+        self.sock = sock or connection.sock
         self._answer = answer
         self.status = answer.status
         self.reason = answer.reason
@@ -136,6 +139,11 @@ class Response:
             if not chunk:
                 return
             yield chunk
+
+    def set_read_timeout(self, seconds: Optional[float]) -> None:
+        """The read timeout of the rest of a streamed body (a watch's idle bound)."""
+        if self.sock is not None:
+            self.sock.settimeout(seconds)
 
     def release_conn(self) -> None:
         if self._answer.isclosed() and not self._answer.will_close:
@@ -317,8 +325,8 @@ class Transport:
                     continue
                 failure.attempts = sends
                 raise failure
-            if stream and read_timeout and response.connection.sock is not None:
-                response.connection.sock.settimeout(read_timeout)
+            if stream and read_timeout:
+                response.set_read_timeout(read_timeout)
             return response
 
     def _pause(self, attempts: retries.Attempts, cause: str, retry_after: Optional[float],
@@ -351,7 +359,8 @@ class Transport:
                 phase = retries.SEND
             connection.request(method, target, body=payload, headers=headers)
             phase = retries.ANSWER
-            response = Response(self, connection, connection.getresponse())
+            sock = connection.sock
+            response = Response(self, connection, connection.getresponse(), sock)
             if read_body:
                 response.data  # noqa: B018 - the whole body, within the timeout
             return response

@@ -57,7 +57,7 @@ def client(kube_api, make_client) -> KubeClient:
 
 # ---- caches and readiness --------------------------------------------------------------------
 
-def test_caches_sync_with_one_list_and_one_watch_each(kube_api, make_client):
+def test_caches_sync_with_one_watch_list_each(kube_api, make_client):
     kube_api.add_pod(NS, "web")
     kube_api.add_nad(NS, "net1", NAD_CONFIG)
     client = make_client(kube_api, start=False)
@@ -66,18 +66,18 @@ def test_caches_sync_with_one_list_and_one_watch_each(kube_api, make_client):
     assert client.wait_synced(10, nads=True)
     assert client.synced()
     assert kube_api.wait_for_watchers(2)
-    assert kube_api.count("GET", "/api/v1/pods", watch=False) == 1
-    assert kube_api.count("GET", "/api/v1/pods", watch=True) == 1
     nads = "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions"
-    assert kube_api.count("GET", nads, watch=False) == 1
-    assert kube_api.count("GET", nads, watch=True) == 1
-    assert client.api_requests == 4
+    for path, kind in (("/api/v1/pods", "pods"), (nads, "nads")):
+        # one WatchList, from the watch cache, which goes on as the watch
+        assert kube_api.count("GET", path) == kube_api.count("GET", path, watch=True) == 1
+        assert kube_api.count_list_reads(kind, "cache") == kube_api.count_list_reads(kind) == 1
+    assert client.api_requests == 2
     assert client.cached_pod(NS, "web") is not None
     assert client.cached_nad(NS, "net1").config == NAD_CONFIG
 
 
 def test_not_synced_while_the_list_fails(kube_api, make_client):
-    kube_api.fail_next("GET", "/api/v1/pods", 500, times=None, watch=False)
+    kube_api.fail_next("GET", "/api/v1/pods", 500, times=None)
     client = make_client(kube_api)
     wait_for(lambda: client.last_error, what="the failing pod list to be reported")
     assert not client.synced()
@@ -175,10 +175,9 @@ def test_pod_annotation_change_and_delete_seen_through_watch(kube_api, client):
 # ---- NetworkAttachmentDefinitions -------------------------------------------------------------
 
 def test_nad_miss_makes_one_live_get(kube_api, make_client):
-    kube_api.fail_next("GET", "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions", 503,
-                       times=None, watch=True)  # the list works, the watch never does
     client = make_client(kube_api)
     assert client.wait_synced(10, nads=True)
+    kube_api.hold_watch_cache()  # the watch delivers nothing newer
     kube_api.add_nad("team", "late-net", NAD_CONFIG)
     assert client.cached_nad("team", "late-net") is None
     nad = client.get_nad("team", "late-net")
@@ -363,7 +362,7 @@ def test_caches_recover_after_the_api_server_restarts(kube_api, client):
              what="the NAD added while the API server was away")
     wait_for(lambda: client.cached_pod(NS, "goes") is None, what="the deleted pod to leave")
     assert client.cached_pod(NS, "stays") is not None
-    assert kube_api.count("GET", "/api/v1/pods", watch=False) == 1  # resumed, not relisted
+    assert kube_api.count_list_reads("pods") == 1  # resumed, not relisted
     wait_for(lambda: client.last_error is None, what="the error to clear")
 
 
@@ -377,7 +376,7 @@ def test_expired_watch_relists(kube_api, client):
     kube_api.start()
     wait_for(lambda: client.cached_pod(NS, "new") and client.cached_pod(NS, "old") is None,
              timeout=30, what="the relisted cache")
-    assert kube_api.count("GET", "/api/v1/pods", watch=False) == 2
+    assert kube_api.count_list_reads("pods") == 2
 
 
 def test_unreachable_api_server_is_try_again_later(kube_api, client):

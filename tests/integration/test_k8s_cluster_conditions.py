@@ -253,7 +253,7 @@ def test_a_silent_watch_is_resumed_without_a_relist(kube_api, make_client):
     kube_api.blackhole(False)
     kube_api.add_pod(NS, "after")
     wait_for(lambda: client.cached_pod(NS, "after") is not None, 15, what="the resumed watch")
-    assert kube_api.count("GET", "/api/v1/pods", watch=False) == 1  # resumed, never relisted
+    assert kube_api.count_list_reads("pods") == 1  # resumed, never relisted
 
 
 # ---- through the daemon and the shim ---------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Watch expiry as client-go handles it: 410 Gone at the start or in the stream, lost history.
 
 The reflectors of :class:`multusd.kube.client.KubeClient` against the fake API server: each
-form of expiry leads to a new LIST (and a watch from its version), so a NAD deleted while
-the watch could not see it leaves the cache; a cache known to be stale is not "synced".
+form of expiry leads to a new read of the whole state (a WatchList from the last version, or
+a consistent LIST when that version is gone), so a NAD deleted while the watch could not see
+it leaves the cache; a cache known to be stale is not "synced".
 Then the same through the real daemon and shim: the deleted NAD is refused afterwards.
 """
 
@@ -38,7 +39,8 @@ def client(kube_api):
 
 
 def nad_lists(kube: FakeKubeAPI) -> int:
-    return kube.count("GET", NADS, watch=False)
+    """Reads of the whole NAD state answered: LISTs and WatchLists."""
+    return kube.count_list_reads("nads")
 
 
 def delete_unseen(kube: FakeKubeAPI, form: str) -> None:
@@ -83,14 +85,14 @@ def test_error_410_in_an_open_stream_relists(kube_api, client):
     assert nad_lists(kube_api) == 1
     assert kube_api.expire_watches() == 2
     wait_for(lambda: nad_lists(kube_api) == 2 and
-             kube_api.count("GET", "/api/v1/pods", watch=False) == 2, 10, what="both relisted")
+             kube_api.count_list_reads("pods") == 2, 10, what="both relisted")
     assert client.wait_synced(10, nads=True)
     kube_api.add_nad(NS, "b", NAD_CONFIG)
     wait_for(lambda: client.cached_nad(NS, "b") is not None, 10, what="NAD after relist")
 
 
 def test_a_cache_known_stale_is_not_synced(kube_api, client):
-    kube_api.fail_next("GET", NADS, 500, times=None, watch=False)  # the relist fails for now
+    kube_api.fail_next("GET", NADS, 500, times=None, initial_events=True)  # relists fail
     kube_api.expire_watches()
     wait_for(lambda: not client.nads_synced(), 10, what="the stale cache to count as unsynced")
     wait_for(lambda: client.last_error, 10, what="the failing relist to be reported")
@@ -107,8 +109,8 @@ def test_a_stale_cache_answers_nothing_but_readiness_stays(kube_api, client):
     kube_api.add_nad(NS, "gone-net", NAD_CONFIG)
     wait_for(lambda: client.cached_pod(NS, "gone-pod") and client.cached_nad(NS, "gone-net"),
              10, what="both in the caches")
-    kube_api.fail_next("GET", "/api/v1/pods", 500, times=None, watch=False)  # relists fail
-    kube_api.fail_next("GET", NADS, 500, times=None, watch=False)
+    kube_api.fail_next("GET", "/api/v1/pods", 500, times=None, initial_events=True)  # relists
+    kube_api.fail_next("GET", NADS, 500, times=None, initial_events=True)  # fail for now
     kube_api.stop()
     kube_api.delete_pod(NS, "gone-pod")
     kube_api.delete_nad(NS, "gone-net")

@@ -35,6 +35,10 @@ NADS = "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions"
     ({"watch": "true", "resourceVersion": "12"}, WATCH),
     ({"watch": "true", "sendInitialEvents": "true",                 # WatchList
       "resourceVersionMatch": "NotOlderThan"}, CACHE),
+    ({"watch": "true", "sendInitialEvents": "true",                 # multusd's first sync
+      "resourceVersionMatch": "NotOlderThan", "resourceVersion": "0"}, CACHE),
+    ({"watch": "true", "sendInitialEvents": "true",                 # and its relists
+      "resourceVersionMatch": "NotOlderThan", "resourceVersion": "12"}, CACHE),
 ])
 def test_read_source_follows_kube_apiservers_rules(query, source):
     assert read_source("GET", query) == source
@@ -122,3 +126,70 @@ def test_stored_objects_counts_the_namespace_a_list_names(kube_api):
     assert kubeclients.stored_objects(kube_api, PODS) == 2
     assert kubeclients.stored_objects(kube_api, "/api/v1/nodes") == 0
     assert read_source("POST", {}) == OTHER
+
+
+# ---- WatchList as kube-apiserver answers it, and as servers that do not stream lists -------------
+
+WATCH_LIST = ("?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+              "&allowWatchBookmarks=true&timeoutSeconds=1&resourceVersion=")
+
+
+def _events(kube_api, query: str) -> Tuple[int, list]:
+    """(HTTP status, the events or the Status) of a NAD watch with ``query``."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(kube_api.url + NADS + query,
+                                     headers={"Authorization": f"Bearer {kube_api.token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, [json.loads(line) for line in response.read().splitlines()
+                                     if line.strip()]
+    except urllib.error.HTTPError as error:
+        return error.code, [json.loads(error.read())]
+
+
+def test_a_watch_list_from_0_is_the_watch_caches_snapshot_and_a_cache_read(kube_api):
+    kube_api.add_nad("default", "old", '{"type": "bridge"}')
+    held = kube_api.hold_watch_cache()
+    kube_api.add_nad("default", "newer", '{"type": "bridge"}')  # not in the cache yet
+    started = kube_api.clients.clock()
+    status, events = _events(kube_api, WATCH_LIST + "0")
+    assert status == 200 and [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    assert events[0]["object"]["metadata"]["name"] == "old"
+    end = events[1]["object"]["metadata"]
+    assert end == {"resourceVersion": str(held),
+                   "annotations": {"k8s.io/initial-events-end": "true"}}
+    window = kube_api.clients.window(kube_api.user, started)
+    assert window["by_kind"] == {"nads watchlist": 1} and window["cache_lists"] == 1
+    assert kube_api.count_list_reads("nads", "cache") == 1
+    kube_api.release_watch_cache()
+
+
+def test_servers_that_do_not_stream_lists_answer_as_kube_apiserver_does(kube_api):
+    kube_api.add_nad("default", "net1", '{"type": "bridge"}')
+    kube_api.watch_list = "refused"  # the WatchList gate off: ListOptions validation
+    status, [body] = _events(kube_api, WATCH_LIST + "0")
+    assert status == 422 and body["reason"] == "Invalid"
+    assert body["message"] == ('ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: '
+                               'Forbidden: sendInitialEvents is forbidden for watch unless the '
+                               'WatchList feature gate is enabled')
+    assert body["details"]["causes"] == [{
+        "reason": "FieldValueForbidden", "field": "sendInitialEvents",
+        "message": "Forbidden: sendInitialEvents is forbidden for watch unless the WatchList "
+                   "feature gate is enabled"}]
+    kube_api.watch_list = "no-progress"  # 1.31+ over an etcd without progress requests
+    status, [error] = _events(kube_api, WATCH_LIST + "0")
+    assert status == 200 and error["type"] == "ERROR"
+    assert (error["object"]["code"], error["object"]["reason"]) == (500, "InternalError")
+    assert "RequestWatchProgress is disabled" in error["object"]["message"]
+    kube_api.watch_list = "ignored"  # before 1.19: a plain watch from 0
+    status, events = _events(kube_api, WATCH_LIST + "0")
+    assert status == 200 and [e["type"] for e in events] == ["ADDED"]
+    kube_api.watch_list = "serve"  # and every server validates the options it knows
+    status, [body] = _events(kube_api, "?watch=true&sendInitialEvents=true")
+    assert status == 422 and "requires setting resourceVersionMatch to NotOlderThan" in \
+        body["message"]
+    status, [body] = _events(kube_api, "?watch=true&resourceVersionMatch=NotOlderThan")
+    assert status == 422 and "unless sendInitialEvents is provided" in body["message"]
+

@@ -1,99 +1,32 @@
-"""multusd.kube.reflector: list and watch rules, against the stand-in API server or a raw one.
+"""multusd.kube.reflector against the stand-in API server: WatchList, its fallbacks, watches.
 
-Each test runs one real :class:`Reflector` thread over the real transport; what it asked for
-is read off the server's request log, what it holds off its store. Nothing of ours is patched.
+Each test runs one real :class:`Reflector` thread over the real transport
+(tests/unit/kube/conftest.py); what it asked for is read off the server's request log, what it
+holds off its store. Nothing of ours is patched. The LIST path (a server that does not stream
+lists) is in test_reflector_lists.py, what only a scripted server can stage in
+test_reflector_stream.py.
 """
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
-from typing import Any, Dict, Iterator, List
+import logging
 
-import pytest
-
-from kubeapi import FakeKubeAPI
 from multusd.kube import reflector as reflector_mod
-from multusd.kube.clientconfig import ClientConfig
-from multusd.kube.objects import NADS_PATH, PODS_PATH, nad_from_object, pod_from_object
-from multusd.kube.reflector import Reflector, WatchState, shutdown_response, watch_events
+from multusd.kube import retries, watchstream
+from multusd.kube.reflector import WatchState
+from multusd.kube.transport import ApiError
 from testlib import wait_for
 
 NS = "default"
 NAD_CONFIG = '{"cniVersion":"1.0.0","name":"net1","type":"bridge"}'
+FALLBACK = "does not stream lists"  # the one log line of a fallback
 
 
-class Running:
-    """One reflector thread over the stand-in, and what it holds."""
+# ---- WatchList: one request per resource, from the watch cache ----------------------------------
 
-    def __init__(self, api: FakeKubeAPI, kind: str, watch_idle: Any = None) -> None:
-        self.api, self.kind = api, kind
-        self.config = ClientConfig(api.kubeconfig_path)
-        self.state = WatchState(kinds=(kind,))
-        self.store: Dict[Any, Any] = {}
-        self.path = PODS_PATH if kind == "pods" else NADS_PATH
-        base = {"fieldSelector": f"spec.nodeName={api.node}"} if kind == "pods" else {}
-
-        def send(extra: Dict[str, Any], timeout: float, read_timeout: Any) -> Any:
-            return self.config.transport.request("GET", self.path, query={**base, **extra},
-                                                 timeout=timeout, read_timeout=read_timeout,
-                                                 stream=True)
-
-        trim = pod_from_object if kind == "pods" else nad_from_object
-        self.reflector = Reflector(self.state, kind, kind, send, trim, self.store, self.config,
-                                   5.0, watch_idle)
-        self.thread = threading.Thread(target=self.reflector.run, daemon=True)
-        self.thread.start()
-
-    def names(self) -> List[str]:
-        with self.state.cond:
-            return sorted(name for _, name in self.store)
-
-    def synced(self, timeout: float = 10.0) -> bool:
-        with self.state.cond:
-            return self.state.cond.wait_for(lambda: self.state.synced[self.kind], timeout)
-
-    def lists(self) -> List[Dict[str, str]]:
-        """The queries of its LIST requests, oldest first."""
-        return [q for m, p, q in list(self.api.requests)
-                if p == self.path and q.get("watch") != "true"]
-
-    def watches(self) -> List[Dict[str, str]]:
-        return [q for m, p, q in list(self.api.requests)
-                if p == self.path and q.get("watch") == "true"]
-
-    def reopens(self, cause: str) -> int:
-        with self.state.cond:
-            return self.state.reopens.get((self.kind, cause), 0)
-
-    def stop(self) -> None:
-        self.state.stop()
-        with self.state.cond:
-            watches = list(self.state.open_watches.values())
-        for response in watches:
-            shutdown_response(response)
-        self.thread.join(timeout=10)
-        self.config.close()
-
-
-@pytest.fixture
-def run(kube_api) -> Iterator[Any]:
-    started: List[Running] = []
-
-    def start(kind: str = "nads", api: FakeKubeAPI = kube_api, **options: Any) -> Running:
-        running = Running(api, kind, **options)
-        started.append(running)
-        return running
-
-    yield start
-    for running in started:
-        running.stop()
-
-
-# ---- lists: from the watch cache, paged, never back in time -------------------------------------
-
-def test_the_first_list_is_a_paged_watch_cache_read(kube_api, run):
+def test_the_first_sync_is_one_watch_list_from_the_watch_cache_that_goes_on_as_the_watch(
+        kube_api, run):
     for index in range(3):
         kube_api.add_pod(NS, f"here-{index}")
     for index in range(20):
@@ -101,13 +34,22 @@ def test_the_first_list_is_a_paged_watch_cache_read(kube_api, run):
     pods = run("pods")
     assert pods.synced()
     assert pods.names() == ["here-0", "here-1", "here-2"]
-    first = pods.lists()[0]
-    assert first["resourceVersion"] == "0" and first["limit"] == str(reflector_mod.LIST_PAGE)
+    [query] = pods.requests()
+    assert (query["watch"], query["sendInitialEvents"], query["resourceVersionMatch"],
+            query["resourceVersion"], query["allowWatchBookmarks"]) == \
+        ("true", "true", "NotOlderThan", "0", "true")
+    low, high = reflector_mod.WATCH_TIMEOUT_SECONDS
+    assert low <= int(query["timeoutSeconds"]) <= high
     assert kube_api.count_list_reads("pods", "cache") == 1
     assert kube_api.count_list_reads("pods", "storage") == 0  # no etcd read of every pod
+    assert pods.state.watch_list is True and pods.state.listed["pods"]
+    added = kube_api.add_pod(NS, "here-3")
+    wait_for(lambda: "here-3" in pods.names(), what="the pod by the same stream")
+    assert len(pods.requests()) == 1
+    assert pods.reflector.version == added["metadata"]["resourceVersion"]
 
 
-def test_a_lagging_watch_cache_is_caught_up_by_the_watch_from_the_lists_version(kube_api, run):
+def test_a_lagging_watch_cache_is_caught_up_by_the_stream_that_listed_it(kube_api, run):
     kube_api.add_nad(NS, "old", NAD_CONFIG)
     kube_api.add_nad(NS, "deleted-later", NAD_CONFIG)
     held = kube_api.hold_watch_cache()
@@ -115,16 +57,14 @@ def test_a_lagging_watch_cache_is_caught_up_by_the_watch_from_the_lists_version(
     kube_api.delete_nad(NS, "deleted-later")
     nads = run()
     assert nads.synced()
-    assert nads.names() == ["deleted-later", "old"]  # the cache's older state, as listed
-    wait_for(lambda: nads.watches(), what="the watch")
-    assert nads.watches()[0]["resourceVersion"] == str(held)  # from the list's own version
+    assert nads.names() == ["deleted-later", "old"]  # the cache's older state, as streamed
+    assert nads.reflector.version == str(held)
     kube_api.release_watch_cache()
-    wait_for(lambda: nads.names() == ["newer", "old"], what="the watch to deliver the gap")
-    assert len(nads.lists()) == 1
+    wait_for(lambda: nads.names() == ["newer", "old"], what="the stream to deliver the gap")
+    assert len(nads.requests()) == 1
 
 
-def test_a_relist_after_expiry_reads_the_cache_at_the_last_version_and_drops_deletions(
-        kube_api, run):
+def test_a_relist_streams_the_cache_at_the_last_version_and_drops_deletions(kube_api, run):
     kube_api.add_nad(NS, "a", NAD_CONFIG)
     kube_api.add_nad(NS, "b", NAD_CONFIG)
     nads = run()
@@ -132,33 +72,25 @@ def test_a_relist_after_expiry_reads_the_cache_at_the_last_version_and_drops_del
     kube_api.add_nad(NS, "c", NAD_CONFIG)
     wait_for(lambda: "c" in nads.names(), what="c by watch")
     seen = nads.reflector.version
-    kube_api.stop()
-    kube_api.delete_nad(NS, "a")  # while no watch can see it
-    kube_api.compact()
-    kube_api.start()  # the watch from `seen` is answered ERROR 410
-    wait_for(lambda: nads.names() == ["b", "c"], timeout=15, what="the relist")
-    relist = nads.lists()[1]
-    assert relist.get("resourceVersion") == seen and "limit" not in relist
-    assert kube_api.count_list_reads("nads", "storage") == 0
+    kube_api.hold_watch_cache()  # the open watch sees nothing newer
+    kube_api.delete_nad(NS, "a")
+    kube_api.fail_next("GET", nads.path, 503, times=None, watch=True)  # relists fail for now
+    assert kube_api.expire_watches() == 1  # ERROR 410: history compacted
+    wait_for(lambda: len(nads.watch_lists()) >= 2, what="a relist that failed")
+    with nads.state.cond:  # the old cache, as it was, and known stale, until a state replaces it
+        assert not nads.state.synced["nads"] and nads.state.listed["nads"]
+    assert nads.names() == ["a", "b", "c"]
+    kube_api.release_watch_cache()
+    kube_api.clear_failures()
+    wait_for(lambda: nads.names() == ["b", "c"] and nads.state.synced["nads"], timeout=15,
+             what="the relist")
+    assert {q["resourceVersion"] for q in nads.watch_lists()[1:]} == {seen}
+    assert all(q["resourceVersionMatch"] == "NotOlderThan" for q in nads.watch_lists())
+    assert nads.lists() == [] and kube_api.count_list_reads("nads", "storage") == 0
     assert nads.reopens("expired") == 1 and nads.state.relists["nads"] == 1
 
 
-def test_410_at_the_start_of_a_watch_relists_at_the_last_version(kube_api, run):
-    kube_api.expired_as_http = True
-    kube_api.add_nad(NS, "a", NAD_CONFIG)
-    nads = run()
-    assert nads.synced() and kube_api.wait_for_watchers(1)
-    version = nads.reflector.version
-    kube_api.stop()
-    kube_api.add_nad(NS, "b", NAD_CONFIG)
-    kube_api.compact()
-    kube_api.start()
-    wait_for(lambda: nads.names() == ["a", "b"], timeout=15, what="the relist")
-    assert [q.get("resourceVersion") for q in nads.lists()] == ["0", version]
-    assert nads.reopens("expired") == 1
-
-
-def test_too_large_in_the_stream_lists_consistently(kube_api, run):
+def test_too_large_in_the_watch_lists_consistently(kube_api, run):
     kube_api.add_nad(NS, "a", NAD_CONFIG)
     nads = run()
     assert nads.synced() and kube_api.wait_for_watchers(1)
@@ -168,66 +100,66 @@ def test_too_large_in_the_stream_lists_consistently(kube_api, run):
     kube_api.delete_nad(NS, "a")
     kube_api.restart(lose_history=True)  # versions restart below the reflector's
     wait_for(lambda: nads.names() == ["b"], timeout=15, what="the consistent list")
-    relist = nads.lists()[1]
-    assert "resourceVersion" not in relist and relist["limit"] == str(reflector_mod.LIST_PAGE)
+    [consistent] = nads.lists()
+    assert "resourceVersion" not in consistent and \
+        consistent["limit"] == str(reflector_mod.LIST_PAGE)
     assert kube_api.count_list_reads("nads", "storage") == 1
     assert nads.reopens("expired") == 1
     kube_api.add_nad(NS, "c", NAD_CONFIG)  # and the watch goes on from the new history
     wait_for(lambda: nads.names() == ["b", "c"], what="c by watch")
+    assert len(nads.watch_lists()) == 1 and nads.state.watch_list is True
 
 
-def test_a_list_at_a_version_the_cache_has_not_reached_falls_back_to_a_consistent_list(
-        kube_api, run):
-    """An API server whose watch cache is behind what the reflector saw (504 after a wait),
-    reached here through a cache that was not ready: its first list came from etcd."""
-    kube_api.too_large_wait = 0.2
-    kube_api.watch_cache_ready = False  # a list without selectors with limit: from etcd
+# ---- servers that do not stream lists: LIST then WATCH, for the life of the process -------------
+
+def _falls_back_for_good(kube_api, run, caplog, **options) -> None:
+    """The first sync costs one WatchList; the fallback lists and watches; the other reflector
+    of the same client and every relist never ask again; it is logged once."""
+    caplog.set_level(logging.INFO, logger="multusd.kube.reflector")
+    kube_api.add_pod(NS, "here")
     kube_api.add_nad(NS, "a", NAD_CONFIG)
-    behind = kube_api.hold_watch_cache()
-    kube_api.add_nad(NS, "b", NAD_CONFIG)
-    nads = run()
-    assert nads.synced() and nads.names() == ["a", "b"]
-    wait_for(lambda: nads.watches(), what="the watch (429: the cache is not ready)")
-    kube_api.watch_cache_ready = True
-    kube_api.wait_for_watchers(1)  # opened from the etcd version, beyond the cache
-    assert int(nads.watches()[-1]["resourceVersion"]) > behind
-    kube_api.expire_watches()
-    wait_for(lambda: len(nads.lists()) == 3, what="the relist and its fallback")
-    asked = [q.get("resourceVersion") for q in nads.lists()]
-    assert asked == ["0", nads.watches()[1]["resourceVersion"], None]
-    assert kube_api.count_list_reads("nads", "storage") == 2  # the first and the last
-    assert nads.synced()
+    state = WatchState(kinds=("pods", "nads"))
+    pods = run("pods", state=state, **options)
+    assert pods.synced() and pods.names() == ["here"]
+    assert len(pods.watch_lists()) == 1 and state.watch_list is False
+    first = pods.lists()[0]
+    assert first["resourceVersion"] == "0" and first["limit"] == str(reflector_mod.LIST_PAGE)
+    wait_for(lambda: pods.watches(), what="the watch from the list's version")
+    nads = run("nads", state=state, **options)
+    assert nads.synced() and nads.names() == ["a"] and nads.watch_lists() == []
+    wait_for(lambda: nads.watches(), what="the NAD watch")
+    kube_api.stop()  # back with a compacted history: both watches get 410 and relist
+    kube_api.add_pod(NS, "elsewhere", node="node-z")
+    kube_api.compact()
+    kube_api.start()
+    wait_for(lambda: len(pods.lists()) == 2 and len(nads.lists()) == 2, timeout=15,
+             what="both relisted")
+    assert len(pods.watch_lists()) == 1 and nads.watch_lists() == []
+    assert kube_api.count_list_reads("pods", "storage") == 0
+    assert len([r for r in caplog.records if FALLBACK in r.getMessage()]) == 1
 
 
-def test_an_expired_continue_token_lists_the_whole_once(kube_api, run):
-    for index in range(reflector_mod.LIST_PAGE + 20):
-        kube_api.add_nad(NS, f"net-{index:04d}", NAD_CONFIG)
-    kube_api.watch_cache_ready = False  # the cacher sends a paged list to etcd
-
-    def compaction_between_pages() -> None:
-        kube_api.add_nad(NS, "between", NAD_CONFIG)
-        kube_api.compact()
-        kube_api.watch_cache_ready = True
-
-    kube_api.between_pages = compaction_between_pages
-    nads = run()
-    assert nads.synced()
-    assert len(nads.names()) == reflector_mod.LIST_PAGE + 21 and "between" in nads.names()
-    first, second, whole = nads.lists()
-    assert first["resourceVersion"] == "0" and "continue" in second
-    assert "resourceVersion" not in second  # a continue carries no version
-    assert whole == {"resourceVersion": "0"}  # once, without limit: the cache's whole list
-    assert kube_api.count_list_reads("nads", "storage") == 1
+def test_a_server_with_its_watch_list_gate_off_is_listed_then_watched(kube_api, run, caplog):
+    kube_api.watch_list = "refused"  # 422 Invalid: sendInitialEvents: Forbidden
+    _falls_back_for_good(kube_api, run, caplog)
+    [line] = [r.getMessage() for r in caplog.records if FALLBACK in r.getMessage()]
+    assert "422" in line and "WatchList feature gate" in line
 
 
-def test_a_paged_list_follows_continue_tokens(kube_api, run):
-    for index in range(2 * reflector_mod.LIST_PAGE + 1):
-        kube_api.add_nad(NS, f"net-{index:04d}", NAD_CONFIG)
-    kube_api.watch_cache_ready = False
-    nads = run()
-    assert nads.synced() and len(nads.names()) == 2 * reflector_mod.LIST_PAGE + 1
-    assert [("continue" in q) for q in nads.lists()] == [False, True, True]
-    assert len(nads.lists()) == 3
+def test_a_server_whose_etcd_cannot_answer_progress_requests_is_listed_then_watched(
+        kube_api, run, caplog):
+    kube_api.watch_list = "no-progress"  # 200, one ERROR event 500
+    _falls_back_for_good(kube_api, run, caplog)
+    [line] = [r.getMessage() for r in caplog.records if FALLBACK in r.getMessage()]
+    assert "500" in line and "RequestWatchProgress" in line
+
+
+def test_a_server_that_ignores_watch_list_is_listed_once_its_end_bookmark_is_overdue(
+        kube_api, run, caplog):
+    kube_api.watch_list = "ignored"  # a plain watch from 0: every object ADDED, no end
+    _falls_back_for_good(kube_api, run, caplog, list_end_wait=0.3)
+    [line] = [r.getMessage() for r in caplog.records if FALLBACK in r.getMessage()]
+    assert "ignores sendInitialEvents" in line
 
 
 # ---- watches: resumed from the last version, bookmarks, error events -----------------------------
@@ -240,8 +172,9 @@ def test_bookmarks_advance_the_version_the_next_watch_resumes_from(kube_api, run
     version = other["metadata"]["resourceVersion"]
     wait_for(lambda: pods.reflector.version == version, what="a bookmark with its version")
     kube_api.restart()  # cut: the next watch resumes from the bookmark's version
-    wait_for(lambda: len(pods.watches()) >= 2, timeout=15, what="the next watch")
-    assert pods.watches()[1]["resourceVersion"] == version and len(pods.lists()) == 1
+    wait_for(lambda: pods.watches(), timeout=15, what="the next watch")
+    assert pods.watches()[0]["resourceVersion"] == version
+    assert len(pods.watch_lists()) == 1 and pods.lists() == []
 
 
 def test_a_watch_the_server_ends_is_resumed_without_a_relist(kube_api, run):
@@ -249,20 +182,21 @@ def test_a_watch_the_server_ends_is_resumed_without_a_relist(kube_api, run):
     kube_api.add_nad(NS, "a", NAD_CONFIG)
     nads = run()
     assert nads.synced()
-    wait_for(lambda: len(nads.watches()) >= 3, timeout=15, what="two watches ended")
-    assert nads.reopens("ended") >= 2 and len(nads.lists()) == 1
+    wait_for(lambda: len(nads.watches()) >= 2, timeout=15, what="two watches ended")
+    assert nads.reopens("ended") >= 2 and len(nads.watch_lists()) == 1 and nads.lists() == []
     assert {q["resourceVersion"] for q in nads.watches()} == {nads.reflector.version}
-    assert all(q["allowWatchBookmarks"] == "true" for q in nads.watches())
+    assert all(q["allowWatchBookmarks"] == "true" for q in nads.requests())
 
 
 def test_an_error_event_relists(kube_api, run):
     kube_api.add_nad(NS, "a", NAD_CONFIG)
     nads = run()
     assert nads.synced() and kube_api.wait_for_watchers(1)
+    seen = nads.reflector.version
     assert kube_api.fail_watches(500, "InternalError", "etcd watch channel closed") == 1
-    wait_for(lambda: len(nads.lists()) == 2, what="the relist")
-    assert nads.lists()[1].get("resourceVersion") == nads.watches()[0]["resourceVersion"]
-    assert nads.reopens("error") == 1
+    wait_for(lambda: len(nads.watch_lists()) == 2, what="the relist")
+    assert nads.watch_lists()[1]["resourceVersion"] == seen
+    assert nads.reopens("error") == 1 and nads.state.watch_list is True
     wait_for(lambda: nads.state.errors["nads"] is None, what="the error to clear")
 
 
@@ -271,10 +205,10 @@ def test_a_watch_the_server_refuses_with_retry_after_waits_that_long(kube_api, r
     assert nads.synced() and kube_api.wait_for_watchers(1)
     kube_api.watch_cache_ready = False  # watches answered 429 with Retry-After: 1
     kube_api.restart()
-    wait_for(lambda: len(nads.watches()) >= 2, what="the refused watch")
+    wait_for(lambda: nads.watches(), what="the refused watch")
     kube_api.watch_cache_ready = True
-    wait_for(lambda: len(nads.watches()) >= 3, what="the watch after Retry-After")
-    refused, retried = [at for at, kind, watch in kube_api.read_log if watch][1:3]
+    wait_for(lambda: len(nads.watches()) >= 2, what="the watch after Retry-After")
+    refused, retried = [at for at, kind, watch in kube_api.read_log if watch][0:2]
     assert retried - refused >= 1.0  # not sooner than the server asked (as it saw them)
     assert nads.reopens("error") == 1
 
@@ -289,24 +223,26 @@ def test_the_first_answer_after_an_outage_resets_the_backoff(kube_api, run):
     wait_for(lambda: nads.reflector.backoff.current == reflector_mod.BACKOFF_INITIAL,
              timeout=15, what="the first answer to reset the backoff")
     assert kube_api.wait_for_watchers(1)
-    assert nads.reopens("connection") >= 2 and len(nads.lists()) == 1
+    assert nads.reopens("connection") >= 2
+    assert len(nads.watch_lists()) == 1 and nads.lists() == []
 
 
 def test_a_silent_stream_is_resumed_from_its_version(kube_api, run):
     nads = run(watch_idle=0.5)
     assert nads.synced() and kube_api.wait_for_watchers(1)
+    version = nads.reflector.version
     kube_api.blackhole()
     try:
         wait_for(lambda: nads.reopens("silence") >= 1, what="the silence")
     finally:
         kube_api.blackhole(False)
-    wait_for(lambda: len(nads.watches()) >= 2, what="the resumed watch")
-    assert nads.watches()[-1]["resourceVersion"] == nads.watches()[0]["resourceVersion"]
-    assert len(nads.lists()) == 1
+    wait_for(lambda: nads.watches(), what="the resumed watch")
+    assert nads.watches()[-1]["resourceVersion"] == version
+    assert len(nads.watch_lists()) == 1 and nads.lists() == []
 
 
 def test_backoff_doubles_to_its_cap_with_jitter_and_resets():
-    backoff = reflector_mod.Backoff(0.25, 4.0)
+    backoff = retries.Backoff(0.25, 4.0)
     steps = []
     for _ in range(8):
         step = backoff.current
@@ -316,76 +252,21 @@ def test_backoff_doubles_to_its_cap_with_jitter_and_resets():
     assert steps == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
     backoff.reset()
     assert backoff.current == 0.25
-    assert len({round(reflector_mod.Backoff(4.0, 4.0).next(), 6) for _ in range(50)}) > 10
+    assert len({round(retries.Backoff(4.0, 4.0).next(), 6) for _ in range(50)}) > 10
 
 
 def test_retry_after_comes_from_the_header_or_the_status():
-    from multusd.kube.transport import ApiError
-
     header = ApiError(429, "Too Many Requests", "{}", {"Retry-After": "3"})
-    assert 3.0 <= reflector_mod._retry_after(header) <= 3.6
+    assert 3.0 <= watchstream.retry_after(header) <= 3.6
     status = ApiError(504, "Gateway Timeout", json.dumps(
         {"kind": "Status", "code": 504, "details": {"retryAfterSeconds": 1}}))
-    assert 1.0 <= reflector_mod._retry_after(status) <= 1.2
-    assert reflector_mod._retry_after(ApiError(503, "Unavailable", "")) is None
+    assert 1.0 <= watchstream.retry_after(status) <= 1.2
+    assert watchstream.retry_after(ApiError(503, "Unavailable", "")) is None
     huge = ApiError(429, "Too Many Requests", "", {"retry-after": "86400"})
-    assert reflector_mod._retry_after(huge) <= reflector_mod.RETRY_AFTER_MAX * 1.2
+    assert watchstream.retry_after(huge) <= watchstream.RETRY_AFTER_MAX * 1.2
 
 
 def test_the_default_silence_bound_is_past_the_servers_own_end():
     low, high = reflector_mod.WATCH_TIMEOUT_SECONDS
     assert low > 60  # the server's bookmark cadence
     assert reflector_mod.WATCH_SILENCE_MARGIN > 2  # its pre-timeout bookmark comes 2 s before
-
-
-# ---- event framing --------------------------------------------------------------------------------
-
-def _raw_watch_server(chunks: List[bytes]) -> Iterator[str]:
-    """A real HTTP server on loopback answering one request with ``chunks`` as the HTTP/1.1
-    chunks of a watch response (each in its own write); yields its kubeconfig's URL."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         b"Transfer-Encoding: chunked\r\n\r\n")
-            for chunk in chunks:
-                conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            conn.sendall(b"0\r\n\r\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    thread.join(timeout=5)
-    listener.close()
-
-
-def test_events_are_framed_by_lines_whatever_the_chunks(tmp_path):
-    events = [{"type": "ADDED", "object": {"metadata": {"name": f"n{i}", "namespace": NS,
-                                                         "resourceVersion": str(10 + i)}}}
-              for i in range(4)]
-    lines = [json.dumps(event).encode() for event in events]
-    chunks = [lines[0][:7], lines[0][7:] + b"\n" + lines[1][:30],  # split inside a line
-              lines[1][30:] + b"\n",
-              b"\n" + lines[2] + b"\n" + lines[3]]  # an empty line; the last one unterminated
-    servers = _raw_watch_server(chunks)
-    url = next(servers)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "t0k3n-for-the-raw-server"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    config = ClientConfig(str(kubeconfig))
-    try:
-        response = config.transport.request("GET", NADS_PATH, query={"watch": True},
-                                            timeout=5, stream=True)
-        assert list(watch_events(response)) == events
-        response.close()
-    finally:
-        config.close()
-        next(servers, None)

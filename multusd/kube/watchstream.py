@@ -1,0 +1,106 @@
+"""What a list or watch answer says, as the reflectors read it: its events, expiry, Retry-After.
+
+* :func:`watch_events`: the JSON events of a chunked watch response, one per line, as they
+  arrive (whatever the chunks); :func:`shutdown_response` wakes a thread blocked reading one;
+* :class:`Expired` and :class:`TooLarge`: the version a watch or list asked for is not in the
+  server's history (410), or beyond it ("Too large resource version", 504 with the cause
+  ResourceVersionTooLarge, also as an ERROR event); :func:`gone`, :func:`too_large`,
+  :func:`too_large_error` tell them from an answer;
+* :func:`retry_after`: how long the server asked a client to wait (``Retry-After``, or the
+  Status's ``retryAfterSeconds``), capped at :data:`RETRY_AFTER_MAX` and jittered;
+  :func:`answer`: the status and message of an error answer, for a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+from typing import Any, Dict, Iterator, Optional
+
+Obj = Dict[str, Any]
+
+RETRY_AFTER_MAX = 60.0
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is not in the server's history (410): list again."""
+
+
+class TooLarge(Expired):
+    """The server's history is behind our version ("Too large resource version"): list
+    consistently, the version we know is of no use to it."""
+
+
+def too_large(status: Obj) -> bool:
+    """kube-apiserver's "Too large resource version": its history starts after ours."""
+    causes = (status.get("details") or {}).get("causes") or []
+    return any(c.get("reason") == "ResourceVersionTooLarge" for c in causes if
+               isinstance(c, dict)) or "too large resource version" in \
+        str(status.get("message", "")).lower()
+
+
+def status_of(exc: BaseException) -> Obj:
+    """The metav1.Status an error answer carried ({} if none)."""
+    status_object = getattr(exc, "status_object", None)
+    return status_object() if callable(status_object) else {}
+
+
+def too_large_error(exc: BaseException) -> bool:
+    """An error answer that is "Too large resource version"."""
+    return getattr(exc, "status", None) == 504 and too_large(status_of(exc))
+
+
+def answer(exc: BaseException) -> str:
+    """The status and message of an error answer, for a log line."""
+    message = status_of(exc).get("message") or getattr(exc, "reason", "") or exc
+    return f"{getattr(exc, 'status', '')} {message}".strip()
+
+
+def gone(exc: BaseException) -> bool:
+    """410: Expired (or Gone, as servers before 1.18 said)."""
+    return getattr(exc, "status", None) == 410
+
+
+def retry_after(exc: BaseException) -> Optional[float]:
+    """Seconds the server asked us to wait (Retry-After, or the Status's retryAfterSeconds),
+    with a little jitter so that the nodes it told the same do not come back together."""
+    value: Any = None
+    headers = getattr(exc, "headers", None) or {}
+    for name, text in headers.items():
+        if name.lower() == "retry-after":
+            value = text
+    if value is None:
+        value = getattr(exc, "retry_after", None)
+    if value is None:
+        value = (status_of(exc).get("details") or {}).get("retryAfterSeconds")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None  # absent, or an HTTP date (kube-apiserver sends seconds)
+    if seconds <= 0:
+        return None
+    return min(seconds, RETRY_AFTER_MAX) * random.uniform(1.0, 1.2)
+
+
+def watch_events(response: Any) -> Iterator[Obj]:
+    """The JSON events of a chunked watch response, one per line, as they arrive."""
+    pending = b""
+    for chunk in response.stream():
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+    if pending.strip():
+        yield json.loads(pending)
+
+
+def shutdown_response(response: Any) -> None:
+    """Wake a thread blocked reading ``response`` by shutting its socket down."""
+    sock = getattr(response, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
