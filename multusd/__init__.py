@@ -2,10 +2,10 @@
 
 The shim (``wire/``: the standard library and :mod:`multusd.errors` only) and the engine
 (``cni/``) both need the spec's versions, what each command requires, the conversion of a
-result between versions, and Multus's default ``cniDir`` (where the daemon's records and the
-shim's marks of a failed DEL meet); besides the error hierarchy, this package is the one
-module both may import, so each of these is defined here, once. Nothing is imported here, on purpose: the
-shim is imported through this package once per pod sandbox and must start fast, and the error
+result between versions, Multus's default ``cniDir`` (where the daemon's records and the
+shim's marks of a failed DEL meet) and the names of those marks; besides the error hierarchy,
+this package is the one module both may import, so each of these is defined here, once.
+Nothing is imported here, on purpose: the shim is imported through this package once per pod sandbox and must start fast, and the error
 hierarchy imports this package. So a result that cannot be converted is reported as a
 :class:`ResultError` carrying its CNI error code; :func:`multusd.errors.from_exception` makes
 it the error it stands for (the engine's :func:`multusd.cni.result.convert_result` and the

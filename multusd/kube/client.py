@@ -40,7 +40,8 @@ from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
 from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
                                   POD_PATH, PODS_PATH, Key, NetworkAttachmentDefinition, Obj, Pod,
                                   nad_from_object, pod_from_object)
-from multusd.kube.reflector import Reflector, WatchState
+from multusd.kube.reflector import Reflector
+from multusd.kube.watchstream import WatchState
 from multusd.kube.transport import ApiError, Query, path_of
 from multusd.kube.watchstream import shutdown_response
 

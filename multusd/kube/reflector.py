@@ -14,8 +14,10 @@ of 1.27-1.31 may send before the end, build a fresh state that replaces the cach
 bookmark annotated ``k8s.io/initial-events-end`` arrives; until then the cache stays as it was
 (not synced, if known stale), as during a LIST. The stream then goes on as the watch.
 
-*Else LIST then WATCH, for the life of the process* (:attr:`WatchState.watch_list`, shared by
-the reflectors of one server; logged once), where the server does not stream lists:
+*Else LIST then WATCH, for the life of the process* (:attr:`~multusd.kube.watchstream.WatchState.watch_list`, shared by
+the reflectors of one server; logged once), where the server does not stream lists; the pod
+reflector finds out, and the NAD reflector waits for its verdict (at most
+:data:`VERDICT_WAIT`), so that such a server is asked once per start, not once per resource:
 
 * it refuses the request: 422 Invalid, "sendInitialEvents: Forbidden: sendInitialEvents is
   forbidden for watch unless the WatchList feature gate is enabled" (1.27-1.31 and 1.33, whose
@@ -72,7 +74,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -80,9 +81,9 @@ from multusd.kube.clientconfig import ClientConfig, WatchError
 from multusd.kube.objects import Key, Obj, key_of
 from multusd.kube.retries import Backoff
 from multusd.kube.transport import IdleTimeout
-from multusd.kube.watchstream import (Expired, TooLarge, answer, gone, retry_after,
-                                      shutdown_response, too_large, too_large_error,
-                                      watch_events)
+from multusd.kube.watchstream import (Expired, TooLarge, WatchState, answer, gone,
+                                      retry_after, shutdown_response, too_large,
+                                      too_large_error, watch_events)
 
 LOG = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ YOUNG_WATCH = 1.0  # a watch that ends sooner without news ended "at once" (clie
 REOPEN_CAUSES = ("ended", "expired", "error", "connection", "silence")
 # a WatchList's end bookmark comes within this of the stream's start or of its last ADDED event
 WATCHLIST_END_WAIT = 5.0
+VERDICT_WAIT = WATCHLIST_END_WAIT + 3.0  # the other reflectors wait this long for the first's
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the annotation of that bookmark (KEP-3157)
 # what a server whose storage cannot answer progress requests says to every WatchList
 NO_PROGRESS_REQUESTS = "RequestWatchProgress"
@@ -108,35 +110,6 @@ Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 class NoWatchList(Exception):
     """The server does not stream lists (WatchList): it refused the request, refused it in
     the stream, or ignored ``sendInitialEvents`` (no end bookmark in time)."""
-
-
-class WatchState:
-    """What the reflectors share with their readers: one lock, sync flags, failures, counts."""
-
-    def __init__(self, kinds: tuple = ("pods", "nads")) -> None:
-        self.cond = threading.Condition()
-        self.stopping = threading.Event()
-        # synced: the cache holds a complete list not known to be stale; listed: it did once
-        self.synced: Dict[str, bool] = {kind: False for kind in kinds}
-        self.listed: Dict[str, bool] = {kind: False for kind in kinds}
-        self.errors: Dict[str, Optional[str]] = {kind: None for kind in kinds}
-        self.error_status: Dict[str, Optional[int]] = {kind: None for kind in kinds}
-        self.relists: Dict[str, int] = {kind: 0 for kind in kinds}  # after expiry
-        self.reopens: Dict[Tuple[str, str], int] = {}  # (kind, cause): watch ends
-        self.wake: Dict[str, threading.Event] = {kind: threading.Event() for kind in kinds}
-        self.open_watches: Dict[str, Any] = {}
-        # the server streams lists (WatchList): None not known yet, True it did, False it
-        # does not (the reflectors list, then watch, for the life of the process)
-        self.watch_list: Optional[bool] = None
-
-    def all_synced(self) -> bool:
-        """Every cache holds a complete, not known stale, list (call with ``cond`` held)."""
-        return all(self.synced.values())
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for event in self.wake.values():
-            event.set()
 
 
 class Reflector:
@@ -265,12 +238,14 @@ class Reflector:
     def _sync(self) -> str:
         """Read the whole state into the store and follow it: one WatchList where the server
         streams lists, else a LIST, then a watch from its version."""
+        if self.state.watch_list is None and self.kind != self.state.prober:
+            self._await_verdict()
         if self.state.watch_list is not False and not self.version_unavailable:
             try:
                 return self._watch(initial=True)
             except NoWatchList as exc:
                 with self.state.cond:
-                    first, self.state.watch_list = self.state.watch_list is not False, False
+                    first = self.state.set_watch_list(False)
                 if first:  # once per process: both reflectors read the same server
                     LOG.info("the API server does not stream lists (WatchList): %s; listing, "
                              "then watching, from now on", exc)
@@ -282,6 +257,14 @@ class Reflector:
                 self.version_unavailable = True
         self._list()
         return self._watch()
+
+    def _await_verdict(self) -> None:
+        """Let the first reflector find out whether the server streams lists: where it does
+        not, that costs the server one refused request, not one per resource. Bounded (a
+        first reflector whose requests fail says nothing): then this one asks itself."""
+        with self.state.cond:
+            self.state.cond.wait_for(lambda: self.state.watch_list is not None or
+                                     self.state.stopping.is_set(), VERDICT_WAIT)
 
     def _install(self, fresh: Dict[Key, Any], version: str) -> None:
         """Replace the store by a complete state read at ``version``."""

@@ -8,7 +8,9 @@
   :func:`too_large_error` tell them from an answer;
 * :func:`retry_after`: how long the server asked a client to wait (``Retry-After``, or the
   Status's ``retryAfterSeconds``), capped at :data:`RETRY_AFTER_MAX` and jittered;
-  :func:`answer`: the status and message of an error answer, for a log line.
+  :func:`answer`: the status and message of an error answer, for a log line;
+* :class:`WatchState`: what the reflectors of one server share with their readers (the lock,
+  sync flags, failures, counts, and whether the server streams lists).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import json
 import random
 import socket
-from typing import Any, Dict, Iterator, Optional
+import threading
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 Obj = Dict[str, Any]
 
@@ -104,3 +107,42 @@ def shutdown_response(response: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+class WatchState:
+    """What the reflectors share with their readers: one lock, sync flags, failures, counts."""
+
+    def __init__(self, kinds: tuple = ("pods", "nads")) -> None:
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()
+        # synced: the cache holds a complete list not known to be stale; listed: it did once
+        self.synced: Dict[str, bool] = {kind: False for kind in kinds}
+        self.listed: Dict[str, bool] = {kind: False for kind in kinds}
+        self.errors: Dict[str, Optional[str]] = {kind: None for kind in kinds}
+        self.error_status: Dict[str, Optional[int]] = {kind: None for kind in kinds}
+        self.relists: Dict[str, int] = {kind: 0 for kind in kinds}  # after expiry
+        self.reopens: Dict[Tuple[str, str], int] = {}  # (kind, cause): watch ends
+        self.wake: Dict[str, threading.Event] = {kind: threading.Event() for kind in kinds}
+        self.open_watches: Dict[str, Any] = {}
+        # the server streams lists (WatchList): None not known yet, True it did, False it
+        # does not (the reflectors list, then watch, for the life of the process); the first
+        # kind's reflector finds out, the others wait for its verdict (bounded)
+        self.watch_list: Optional[bool] = None
+        self.prober = kinds[0]
+
+    def set_watch_list(self, works: bool) -> bool:
+        """Record whether the server streams lists (call with ``cond`` held); whether this
+        is news (the first verdict, or a change)."""
+        news = self.watch_list is not works
+        self.watch_list = works
+        self.cond.notify_all()
+        return news
+
+    def all_synced(self) -> bool:
+        """Every cache holds a complete, not known stale, list (call with ``cond`` held)."""
+        return all(self.synced.values())
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for event in self.wake.values():
+            event.set()

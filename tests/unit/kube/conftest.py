@@ -15,7 +15,8 @@ import pytest
 from kubeapi import FakeKubeAPI
 from multusd.kube.clientconfig import ClientConfig
 from multusd.kube.objects import NADS_PATH, PODS_PATH, nad_from_object, pod_from_object
-from multusd.kube.reflector import WATCHLIST_END_WAIT, Reflector, WatchState
+from multusd.kube.reflector import WATCHLIST_END_WAIT, Reflector
+from multusd.kube.watchstream import WatchState
 from multusd.kube.watchstream import shutdown_response
 
 

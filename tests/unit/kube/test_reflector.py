@@ -14,7 +14,7 @@ import logging
 
 from multusd.kube import reflector as reflector_mod
 from multusd.kube import retries, watchstream
-from multusd.kube.reflector import WatchState
+from multusd.kube.watchstream import WatchState
 from multusd.kube.transport import ApiError
 from testlib import wait_for
 

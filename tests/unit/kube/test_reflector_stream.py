@@ -19,7 +19,8 @@ import pytest
 
 from multusd.kube.clientconfig import ClientConfig
 from multusd.kube.objects import NADS_PATH, nad_from_object
-from multusd.kube.reflector import LIST_PAGE, Reflector, WatchState
+from multusd.kube.reflector import LIST_PAGE, Reflector
+from multusd.kube.watchstream import WatchState
 from multusd.kube.watchstream import shutdown_response, watch_events
 from testlib import wait_for
 
