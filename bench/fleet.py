@@ -101,6 +101,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--upstream-bin", action="append", default=[], metavar="DIR",
                         help="upstream's multus-daemon in DIR as one more fleet (repeatable)")
     parser.add_argument("--no-multusd", action="store_true", help="upstream's fleets only")
+    parser.add_argument("--watch-list", default="serve",
+                        choices=("serve", "refused", "no-progress", "ignored"),
+                        help="how the stand-in answers a WatchList: streams it (kube-apiserver "
+                             "1.34+), refuses it (422: its gate off), refuses it in the stream "
+                             "(an etcd without progress requests), ignores it (before 1.19)")
     parser.add_argument("--log-level", default="verbose")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 3 nodes, 2000 pods, 20 NADs, 1 idle minute")
@@ -237,6 +242,7 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
         "machine": machine(), "options": dict(vars(args))}
     os.makedirs(os.path.join(workdir, "kubeapi"))
     kube_api = state["kube_api"] = FakeKubeAPI(os.path.join(workdir, "kubeapi"), tls=True).start()
+    kube_api.watch_list = args.watch_list
     fleets = ([("multusd", "")] if not args.no_multusd else []) + \
         [(fleetnodes.label_of(d), d) for d in args.upstream_bin]
     names = {label: [f"{slug(label)}-{i:03d}" for i in range(args.nodes)] for label, _ in fleets}
