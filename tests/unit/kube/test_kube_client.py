@@ -15,10 +15,11 @@ from typing import List
 import pytest
 
 from kubeapi import FakeKubeAPI
+from kubedra import network_device
 from multusd.errors import DeadlineExceeded, MultusError, TryAgainLater
 from multusd.kube.client import EMPTY_CACHE_MISSES, NAD_CRD_FILE, KubeClient, nad_condition
 from multusd.kube.clientconfig import RBAC_FILE
-from multusd.kube.objects import PODS_PATH, Pod
+from multusd.kube.objects import PODS_PATH, Pod, pod_from_object
 from testlib import wait_for
 
 NS = "default"
@@ -354,3 +355,21 @@ def test_requests_are_counted(kube_api, make_client):
     client.get_pod(NS, "nope", not_found_wait=0)
     client.get_nad(NS, "nope")
     assert client.api_requests == 2
+
+
+# ---- DRA devices ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheduled", ["node-b", ""], ids=["its-node", "unscheduled"])
+def test_dra_devices_are_searched_on_the_pods_node_else_this_one(kube_api, make_client,
+                                                                 scheduled):
+    driver = "sriov.example.com"
+    for node in ("node-a", "node-b"):
+        kube_api.add_resource_slice(f"{node}-vfs", node=node, driver=driver, pool="p",
+                                    devices=[network_device("vf-0", f"{node}-vf-0", "r/vf")])
+    kube_api.add_resource_claim(NS, "c", [("req", driver, "p", "vf-0")])
+    pod = pod_from_object(kube_api.add_pod(NS, "web", node=scheduled, status={
+        "resourceClaimStatuses": [{"name": "net", "resourceClaimName": "c"}]}))
+    client = make_client(kube_api, start=False)
+    devices = client.pod_dra_devices(pod, deadline=time.monotonic() + 10)
+    assert [d.device_id for d in devices] == [f"{scheduled or 'node-a'}-vf-0"]
+    assert client.dra_slice_lists == 1
