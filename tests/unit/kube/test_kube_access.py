@@ -206,7 +206,7 @@ def test_reviews_follow_the_servers_rbac(kube_api, probe):
     assert probe.can("get", "", "pods")[0] is True
 
 
-# ---- PERMISSIONS is what the daemon asks for -------------------------------------------------------
+# ---- PERMISSIONS is what the daemon asks for --------------------------------------------
 
 def test_the_permissions_reviewed_are_exactly_what_a_running_client_uses(kube_api):
     kube_api.add_pod(NS, "web")

@@ -178,7 +178,7 @@ def test_unused_stale_entries_are_dropped_and_used_ones_kept(kube_api, get_json)
     assert cache.size() == 1
 
 
-# ---- one pod's claims ------------------------------------------------------------------------------
+# ---- one pod's claims ------------------------------------------------------
 
 def test_a_claim_named_by_the_pod_and_its_extended_status_is_read_once_counted_once(
         kube_api, get_json):
