@@ -10,15 +10,19 @@ not would time out. (socket_path is tested in test_shim_process.py.)
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import socket
+import struct
+import termios
 import threading
 from typing import Iterator, List
 
 import pytest
 
 from multusd.wire import api
+from testlib import wait_for
 
 
 class UnixPeer:
@@ -37,9 +41,12 @@ class UnixPeer:
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
-    def answer(self, *pieces: bytes, close: bool = False, silent: bool = False) -> "UnixPeer":
-        """Queue the answer to the next request (sent piece by piece); ``silent``: none."""
-        self.answers.append((pieces, close, silent))
+    def answer(self, *pieces: bytes, close: bool = False, silent: bool = False,
+               read_apart: bool = False) -> "UnixPeer":
+        """Queue the answer to the next request (sent piece by piece); ``silent``: none;
+        ``read_apart``: each piece only once the client has read the one before, so that
+        its reads end where the pieces do."""
+        self.answers.append((pieces, close, silent, read_apart))
         return self
 
     def _serve(self) -> None:
@@ -66,10 +73,12 @@ class UnixPeer:
             while len(data.split(b"\r\n\r\n", 1)[1]) < length:
                 data += conn.recv(65536)
             self.requests.append(data)
-            pieces, close, silent = self.answers.pop(0) if self.answers else \
-                ((b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",), False, False)
+            pieces, close, silent, read_apart = self.answers.pop(0) if self.answers else \
+                ((b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",), False, False, False)
             if not silent:
                 for piece in pieces:
+                    if read_apart:
+                        wait_for(lambda: unread(conn) == 0, what="the client to read")
                     conn.sendall(piece)
             if not close:
                 self.release.wait(30)
@@ -79,6 +88,11 @@ class UnixPeer:
         self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone does not
         self.listener.close()
         self.thread.join(5)
+
+
+def unread(conn: socket.socket) -> int:
+    """Bytes sent on ``conn`` that its peer has not read yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
 
 
 @pytest.fixture
@@ -151,9 +165,23 @@ def test_a_chunked_answer_is_reassembled_without_waiting_for_eof(peer):
     assert response.body == b'{"msg":"0\\r\\n\\r\\n"}'
 
 
-def test_a_chunked_answer_with_trailers_ends_at_eof(peer):
+def test_a_chunk_ending_in_what_looks_like_the_last_chunk_does_not_end_the_body(peer):
+    # a read that ends after "...0\r\n" + the chunk's CRLF: the data seen so far ends in
+    # "0\r\n\r\n", as a whole chunked body does; the body goes on in the next read
+    peer.answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab0\r\n\r\n",
+                b"10\r\n", b"\r\n-sixteen-bytes\r\n", b"0\r\n\r\n", read_apart=True)
+    assert request(peer).body == b"ab0\r\n\r\n-sixteen-bytes"
+
+
+def test_a_chunked_answer_cut_short_is_what_arrived(peer):
+    peer.answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"4\r\nbody\r\n8\r\ncut", close=True)
+    assert request(peer).body == b"bodycut"
+
+
+def test_a_chunked_answer_with_trailers_ends_at_its_last_chunk(peer):
     peer.answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n"
-                b"4\r\nbody\r\n0\r\nX-Trailer: yes\r\n\r\n", close=True)
+                b"4\r\nbody\r\n0\r\nX-Trailer: yes\r\n\r\n")
     assert request(peer).body == b"body"
 
 
