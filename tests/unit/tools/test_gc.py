@@ -13,98 +13,41 @@ import json
 import os
 import socket
 import threading
-import time
 from typing import Any, Dict, List
 
 import pytest
 
-from harness import STUBS
-from multusd.config import daemonconf
-from multusd.core import request, unreleased
-from multusd.core.multus import Multus
+from multusd.core import unreleased
 from multusd.daemon.server import Server
 from multusd.errors import MultusError
 from multusd.tools import common, gc
-from stubnode import LOG
-from testlib import run
+from toolnode import ToolNode, netns_gone
 
 pytestmark = pytest.mark.privileged
 
-RUNTIME_CONF = {"cniVersion": "1.0.0", "name": "multus-cni-network", "type": "multus-shim"}
 ERROR = {"cniVersion": "1.0.0", "code": 11, "msg": "its daemon is down"}
 
 
-class GcNode:
-    """daemon-config.json for stub delegates, the daemon's Multus on it, what the stubs got."""
-
-    def __init__(self, tmp_path, make_netns, **daemon: Any) -> None:
-        self.tmp = tmp_path
-        self.make_netns = make_netns
-        self.cni_dir = str(tmp_path / "cni")
-        self.calls_file = str(tmp_path / "calls.jsonl")
-        self.fixed = str(tmp_path / "fixed")  # the "stuck" delegate's DEL works once it exists
-        self.config_path = str(tmp_path / "daemon-config.json")
-        (tmp_path / "net.d").mkdir()
-        document = {"cniDir": self.cni_dir, "binDir": STUBS,
-                    "socketDir": str(tmp_path / "run"), "cniConfigDir": str(tmp_path / "net.d"),
-                    "delegates": [self.stub("cluster"),
-                                  self.stub("stuck", failDelUnless=self.fixed, error=ERROR)],
-                    **daemon}
-        with open(self.config_path, "w") as handle:
-            json.dump(document, handle)
-        self.config = daemonconf.load(self.config_path)
-        self.multus = Multus(self.config)
-
-    def stub(self, name: str, **keys: Any) -> Dict[str, Any]:
-        return dict({"cniVersion": "1.0.0", "name": name, "type": "stub-record",
-                     "recordFile": self.calls_file}, **keys)
-
-    def request(self, command: str, cid: str, netns: str,
-                args: str = "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_UID=u1"
-                ) -> request.CmdArgs:
-        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns,
-               "CNI_IFNAME": "eth0", "CNI_ARGS": args}
-        return request.parse(env, json.dumps(RUNTIME_CONF).encode(), self.config)
-
-    def attach(self, cid: str, **kw: Any) -> str:
-        """ADD ``cid`` in a new namespace; its path."""
-        netns = self.make_netns()
-        self.multus.cni(self.request("ADD", cid, netns, **kw), time.monotonic() + 30, LOG)
-        return netns
-
-    def files(self) -> List[str]:
-        found = []
-        for directory, _, names in os.walk(self.cni_dir):
-            found += [os.path.relpath(os.path.join(directory, n), self.cni_dir) for n in names]
-        return sorted(found)
-
-    def calls(self) -> List[tuple]:
-        if not os.path.exists(self.calls_file):
-            return []
-        with open(self.calls_file) as handle:
-            lines = [json.loads(line) for line in handle]
-        return [(c["command"], c["stdin"]["name"], c["env"]) for c in lines
-                if c["command"] in ("DEL", "ADD")]
-
-    def del_calls(self) -> List[tuple]:
-        return [(name, env) for command, name, env in self.calls() if command == "DEL"]
+def delegates(node: ToolNode) -> list:
+    """Delegate "cluster", and "stuck", whose DEL fails until the file ``fixed`` exists."""
+    return [node.stub("cluster"), node.stub("stuck", failDelUnless=fixed(node), error=ERROR)]
 
 
-def gone(netns: str) -> None:
-    run("ip", "netns", "del", os.path.basename(netns))
+def fixed(node: ToolNode) -> str:
+    return os.path.join(os.path.dirname(node.cni_dir), "fixed")
 
 
 @pytest.fixture
-def node(tmp_path, make_netns) -> GcNode:
-    return GcNode(tmp_path, make_netns)
+def node(tmp_path, make_netns) -> ToolNode:
+    return ToolNode(tmp_path, make_netns, delegates)
 
 
-def gc_json(capsys, node: GcNode, **options: Any) -> tuple:
+def gc_json(capsys, node: ToolNode, **options: Any) -> tuple:
     code = gc.run(node.config_path, as_json=True, **options)
     return code, json.loads(capsys.readouterr().out)
 
 
-def gc_text(capsys, node: GcNode, **options: Any) -> tuple:
+def gc_text(capsys, node: ToolNode, **options: Any) -> tuple:
     code = gc.run(node.config_path, **options)
     return code, capsys.readouterr().out
 
@@ -112,7 +55,7 @@ def gc_text(capsys, node: GcNode, **options: Any) -> tuple:
 # ---- stale sandboxes ---------------------------------------------------------------------------
 
 def test_only_sandboxes_whose_netns_is_gone_are_listed_and_nothing_changes(node, capsys):
-    gone(node.attach("gone-1"))
+    netns_gone(node.attach("gone-1"))
     node.attach("live-1")
     files, calls = node.files(), node.calls()
     for options in ({}, {"dry_run": True}):
@@ -140,8 +83,8 @@ def test_nothing_stale_is_said_so(node, capsys):
 def test_release_without_a_daemon_runs_the_runtimes_del_in_process(node, capsys):
     netns = node.attach("gone-1")
     node.attach("live-1")
-    open(node.fixed, "w").close()  # every delegate's DEL works
-    gone(netns)
+    open(fixed(node), "w").close()  # every delegate's DEL works
+    netns_gone(netns)
     live = [f for f in node.files() if "live-1" in f]
     code, doc = gc_json(capsys, node, release=True)
     assert code == 0 and doc["via"] == "in-process" and doc["released"] == 1
@@ -156,7 +99,7 @@ def test_release_without_a_daemon_runs_the_runtimes_del_in_process(node, capsys)
 
 
 def test_a_failed_release_keeps_the_records_and_says_so(node, capsys):
-    gone(node.attach("gone-1"))  # "stuck" cannot DEL: no fixed file
+    netns_gone(node.attach("gone-1"))  # "stuck" cannot DEL: no fixed file
     code, text = gc_text(capsys, node, release=True)
     assert code == common.EXIT_PROBLEM
     assert "NOT released: " in text and "stuck (net1): its daemon is down" in text
@@ -165,7 +108,7 @@ def test_a_failed_release_keeps_the_records_and_says_so(node, capsys):
 
 
 def test_a_stale_sandbox_whose_records_name_no_pod_is_not_released(node, capsys):
-    gone(node.attach("anon-1", args="IgnoreUnknown=1"))
+    netns_gone(node.attach("anon-1", args="IgnoreUnknown=1"))
     code, doc = gc_json(capsys, node, release=True)
     assert code == common.EXIT_PROBLEM
     assert doc["stale"][0]["error"] == "its records name no pod (no K8S_POD_NAME)"
@@ -197,7 +140,7 @@ class RecordingDaemon:
 
 def test_with_a_daemon_answering_the_del_goes_through_its_socket(node, capsys):
     netns = node.attach("gone-1")
-    gone(netns)
+    netns_gone(netns)
     daemon = RecordingDaemon(node.config.socket_path)
     try:
         code, doc = gc_json(capsys, node, release=True)
@@ -213,21 +156,20 @@ def test_with_a_daemon_answering_the_del_goes_through_its_socket(node, capsys):
 
 # ---- unreleased sandboxes -------------------------------------------------------------------------
 
-def make_unreleased(node: GcNode, cid: str) -> str:
+def make_unreleased(node: ToolNode, cid: str) -> str:
     """A sandbox whose DEL failed past its window (the daemon's own DEL records it so)."""
     netns = node.attach(cid)
-    gone(netns)
-    req = node.request("DEL", cid, netns)
+    netns_gone(netns)
     try:
-        node.multus.cni(req, time.monotonic() + 30, LOG)
+        node.delete(cid, netns)
     except MultusError:
         pass  # reported to the runtime while the window lasts
     return netns
 
 
 @pytest.fixture
-def short_window(tmp_path, make_netns) -> GcNode:
-    return GcNode(tmp_path, make_netns, deleteRetryWindow=0.001)
+def short_window(tmp_path, make_netns) -> ToolNode:
+    return ToolNode(tmp_path, make_netns, delegates, deleteRetryWindow=0.001)
 
 
 def test_an_unreleased_sandbox_is_listed_by_a_dry_run_and_not_retried(short_window, capsys):
@@ -255,7 +197,7 @@ def test_an_unreleased_sandbox_gets_the_runtimes_del_again_until_it_is_released(
     assert doc["unreleased"][0]["released"] is False
     assert doc["unreleased"][0]["error"].startswith("DEL failed again: ")
     assert len(node.del_calls()) > deletes
-    open(node.fixed, "w").close()  # the operator fixed it
+    open(fixed(node), "w").close()  # the operator fixed it
     code, text = gc_text(capsys, node)
     assert code == common.EXIT_OK
     assert "released: ns/web held-1 (unreleased since " in text
