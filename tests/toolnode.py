@@ -34,9 +34,11 @@ class ToolNode:
         self.calls_file = str(tmp_path / "calls.jsonl")
         self.config_path = str(tmp_path / "daemon-config.json")
         os.makedirs(tmp_path / "net.d", exist_ok=True)
-        document = {"cniDir": self.cni_dir, "binDir": STUBS,
-                    "socketDir": str(tmp_path / "run"), "cniConfigDir": str(tmp_path / "net.d"),
-                    "delegates": delegates(self), **daemon}
+        self.conf_dir = str(tmp_path / "net.d")  # 00-multus.conf goes here
+        document = {"cniDir": self.cni_dir, "binDir": STUBS, "cniVersion": "1.0.0",
+                    "socketDir": str(tmp_path / "run"), "cniConfigDir": self.conf_dir,
+                    "multusAutoconfigDir": self.conf_dir, "delegates": delegates(self),
+                    **daemon}
         with open(self.config_path, "w") as handle:
             json.dump(document, handle)
         self.config = daemonconf.load(self.config_path)
