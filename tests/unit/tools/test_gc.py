@@ -154,7 +154,7 @@ def test_with_a_daemon_answering_the_del_goes_through_its_socket(node, capsys):
     assert doc["stale"][0]["error"].startswith("DEL succeeded but records remain: ")
 
 
-# ---- unreleased sandboxes -------------------------------------------------------------------------
+# ---- unreleased sandboxes ---------------------------------------------------------------------
 
 def make_unreleased(node: ToolNode, cid: str) -> str:
     """A sandbox whose DEL failed past its window (the daemon's own DEL records it so)."""
@@ -207,7 +207,7 @@ def test_an_unreleased_sandbox_gets_the_runtimes_del_again_until_it_is_released(
     assert unreleased.read(node.cni_dir, "held-1") is None
 
 
-# ---- --forget ---------------------------------------------------------------------------------------
+# ---- --forget ---------------------------------------------------------------------------------
 
 def test_forget_releases_what_it_can_and_drops_every_record(node, capsys):
     node.attach("stuck-1")

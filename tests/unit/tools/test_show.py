@@ -88,7 +88,7 @@ def test_show_exits_as_the_match_says(three, capsys):
     assert [a["ips"] for a in doc["attachments"]] == [["10.1.0.5/24"], ["10.2.0.5/24"]]
 
 
-# ---- the records beside the API --------------------------------------------------------------------
+# ---- the records beside the API ---------------------------------------------------------------
 
 def status_entries(*overrides: Optional[dict]) -> list:
     """network-status as the daemon writes it for the two delegates (an override None drops

@@ -185,7 +185,7 @@ def test_the_api_while_the_daemon_is_stopped_is_unknown(with_kubeconfig, kube_ap
     assert kube_api.requests == []  # status never asks the API server
 
 
-# ---- sandboxes ------------------------------------------------------------------------------------
+# ---- sandboxes --------------------------------------------------------------------------------
 
 def test_each_sandbox_is_one_row_and_stale_and_unreleased_ones_are_counted(node, daemon,
                                                                           capsys):
