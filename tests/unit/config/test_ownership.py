@@ -1,5 +1,5 @@
-"""multusd.config.ownership: when a file counts as the one multusd wrote, and what becomes of
-a record that cannot be read.
+"""multusd.config.ownership: when a file counts as the one multusd wrote, and a record that
+cannot be kept never fails the write it records.
 
 Real files in a private state directory (``STATE_DIRECTORY``, as systemd sets it). What
 generate-config does with the answers (write, adopt, remove only its own) is
@@ -15,7 +15,7 @@ import os
 import pytest
 
 from multusd import store
-from multusd.config import ownership
+from multusd.config import generateconfig, ownership
 
 
 @pytest.fixture
@@ -79,6 +79,38 @@ def test_a_relative_path_is_recorded_as_its_absolute_one(state, written, monkeyp
     monkeypatch.chdir(os.path.dirname(written))
     ownership.remember("00-multus.conf")
     assert ownership.is_ours(written)
+
+
+@pytest.fixture
+def unwritable_state(tmp_path, monkeypatch) -> str:
+    """A state directory that cannot be made (a file is in its place: root ignores modes)."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("STATE_DIRECTORY", str(blocker))
+    return str(blocker)
+
+
+def test_a_record_that_cannot_be_written_is_logged_not_raised(unwritable_state, written,
+                                                             caplog):
+    with caplog.at_level(logging.WARNING, logger="multusd.config.ownership"):
+        ownership.remember(written)
+    assert f"cannot record that multusd wrote {written} in {unwritable_state}" in caplog.text
+    assert "package removal will leave it in place" in caplog.text
+    assert not ownership.is_recorded(written)
+
+
+def test_generate_config_succeeds_when_its_record_cannot_be_kept(unwritable_state, tmp_path,
+                                                                 capsys):
+    net_d = tmp_path / "generated.d"
+    net_d.mkdir()
+    (net_d / "10-primary.conflist").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "primary", "plugins": [{"type": "bridge"}]}))
+    config = tmp_path / "daemon-config.json"
+    config.write_text(json.dumps({"cniVersion": "1.0.0", "cniConfigDir": str(net_d),
+                                  "multusAutoconfigDir": str(net_d)}))
+    assert generateconfig.run(str(config)) == 0
+    assert "nothing was changed" not in capsys.readouterr().err
+    assert (net_d / "00-multus.conf").read_bytes().startswith(b"{")
 
 
 def test_a_corrupt_record_is_ignored_and_the_next_write_replaces_it(state, written, caplog):
