@@ -603,10 +603,18 @@ class _Server(ThreadingHTTPServer):
     generation: int  # FakeKubeAPI._generation when this run started
     tls: Optional[ssl.SSLContext] = None
 
+    def server_activate(self) -> None:
+        super().server_activate()
+        # accept(2): a connection reset between the readiness poll and accept() leaves the
+        # queue, and a blocking accept() would then wait for the next one, holding
+        # serve_forever (and stop()) until then. Non-blocking, it raises and the loop goes on.
+        self.socket.setblocking(False)
+
     def get_request(self) -> Tuple[socket.socket, Any]:
         """Accept; cut the connection when the test asked for it, else start TLS (the
         handshake runs here, as it did inside an SSL listening socket's accept())."""
         sock, address = self.socket.accept()
+        sock.setblocking(True)  # the handler's reads and writes block (the listener does not)
         api = self.api
         with api._cond:
             api.connections_accepted += 1

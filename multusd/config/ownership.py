@@ -20,6 +20,7 @@ import os
 from typing import Any, Dict, Optional
 
 from multusd import store
+from multusd.errors import IOFailure
 
 LOG = logging.getLogger(__name__)
 
@@ -53,9 +54,9 @@ def remember(path: str) -> None:
     try:
         store.atomic_write(record_path(), json.dumps(records, indent=1, sort_keys=True).encode(),
                            mode=0o600, dir_mode=0o755, durable=False)
-    except OSError as exc:
+    except (IOFailure, OSError) as exc:  # store.atomic_write raises IOFailure
         LOG.warning("cannot record that multusd wrote %s in %s (%s): package removal will "
-                    "leave it in place", path, record_path(), exc.strerror or exc)
+                    "leave it in place", path, record_path(), _reason(exc))
 
 
 def is_ours(path: str) -> bool:
@@ -77,8 +78,12 @@ def forget(path: str) -> None:
     try:
         store.atomic_write(record_path(), json.dumps(records, indent=1, sort_keys=True).encode(),
                            mode=0o600, dir_mode=0o755, durable=False)
-    except OSError as exc:
-        LOG.warning("cannot update %s: %s", record_path(), exc.strerror or exc)
+    except (IOFailure, OSError) as exc:
+        LOG.warning("cannot update %s: %s", record_path(), _reason(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or getattr(exc, "msg", None) or str(exc)
 
 
 def _facts(path: str) -> Optional[Dict[str, Any]]:

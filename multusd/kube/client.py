@@ -35,15 +35,14 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from multusd.errors import DeadlineExceeded, MultusError
 from multusd.kube import draclaims
-from multusd.kube import status as status_mod
 from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
 from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
                                   POD_PATH, PODS_PATH, Key, NetworkAttachmentDefinition, Obj, Pod,
                                   nad_from_object, pod_from_object)
 from multusd.kube.reflector import Reflector
-from multusd.kube.watchstream import WatchState
+from multusd.kube.status import EventSender, set_network_status
 from multusd.kube.transport import ApiError, Query, path_of
-from multusd.kube.watchstream import shutdown_response
+from multusd.kube.watchstream import WatchState, shutdown_response
 
 __all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_ANNOTATION"]
 
@@ -93,8 +92,7 @@ class KubeClient:
         self._pods: Dict[Key, Pod] = {}
         self._nads: Dict[Key, NetworkAttachmentDefinition] = {}
         self._threads: List[threading.Thread] = []
-        self._events = status_mod.EventSender(self._json, self.config, node_name,
-                                              self._stopping)
+        self._events = EventSender(self._json, self.config, node_name, self._stopping)
         self._misses = 0
         self._empty_misses = 0
         self._mismatch: Optional[Tuple[str, str]] = None
@@ -428,9 +426,10 @@ class KubeClient:
 
     def set_network_status(self, pod: Pod, status: str, *,
                            deadline: Optional[float] = None) -> None:
-        """Write the pod's network-status annotation (see :func:`status.set_network_status`)."""
-        status_mod.set_network_status(self._json, self.config, pod, status, self._stopping,
-                                      deadline=deadline)
+        """Write the pod's network-status annotation
+        (:func:`multusd.kube.status.set_network_status`)."""
+        set_network_status(self._json, self.config, pod, status, self._stopping,
+                           deadline=deadline)
 
     def emit_event(self, pod: Pod, event_type: str, reason: str, message: str) -> None:
         """Queue an event about ``pod`` (sent by a background thread); never raises."""

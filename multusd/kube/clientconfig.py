@@ -22,10 +22,10 @@ import ssl
 from typing import Any, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig, MultusError, TryAgainLater
-from multusd.kube import kubeconfig as kubeconfig_reader
 from multusd.kube import retries
 from multusd.kube.credentials import Credentials, Secrets
 from multusd.kube.identity import CertificateError, node_name_from_certificate
+from multusd.kube.kubeconfig import KubeconfigError, Settings, from_configuration, load
 from multusd.kube.transport import POOL_SIZE, ApiError, IdleTimeout, Transport
 
 LOG = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class ClientConfig:
         self.server_url: str = self.settings.host
         try:
             self.transport = Transport(self.settings, self.credentials, pool_size=pool_size)
-        except kubeconfig_reader.KubeconfigError as exc:
+        except KubeconfigError as exc:
             raise self._unusable(str(exc)) from None
 
     def _unusable(self, reason: str) -> InvalidNetworkConfig:
@@ -68,20 +68,20 @@ class ClientConfig:
             f"cannot use kubeconfig {self.kubeconfig!r}: {reason}; point 'kubeconfig' in "
             "daemon-config.json at a kubeconfig with a server and credentials for this node")
 
-    def _load(self, kubeconfig: str) -> Tuple[kubeconfig_reader.Settings, Credentials]:
+    def _load(self, kubeconfig: str) -> Tuple[Settings, Credentials]:
         """Settings and credentials; only a credential plugin needs the package's loader."""
         try:
-            settings = kubeconfig_reader.load(kubeconfig)
+            settings = load(kubeconfig)
             if settings is None:
                 configuration = _load_with_credential_plugin(kubeconfig)
-                settings = kubeconfig_reader.from_configuration(configuration)
+                settings = from_configuration(configuration)
                 credentials = Credentials(
                     settings, self.secrets,
                     plugin=(configuration, lambda: _load_with_credential_plugin(kubeconfig)))
             else:
                 credentials = Credentials(settings, self.secrets)
             credentials.header()  # a plugin runs now: its failure is a start-up failure
-        except kubeconfig_reader.KubeconfigError as exc:
+        except KubeconfigError as exc:
             # Both loaders' messages name keys and files, not values, so they are kept.
             # Nothing is chained (from None): a traceback in the journal must not carry more.
             raise self._unusable(str(exc)) from None
@@ -179,7 +179,7 @@ def _load_with_credential_plugin(kubeconfig: str) -> Any:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration,
                                 persist_config=False)
     except config.ConfigException as exc:
-        raise kubeconfig_reader.KubeconfigError(str(exc)) from None
+        raise KubeconfigError(str(exc)) from None
     return configuration
 
 

@@ -126,17 +126,24 @@ def _read_response(conn: _socket.socket) -> HTTPResponse:
 
 
 def _read_chunked(conn: _socket.socket, data: bytes) -> bytes:
-    while not data.endswith(b"0\r\n\r\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        data += chunk
+    """The body of a chunked answer, read chunk by chunk to the last (size 0) chunk, its
+    trailers not waited for; what arrived if the daemon closes first. (The chunks are parsed
+    as they come: a read may end inside the body where the data looks like the end.)"""
     body = b""
-    while data:
+    while True:
+        while b"\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return body
+            data += chunk
         size_line, _, data = data.partition(b"\r\n")
         size = int(size_line.split(b";")[0] or b"0", 16)
         if size == 0:
-            break
+            return body
+        while len(data) < size + 2:
+            chunk = conn.recv(max(65536, size + 2 - len(data)))
+            if not chunk:
+                return body + data[:size]
+            data += chunk
         body += data[:size]
         data = data[size + 2:]
-    return body
