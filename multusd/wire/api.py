@@ -63,7 +63,8 @@ class HTTPResponse:
 
 def http_request(sock_path: str, method: str, path: str, body: bytes = b"",
                  timeout: "float | None" = None) -> HTTPResponse:
-    """One HTTP/1.1 request over a unix socket; raises OSError when the daemon is unreachable."""
+    """One HTTP/1.1 request over a unix socket; raises OSError when the daemon is unreachable
+    or its answer is not HTTP."""
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         conn.settimeout(timeout)
@@ -111,7 +112,7 @@ def _read_response(conn: _socket.socket) -> HTTPResponse:
         return HTTPResponse(status, _read_chunked(conn, rest))
     length = headers.get("content-length")
     if length is not None:
-        want = int(length)
+        want = _number(length, 10, "Content-Length")
         while len(rest) < want:
             chunk = conn.recv(max(65536, want - len(rest)))
             if not chunk:
@@ -123,6 +124,18 @@ def _read_response(conn: _socket.socket) -> HTTPResponse:
         if not chunk:
             return HTTPResponse(status, rest)
         rest += chunk
+
+
+def _number(text: str, base: int, what: str) -> int:
+    """A framing number of the daemon's answer; a malformed one is a broken connection
+    (ConnectionError, an OSError as every other failure to get an answer), not a ValueError."""
+    try:
+        value = int(text.strip(), base)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConnectionError(f"malformed {what} in multusd's answer: {text[:40]!r}")
+    return value
 
 
 def _read_chunked(conn: _socket.socket, data: bytes) -> bytes:
@@ -137,7 +150,7 @@ def _read_chunked(conn: _socket.socket, data: bytes) -> bytes:
                 return body
             data += chunk
         size_line, _, data = data.partition(b"\r\n")
-        size = int(size_line.split(b";")[0] or b"0", 16)
+        size = _number(size_line.split(b";")[0].decode("latin-1") or "0", 16, "chunk size")
         if size == 0:
             return body
         while len(data) < size + 2:

@@ -206,6 +206,17 @@ def test_a_malformed_status_line_is_a_connection_error(peer, line):
     assert "malformed HTTP status line" in str(caught.value)
 
 
+@pytest.mark.parametrize("framing", [b"Content-Length: ten", b"Content-Length: -4",
+                                     b"Transfer-Encoding: chunked\r\n\r\nzz\r\nbody"])
+def test_a_malformed_length_is_a_connection_error(peer, framing):
+    # a ValueError would reach the runtime as "failed unexpectedly", and the tools' checks
+    # for an unreachable daemon (OSError) would not catch it
+    peer.answer(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n", close=True)
+    with pytest.raises(ConnectionError) as caught:
+        request(peer)
+    assert "malformed" in str(caught.value) and "in multusd's answer" in str(caught.value)
+
+
 def test_a_daemon_that_does_not_answer_is_a_timeout(peer):
     peer.answer(silent=True)
     with pytest.raises(OSError) as caught:
