@@ -1,7 +1,8 @@
 """The packages on a node that changes hands: a booted Debian 12 systemd (systemd-nspawn).
 
 One container for the module; the tests run in order on the state the previous one left:
-a daemon that cannot start never takes the socket down; the socket file comes back when
+a daemon that cannot start never takes the socket down, nor keeps a pod's DEL failing past
+deleteRetryWindow (a drain finishes; gc releases the sandbox later); the socket file comes back when
 something deletes it (unless another daemon now serves it); removing the .deb keeps the pods'
 records and another installer's files; purge keeps the records while a sandbox is recorded; a
 reinstall releases that sandbox; erasing the .rpm keeps the records too. The stand-in for
@@ -142,6 +143,58 @@ def _broken_config_then_fixed(box: Machine) -> None:
     assert active_state(box, "multusd.service") == "active"
     assert active_state(box, "multusd.socket") == "active"
     assert shim(box, "DEL", "cid-broken", "pod-h", "/run/netns/pod-h").returncode == 0
+
+
+WINDOW = 3  # deleteRetryWindow, seconds
+MARKS = f"{CNI_DIR}/.multusd-unreleased"
+
+
+def test_1b_a_drain_finishes_while_the_daemon_cannot_start(node):
+    """A pod's DEL fails while daemon-config.json does not parse, for deleteRetryWindow only;
+    then it is answered success and the sandbox stays recorded until gc releases it."""
+    box = node
+    short = dict(EDITED_CONFIG, deleteRetryWindow=WINDOW)
+    box.put(CONFIG, json.dumps(short, indent=4) + "\n")
+    box.run("systemctl", "restart", "multusd.service")
+    added = shim(box, "ADD", "cid-drain", "pod-h", "/run/netns/pod-h")
+    assert added.returncode == 0, added.stdout + added.stderr
+    with open(box.path(f"{MARKS}/.settings")) as handle:  # the window, told to the shim
+        assert json.load(handle) == {"deleteRetryWindow": WINDOW}
+    box.put(CONFIG, json.dumps(dict(short, logLevel="loud"), indent=4) + "\n")
+    try:
+        assert box.run("systemctl", "restart", "multusd.service", check=False).returncode != 0
+        answers = []
+
+        def deleted() -> bool:  # kubelet's StopPodSandbox, again and again
+            answers.append(shim(box, "DEL", "cid-drain", "pod-h", "/run/netns/pod-h"))
+            return answers[-1].returncode == 0
+
+        wait_for(deleted, 120, interval=0.5, what="DEL answered success after the window")
+        assert len(answers) >= 2 and all(a.returncode != 0 for a in answers[:-1])
+        refused = json.loads(answers[0].stdout)
+        assert refused["code"] and "multusd is not reachable" in refused["msg"], refused
+        assert "has passed, so DEL answers success" in answers[-1].stderr
+        with open(box.path(f"{MARKS}/cid-drain")) as handle:
+            mark = json.load(handle)
+        assert mark["by"] == "shim" and mark["until"] == mark["firstFailure"] + WINDOW
+        assert netns_addrs(box, "pod-h").get("eth0"), "a DEL ran while the daemon was down"
+        assert held_leases(box) == 1
+    finally:
+        box.put(CONFIG, json.dumps(EDITED_CONFIG, indent=4) + "\n")  # fixed, default window
+    box.run("systemctl", "restart", "multusd.service")
+    status = box.run("multusd", "status", check=False).stdout
+    assert "1 unreleased" in status, status
+    released = box.run("multusd", "gc", check=False)
+    assert released.returncode == 0, released.stdout + released.stderr
+    assert "eth0" not in netns_addrs(box, "pod-h")
+    assert held_leases(box) == 0
+    assert not os.path.exists(box.path(f"{CNI_DIR}/cid-drain"))
+    assert not os.path.exists(box.path(f"{MARKS}/cid-drain"))
+    assert not os.path.exists(box.path(f"{MARKS}/.settings"))  # the default window again
+
+
+def held_leases(box: Machine) -> int:
+    return len([n for n in os.listdir(box.path(f"{WORK}/ipam/mdtest")) if n[0].isdigit()])
 
 
 def test_2_the_socket_file_comes_back_unless_another_daemon_serves_it(node):
