@@ -20,7 +20,7 @@ from typing import Any, List, Mapping, Tuple
 
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine, NetworkConfigList
-from multusd.cni.invoke import PluginObserver, search_path
+from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core import cmdadd, cmddel, hotplug, scratch
@@ -41,10 +41,12 @@ class Multus:
     """The Multus semantics for one daemon; safe to call from many threads at once."""
 
     def __init__(self, config: DaemonConfig, kube: Any = None, *,
-                 plugin_observer: PluginObserver | None = None) -> None:
+                 plugin_observer: PluginObserver | None = None,
+                 running_plugins: RunningPlugins | None = None) -> None:
         self.config = config
         self.kube = kube
         self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
+        self.running_plugins = running_plugins  # and this (the daemon's stop ends them)
         self._daemon_cni_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
 
     def ready(self) -> bool:
@@ -59,9 +61,10 @@ class Multus:
 
     def engine(self, conf: Mapping[str, Any]) -> Engine:
         """The engine of a request: its ``binDir`` (or the default ones), then the daemon's
-        CNI_PATH; every plugin run is told to the metrics."""
+        CNI_PATH; every plugin run is told to the metrics, and registered in the daemon's
+        :class:`~multusd.cni.invoke.RunningPlugins` (its stop kills what still runs)."""
         return Engine(search_path(str(conf.get("binDir") or ""), self._daemon_cni_path),
-                      observer=self.plugin_observer)
+                      observer=self.plugin_observer, running=self.running_plugins)
 
     def add(self, req: CmdArgs, deadline: float, log: Any) -> dict:
         """ADD: see :func:`multusd.core.cmdadd.cmd_add`."""
