@@ -13,7 +13,8 @@ closed for a new one), waiting requests, each request's head and body, and bytes
 held in all (:class:`~multusd.daemon.cnirun.MemoryBound`: a declared body counts in full once
 its head is read, a chunked one as it comes; past the bound either is refused "busy, retry").
 A refused request is answered 400 with CNI error JSON (the connections themselves, their
-timers, answers and closing: :mod:`multusd.daemon.reactor`).
+timers, answers and closing: :mod:`multusd.daemon.reactor`). At the daemon's stop
+(:meth:`Server.begin_stop`) ``/readyz`` answers 500 and only DEL and STATUS are still run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Callable, List, Mapping
 from multusd.daemon import httpreq
 from multusd.daemon.httpreq import LINGER, READ_TIMEOUT, READING, READY_WAIT, Connection
 from multusd.daemon.cnirun import CniRunner, Handler, MemoryBound, error_answer
-from multusd.daemon.lanes import Job, Lanes, del_lane_workers
+from multusd.daemon.lanes import FAST_COMMANDS, Job, Lanes, del_lane_workers
 from multusd.daemon.reactor import LINGER_BYTES, LINGER_TIMEOUT, Reactor  # noqa: F401 (were here)
 from multusd.errors import DecodeFailure, MultusError, TryAgainLater
 from multusd.wire import api
@@ -81,6 +82,7 @@ class Server(Reactor):
         self.lanes = Lanes(self.runner.run_job, workers=workers, fast_workers=fast_workers,
                            max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
         self.ready = True
+        self.stopping = False  # see begin_stop
         self._ready_waiters: List[tuple] = []  # (conn, hold deadline)
 
     # -- life cycle -------------------------------------------------------------------------
@@ -123,6 +125,13 @@ class Server(Reactor):
                 os.close(self._wake_r)
                 os.close(self._wake_w)
                 self._wake_w = -1
+
+    def begin_stop(self) -> None:
+        """The daemon is stopping: ``/readyz`` answers 500, and of the CNI requests read from
+        now on only DEL and STATUS run; the others are answered "stopping, retry" (the next
+        daemon serves the retry). Probes are answered until :meth:`stop`."""
+        self.ready = False
+        self.stopping = True
 
     def stop(self) -> None:
         """Stop accepting; connections not yet accepted stay queued in the socket."""
@@ -272,6 +281,11 @@ class Server(Reactor):
             self._ready_waiters.append((conn, time.monotonic() + READY_HOLD))
             return
         command, key = httpreq.peek_env(parser.body)
+        if self.stopping and command not in FAST_COMMANDS:
+            self.runner.count("failed")
+            return self._answer(conn, *error_answer(TryAgainLater(
+                f"multusd is stopping: {command or 'the request'} was not started; retry it "
+                "(the socket stays open: the next multusd serves it)")))
         job = Job(conn.sock, parser.path, parser.method, parser.body,
                   time.monotonic() + self.request_timeout, command, key, conn.charged)
         if not self.lanes.submit(job):
