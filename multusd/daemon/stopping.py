@@ -128,9 +128,11 @@ class Stop:
             request = parse(env, config, self.config)
             if not request.container_id:
                 return
+            cni_dir = cni_dir_of(request.config)
             gone = unreleased.pod_gone(self.kube, request.pod_namespace, request.pod_name,
                                        request.pod_uid)
-            unreleased.record(cni_dir_of(request.config), request, (), why,
+            earlier = unreleased.read(cni_dir, request.container_id)  # which networks failed
+            unreleased.record(cni_dir, request, earlier.failures if earlier else (), why,
                               window=self.config.delete_retry_window, pod_gone=gone)
         except Exception as exc:  # noqa: BLE001 - the stop goes on; said in the journal
             LOG.error("stop: a DEL cut short could not be recorded: %s",

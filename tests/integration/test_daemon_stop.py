@@ -113,7 +113,11 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
     assert retry_out[0].output["code"] == 11
     mark = unreleased.read(daemon.cni_dir, hung_del)
     assert mark is not None and mark.by == "daemon", mark
-    assert "vendor" in mark.what_failed() or "multusd is stopping" in mark.what_failed()
+    failed = {f.network: f.error for f in mark.failures}  # the first DEL's, kept by the retry's
+    assert set(failed) == {"vendor", "cluster"}
+    assert "was killed: multusd stopped it at its stop deadline" in failed["vendor"]
+    assert "was not started: multusd stopped it" in failed["cluster"]
+    assert mark.error.startswith("multusd is stopping")  # the retry's, refused at the cut
     for cid in (hung_del, hung_add):
         assert unreleased.has_records(daemon.cni_dir, cid)  # nothing forgotten
     assert len(sandbox.leases_held()) == 2
