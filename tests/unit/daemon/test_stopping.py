@@ -52,7 +52,9 @@ class Node:
     def __init__(self, tmp_path) -> None:
         self.tmp_path = tmp_path
         self.cni_dir = str(tmp_path / "cni")
+        self.socket_dir = str(tmp_path / "run")  # never the host's (marks may go there too)
         self.config = daemonconf.from_dict({"cniDir": self.cni_dir, "deleteRetryWindow": 300,
+                                            "socketDir": self.socket_dir,
                                             "delegates": [{"cniVersion": "0.3.1", "name": "n",
                                                            "type": "loopback"}]})
         self.running = invoke.RunningPlugins()
@@ -195,8 +197,9 @@ def test_a_del_still_running_at_the_deadline_is_recorded_before_the_exit(node):
 
 def test_a_del_that_cannot_be_recorded_is_said_and_the_stop_goes_on(node, caplog):
     os.makedirs(node.cni_dir)
-    with open(os.path.join(node.cni_dir, ".multusd-unreleased"), "w") as handle:
-        handle.write("a file where the marks' directory should be")
+    for path in (os.path.join(node.cni_dir, ".multusd-unreleased"), node.socket_dir):
+        with open(path, "w") as handle:
+            handle.write("a file where a directory of marks should be")
     node.gates["stuck"] = threading.Event()
     node.send("stuck", "DEL", "stuck")
     wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
