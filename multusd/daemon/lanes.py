@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 LOG = logging.getLogger(__name__)
 FAST_COMMANDS = ("DEL", "STATUS")
@@ -102,6 +102,7 @@ class Lanes:
         self._keys: Dict[str, Deque[Job]] = {}  # a claimed sandbox -> its parked requests
         self._queued = 0
         self._running = 0
+        self._active: List[Job] = []  # the jobs running now
         self._closed = False
 
     # -- what the server asks ---------------------------------------------------------------
@@ -148,6 +149,17 @@ class Lanes:
             self._closed = True
             for wakeup in self._wakeup:
                 wakeup.notify_all()
+
+    def jobs(self) -> Tuple[List[Job], List[Job]]:
+        """(the jobs running now, the jobs waiting: queued or parked), for the daemon's stop."""
+        with self._lock:
+            waiting = [job for queue in self._queues for job in queue]
+            waiting += [job for parked in self._keys.values() for job in parked]
+            return list(self._active), waiting
+
+    def take_waiting(self) -> List[Job]:
+        """Remove and return every waiting job (to be answered: the daemon is exiting)."""
+        return self.take_expired(float("inf"))
 
     @property
     def queued(self) -> int:
@@ -223,6 +235,7 @@ class Lanes:
                     continue
                 self._queued -= 1
                 self._running += 1
+                self._active.append(job)
                 general = kind == _GENERAL
                 self._running_general += general
                 self._lock.release()
@@ -232,6 +245,7 @@ class Lanes:
                     LOG.exception("a worker failed on a %s request", job.command or "CNI")
                 finally:
                     self._lock.acquire()
+                    self._active.remove(job)
                     self._running -= 1
                     self._running_general -= general
                     self._release_key(job)

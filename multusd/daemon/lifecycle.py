@@ -14,11 +14,11 @@ is imported by then: during an upgrade the old daemon serves, with the new packa
 already in place, until postinst restarts it, and it must never load one of those
 (tests/unit/daemon/test_startup_imports.py reads the code for such imports).
 
-On SIGTERM: ``/readyz`` turns 500 and STOPPING=1 is sent, requests in flight finish (DEL
-keeps being served meanwhile), then the process exits 0 within the stop timeout, without
-the interpreter's tear-down of every imported module (tens of ms with the ``kubernetes``
-package loaded): everything multusd writes is already on disk, and the log handlers are
-flushed.
+On SIGTERM: the stop of :mod:`multusd.daemon.stopping` (``/readyz`` 500, STOPPING=1, DEL
+still served, requests in flight finish until one deadline inside systemd's TimeoutStopSec,
+then what still runs is cut and recorded), then the process exits 0, without the
+interpreter's tear-down of every imported module (tens of ms with the ``kubernetes`` package
+loaded): everything multusd writes is already on disk, and the log handlers are flushed.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from multusd import __version__
 from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.core.settings import cni_dir_of
+from multusd.cni.invoke import RunningPlugins
 from multusd.daemon import delretry, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.multus import Multus
@@ -45,11 +46,9 @@ from multusd.daemon.kubestart import BackgroundKube
 from multusd.daemon.lanes import del_lane_workers
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.daemon.server import Server
+from multusd.daemon.stopping import Stop
 
 LOG = logging.getLogger(__name__)
-# After the last accepted connection: a moment for a connection accepted just before the
-# listener closed to finish (every request is bounded by requestTimeout anyway).
-FINAL_DRAIN = 5.0
 
 # Requests to the API server that may be in flight at once besides the workers' (the pod and
 # NAD watches, the event sender): with every worker, what the idle connection pool keeps.
@@ -115,8 +114,11 @@ class Daemon:
         self.metrics: metrics.DaemonMetrics | metrics.NullMetrics = metrics.NullMetrics()
         self.metrics_server = None
         self.retrier: delretry.DelRetrier | None = None
+        self.running_plugins = RunningPlugins()  # the stop kills what still runs
+        self.stop: Stop | None = None
         self._owns_socket = False
         self._stopping = threading.Event()
+        self._stop_lock = threading.RLock()  # a signal handler may take it: reentrant
         self._started = time.time()
 
     def run(self) -> int:
@@ -145,7 +147,8 @@ class Daemon:
             self.config, self.multus, delretry.through_socket(listener.getsockname())).start()
         try:
             self.server.serve_forever()
-            self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
+            if self.stop is not None:
+                self.stop.finish()
         finally:
             self._close(listener)
         if self.kube is not None and self.kube.failure is not None:
@@ -161,7 +164,8 @@ class Daemon:
                                        on_built=self._report_status,
                                        pool_size=kube_connections(self.config.workers))
         observer = self.metrics.observe_plugin if self.metrics.enabled else None
-        return Multus(self.config, self.kube, plugin_observer=observer)
+        return Multus(self.config, self.kube, plugin_observer=observer,
+                      running_plugins=self.running_plugins)
 
     @property
     def node(self) -> nodename.NodeName | None:
@@ -170,9 +174,7 @@ class Daemon:
 
     def _on_kube_failure(self) -> None:
         systemd.notify(f"STATUS=cannot start: {self.kube.failure}")
-        self._stopping.set()
-        self.server.ready = False
-        self.server.stop()
+        self._begin_stop(f"cannot start: {self.kube.failure}")
 
     def _start_metrics(self) -> None:
         if self.config.metrics_port is None:
@@ -205,7 +207,9 @@ class Daemon:
 
     def _close(self, listener: socket.socket) -> None:
         if self.retrier is not None:
-            self.retrier.stop()
+            # not joined: a retry waiting on the socket is the next daemon's, and the stop's
+            # deadline is not to be passed for it
+            self.retrier.stop(timeout=0)
         if self.metrics_server is not None:
             self.metrics_server.close()
         if self.kube is not None:
@@ -288,19 +292,18 @@ class Daemon:
 
     # -- stopping ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame) -> None:
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
-        LOG.info("received %s: draining in-flight requests", signal.Signals(signum).name)
-        self.server.ready = False
-        systemd.notify("STOPPING=1")
-        threading.Thread(target=self._drain, name="multusd-drain", daemon=True).start()
+        self._begin_stop(f"received {signal.Signals(signum).name}")
 
-    def _drain(self) -> None:
-        # In-flight requests end within their deadline (requestTimeout, 110 s by default;
-        # multusd.service's TimeoutStopSec=150 leaves room for it).
-        self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
-        self.server.stop()
+    def _begin_stop(self, why: str) -> None:
+        """The one stop (:mod:`multusd.daemon.stopping`); a second signal changes nothing."""
+        with self._stop_lock:
+            if self._stopping.is_set():
+                return
+            self._stopping.set()
+            if self.retrier is not None:
+                self.retrier.stop(timeout=0)  # no new retries; one running ends with the stop
+            self.stop = Stop(self.server, self.running_plugins, self.config, self.kube)
+            self.stop.begin(why)
 
     def _start_watchdog(self) -> None:
         interval = systemd.watchdog_interval()

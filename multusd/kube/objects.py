@@ -1,4 +1,11 @@
-"""The Pod and NetworkAttachmentDefinition views multusd reads, trimmed from the API's dicts."""
+"""Pod and NetworkAttachmentDefinition views: the fields multusd reads, and a Pod's whole object.
+
+Each view holds the fields multusd reads, taken from the API's dicts. A :class:`Pod` also keeps
+the object whole as the server sent it (``source``, compact JSON, left out of ``repr`` and
+comparisons): it is the body of the network-status PUT of ``pods/<name>/status``
+(:mod:`multusd.kube.status`), which replaces the pod's status, so a trimmed copy would erase what
+the kubelet wrote there; its resourceVersion makes the server refuse it if the pod changed since.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +42,8 @@ class ExtendedResourceClaim(Record):
 
 
 class Pod(Record):
-    """The part of a pod multusd reads; ``annotations`` is a read-only mapping."""
+    """The part of a pod multusd reads (``annotations`` is a read-only mapping), and the whole
+    object it came from (``source``)."""
 
     namespace: str
     name: str
@@ -74,7 +82,7 @@ def is_static_pod(annotations: Mapping[str, str]) -> bool:
 
 
 def pod_from_object(obj: Obj) -> Pod:
-    """Trim a pod as the API returns it (a dict) to a :class:`Pod`."""
+    """The :class:`Pod` of a pod as the API returns it (a dict), which it keeps as JSON."""
     meta = obj.get("metadata") or {}
     annotations = dict(meta.get("annotations") or {})
     return Pod(namespace=meta.get("namespace", ""), name=meta.get("name", ""),

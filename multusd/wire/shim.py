@@ -5,7 +5,9 @@ sandbox. It reads ``cniVersion``, ``daemonSocketDir`` and the logging keys from 
 config, answers VERSION itself, and POSTs everything else to ``/cni`` on the daemon's socket
 (wire-compatible with upstream's daemon). ADD, CHECK and GC first wait (bounded) for
 ``/readyz``; DEL only probes ``/healthz`` so that clean-up proceeds while the daemon drains,
-and so does STATUS, whose job is to say "not ready" at once.
+and so does STATUS, whose job is to say "not ready" at once: it never waits for ``/readyz``,
+and a daemon that does not answer its probe within seconds is CNI error 50, as the daemon's
+own "not ready" is.
 Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
 leaking addresses, but only for a bounded window (:mod:`multusd.wire.delwindow`): after it
 the shim answers success, so that the pod can terminate, and the sandbox stays recorded as
@@ -26,6 +28,7 @@ from multusd.wire import api, quickjson
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
 READY_TIMEOUT = 60.0
+STATUS_PROBE_TIMEOUT = 3.0  # a running daemon answers /healthz in milliseconds
 LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
 
 
@@ -153,12 +156,16 @@ def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
         pause = min(pause * 2, READY_POLL_INTERVAL)
 
 
-def check_alive(sock: str) -> None:
-    """One /healthz probe (DEL must not wait for readiness: the daemon may be draining)."""
+def check_alive(sock: str, timeout: float = 5.0, not_ready: bool = False) -> None:
+    """One /healthz probe (DEL must not wait for readiness: the daemon may be draining).
+
+    :param not_ready: STATUS's probe: no answer is CNI error 50 ("not available"), not 11.
+    """
     try:
-        api.http_request(sock, "GET", api.HEALTH_ENDPOINT, timeout=5.0)
+        api.http_request(sock, "GET", api.HEALTH_ENDPOINT, timeout=timeout)
     except OSError as exc:
-        raise wire.errors().TryAgainLater(
+        errors = wire.errors()
+        raise (errors.NotReady if not_ready else errors.TryAgainLater)(
             f"multusd is not reachable on {sock}: {exc.strerror or exc}; "
             f"{unreachable_hint(exc)}") from None
 
@@ -173,13 +180,17 @@ def unreachable_hint(exc: "OSError | None") -> str:
     return "check `systemctl status multusd.socket multusd`"
 
 
-def post_cni(sock: str, env: "dict[str, str]", stdin: bytes) -> bytes:
-    """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise."""
+def post_cni(sock: str, env: "dict[str, str]", stdin: bytes, not_ready: bool = False) -> bytes:
+    """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise.
+
+    :param not_ready: STATUS: no answer is CNI error 50 ("not available"), not 11.
+    """
     try:
         response = api.http_request(sock, "POST", api.CNI_ENDPOINT, api.encode_request(env, stdin))
     except OSError as exc:
-        raise wire.errors().TryAgainLater(f"failed to send CNI request to multusd on {sock}: "
-                            f"{exc.strerror or exc}") from None
+        errors = wire.errors()
+        raise (errors.NotReady if not_ready else errors.TryAgainLater)(
+            f"failed to send CNI request to multusd on {sock}: {exc.strerror or exc}") from None
     if response.status == 200:
         return response.body
     try:
@@ -223,13 +234,15 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
         config_version = conf.cni_version
         check_command_allowed(command, config_version)
         sock = api.socket_path(conf.socket_dir)
-        if command in ("DEL", "STATUS"):
-            # DEL must proceed while the daemon drains; STATUS must answer now ("not ready",
-            # code 50, comes from the daemon), not after a minute of waiting.
-            check_alive(sock)
+        if command == "STATUS":
+            # STATUS answers now, never after a wait for /readyz: "not ready" (code 50) comes
+            # from the daemon, or from here when the daemon does not answer at all
+            check_alive(sock, STATUS_PROBE_TIMEOUT, not_ready=True)
+        elif command == "DEL":
+            check_alive(sock)  # DEL must proceed while the daemon drains
         else:
             wait_ready(sock)
-        body = post_cni(sock, env, stdin)
+        body = post_cni(sock, env, stdin, not_ready=command == "STATUS")
         conf.log("verbose", f"{command} (shim): done for {env.get('CNI_CONTAINERID', '')}")
         if command == "ADD":
             return 0, add_result(body, conf.cni_version)
