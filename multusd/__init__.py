@@ -137,11 +137,17 @@ def window_end(window: float, before: "dict | None", now: object = None) -> dict
     from the first failure that ``before`` (the mark as written until now; None: this failure
     is the first) records, no more than ``window`` from now, counted on this boot's clock."""
     wall, boot_id, boot = as_instant(now)
-    left = window
+    left, until = window, wall + window
     if before is not None:
         old = _number(before.get("window"))
-        left = min(window, window_left(before, now) + (window - old if old else 0.0))
-    end = {"until": wall + left, "bootId": boot_id}
+        change = window - old if old else 0.0
+        left = min(window, window_left(before, now) + change)
+        until = wall + left
+        if boot_id and before.get("bootId") == boot_id and \
+                _number(before.get("untilBoot")) is not None and \
+                _number(before.get("until")) is not None:
+            until = before["until"] + change  # as first said, whatever the wall clock did
+    end = {"until": until, "bootId": boot_id}
     if boot_id:
         end["untilBoot"] = boot + left
     return end

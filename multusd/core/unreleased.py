@@ -343,10 +343,10 @@ def publish_window(cni_dir: str, window: float, default: float, *, spare: str = 
 def announce(kube: Any, mark: FailedDelete, log: Any, *, without_cache: bool = False) -> bool:
     """Say that ``mark``'s sandbox is unreleased: a journal warning, and a Warning Event on
     the pod while it still exists (sent in the background, never fails). False, and nothing
-    said, while the pod cache has not synced (unless ``without_cache``): the Event needs it,
+    said, while the pod cache has never listed (unless ``without_cache``): the Event needs it,
     and the caller tries again later (the daemon's retrier, which gives up waiting after a
     while). The caller records the announcement (:func:`set_announced`)."""
-    if kube is not None and not without_cache and not _synced(kube):
+    if kube is not None and not without_cache and not _listed(kube):
         return False
     now = time.time()
     pod = mark.pod or "no pod"
@@ -369,9 +369,9 @@ def announce(kube: Any, mark: FailedDelete, log: Any, *, without_cache: bool = F
     return True
 
 
-def _synced(kube: Any) -> bool:
+def _listed(kube: Any) -> bool:
     try:
-        return bool(kube.synced())
+        return bool(kube.ready())
     except MultusError:
         return False
 
