@@ -24,6 +24,7 @@ wrong.
 
 from __future__ import annotations
 
+import os
 from typing import Any, List, Sequence, Tuple
 
 from multusd import store
@@ -138,7 +139,8 @@ def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
     path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
     delegates = delegates_for_del(req, path, log)
     done = {(r.network, r.ifname) for r in skip}
-    held = [i for i, d in enumerate(delegates) if (d.name, d.ifname) not in done]
+    held = [i for i, d in enumerate(delegates)
+            if (d.name, d.ifname) not in done or _has_result(req, d)]
     skipped = tuple(d for i, d in enumerate(delegates) if i not in held)
     if skipped:
         log.info("DEL: %s released by an earlier DEL; running the DEL of %d network(s) still "
@@ -147,6 +149,17 @@ def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
                             auxiliary_chain=auxiliary_chain_of(req.config))
     return Release(req=req, scratch_path=path, delegates=tuple(delegates),
                    failures=runner.delete_all(delegates, only=held), skipped=skipped)
+
+
+def _has_result(req: CmdArgs, delegate: Delegate) -> bool:
+    """libcni's result cache still holds ``delegate``'s attachment: it is not released,
+    whatever a mark says (libcni drops the entry when its DEL succeeds; a mark left from
+    before a new ADD of the container ID must not skip anything)."""
+    try:
+        return os.path.exists(resultcache.result_path(
+            cni_dir_of(req.config), delegate.conf_name, req.container_id, delegate.ifname))
+    except MultusError:
+        return False  # a name that cannot be cached has no entry
 
 
 def netns_for_del(req: CmdArgs, log: Any) -> CmdArgs:

@@ -195,3 +195,16 @@ def test_records_that_cannot_be_removed_are_reported_as_a_failure(node):
     os.rmdir(scratch.cache_path(node.cni_dir, "c1"))
     node.run("DEL", "c1")
     assert len(node.calls()) == 1 and unreleased.read(node.cni_dir, "c1") is None
+
+
+def test_a_delegate_the_result_cache_still_holds_is_run_whatever_the_mark_says(node):
+    # a mark left over (the records were dropped by upstream's daemon, then the container ID
+    # was added again) must not skip what the new ADD attached
+    confs = [node.stub("cluster"), node.stub("extra")]
+    node.configure(confs)
+    record(node, "c1", *confs)
+    unreleased.record(node.cni_dir, node.request("DEL"), (), "m", window=5,
+                      released=(unreleased.Released("cluster", "eth0"),))
+    node.run("DEL", "c1")
+    assert sorted(node.calls()) == [("DEL", "cluster", "eth0"), ("DEL", "extra", "net1")]
+    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
