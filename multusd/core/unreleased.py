@@ -240,7 +240,10 @@ def report(cni_dir: str, request: Any, failures: Sequence[Failure], msg: str, *,
                           "after that DEL answers success, so that the pod can terminate, and "
                           "the sandbox stays recorded as unreleased until multusd releases it")
     if not mark.announced and announce(kube, mark, log):
-        set_announced(cni_dir, mark, spare=spare)
+        try:
+            set_announced(cni_dir, mark, spare=spare)
+        except MultusError as exc:  # said again next time: never a failed DEL for it
+            log.warning("%s", exc.msg)
     else:
         log.info("DEL: still unreleased (%d attempts): %s; answered success, the records stay "
                  "until multusd releases them", mark.attempts, mark.what_failed())
@@ -258,11 +261,7 @@ def clear(cni_dir: str, container_id: str, *, spare: str = "") -> bool:
     a missing file per place on every DEL that succeeds."""
     dropped = False
     for place in _places(cni_dir, spare):
-        try:
-            dropped = store.remove(os.path.join(place, container_id)) or dropped
-        except MultusError as exc:
-            if not isinstance(exc.__cause__, NotADirectoryError):
-                LOG.warning("%s", exc.msg)
+        dropped = _remove(os.path.join(place, container_id)) or dropped
     return dropped
 
 
@@ -309,12 +308,12 @@ def publish_window(cni_dir: str, window: float, default: float, *, spare: str = 
     ``<cniDir>``'s marks directory, in ``spare``'s when that cannot take it. Written when it
     changed; with the ``default`` (the shim's own) nothing is left on disk.
 
-    :raises IOFailure: it can be written nowhere, or cannot be removed.
+    :raises IOFailure: it can be written nowhere.
     """
     places = _places(cni_dir, spare)
     if window == default:
         for place in places:
-            if store.remove(os.path.join(place, WINDOW_FILE)):
+            if _remove(os.path.join(place, WINDOW_FILE)):
                 try:
                     os.rmdir(place)
                 except OSError:
@@ -437,6 +436,17 @@ def _write(cni_dir: str, mark: FailedDelete, spare: str,
             _unlink(old.place, mark.container_id)  # one mark per sandbox
         return replace(mark, place=place)
     raise AssertionError("no place")  # _places always names one
+
+
+def _remove(path: str) -> bool:
+    """:func:`multusd.store.remove`, said in the journal instead of raised; True if it was
+    there. A file where the marks' directory should be holds no mark: nothing to say."""
+    try:
+        return store.remove(path)
+    except MultusError as exc:
+        if not isinstance(exc.__cause__, NotADirectoryError):
+            LOG.warning("%s", exc.msg)
+        return False
 
 
 def _unlink(place: str, container_id: str) -> None:

@@ -183,6 +183,7 @@ def test_a_cni_dir_that_cannot_take_the_window_publishes_it_beside_the_socket(tm
     os.makedirs(cni_dir)
     blocker = tmp_path / "cni" / ".multusd-unreleased"
     blocker.write_text("a file where the marks' directory should be")
+    unreleased.publish_window(cni_dir, 10.0, default=10.0, spare=spare)  # nothing to remove
     unreleased.publish_window(cni_dir, 5.0, default=10.0, spare=spare)
     assert delwindow.window(spare) == 5.0
     blocker.unlink()
