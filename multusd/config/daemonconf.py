@@ -107,7 +107,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         warnings.append("retryDeleteOnError: false is not followed: multusd keeps a sandbox's "
                         "records until every delegate's DEL succeeded (what upstream does with "
                         "true), so a failed DEL is retried instead of leaking (by the runtime "
-                        "for deleteRetryWindow, then by `multusd gc`); drop a record knowingly "
+                        "for deleteRetryWindow, then by multusd itself); drop a record knowingly "
                         "with `multusd gc --forget CONTAINER_ID`")
     values = {
         "socket_dir": problems.absolute_path(raw, "socketDir", "/run/multus/"),

@@ -8,7 +8,7 @@ scratch cache (the result cache alone when it is gone, as DEL falls back to it).
 and the runtime's DEL was evidently lost (the IP leases leak until it is released). A
 sandbox whose DEL failed carries its :class:`~multusd.core.unreleased.FailedDelete`: still
 reported to the runtime, or past its window and *unreleased* (DEL answered success, the
-records kept for ``multusd gc``).
+records kept until the daemon, or ``multusd gc``, releases it).
 """
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ class SandboxRecord(PodIdentity, Record):
     mtime: float                       # when the sandbox's oldest record was written
     failed_delete: Optional[unreleased.FailedDelete] = None  # its DEL failed (see unreleased)
 
-    def is_unreleased(self, now: Optional[float] = None) -> bool:
-        """Its DEL failed past the window: answered success, its records kept for gc."""
+    def is_unreleased(self, now: Any = None) -> bool:
+        """Its DEL failed past the window: answered success, its records kept until the
+        daemon (or ``multusd gc``) releases it; ``now`` as :func:`multusd.as_instant` takes
+        it."""
         return self.failed_delete is not None and self.failed_delete.is_unreleased(now)
 
     @property
@@ -160,29 +162,31 @@ def container_ids(cni_dir: str) -> List[str]:
     return sorted(found)
 
 
-def read_sandboxes(cni_dir: str) -> List[SandboxRecord]:
-    """Every sandbox recorded under ``cni_dir``, oldest first.
+def read_sandboxes(cni_dir: str, *, spare: str = "") -> List[SandboxRecord]:
+    """Every sandbox recorded under ``cni_dir``, oldest first, with the marks of failed DELs
+    from there and from ``spare`` (:func:`~multusd.core.unreleased.spare_marks_dir`).
 
     :raises IOFailure: ``cni_dir`` or its ``results/`` cannot be listed.
     """
     entries = resultcache.list_entries(cni_dir)
-    marks = unreleased.read_all(cni_dir)
+    marks = unreleased.read_all(cni_dir, spare=spare)
     records = [_read(cni_dir, cid, entries, marks.get(cid)) for cid in container_ids(cni_dir)]
     return sorted(records, key=lambda r: (r.mtime, r.container_id))
 
 
-def read_sandbox(cni_dir: str, container_id: str) -> Optional[SandboxRecord]:
+def read_sandbox(cni_dir: str, container_id: str, *, spare: str = ""
+                 ) -> Optional[SandboxRecord]:
     """The records of one container ID, or None when nothing is recorded for it."""
     if not is_valid_name(container_id):
         return None
     record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir),
-                   unreleased.read(cni_dir, container_id))
+                   unreleased.read(cni_dir, container_id, spare=spare))
     return record if record.scratch_file or record.result_files else None
 
 
-def stale_sandboxes(cni_dir: str) -> List[SandboxRecord]:
+def stale_sandboxes(cni_dir: str, *, spare: str = "") -> List[SandboxRecord]:
     """The sandboxes whose network namespace is gone (what ``multusd gc`` releases)."""
-    return [r for r in read_sandboxes(cni_dir) if r.netns_state() == GONE]
+    return [r for r in read_sandboxes(cni_dir, spare=spare) if r.netns_state() == GONE]
 
 
 def count_stale_sandboxes(cni_dir: str) -> Optional[int]:

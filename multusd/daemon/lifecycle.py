@@ -195,6 +195,7 @@ class Daemon:
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
             cni_dir=cni_dir_of(self.config.raw),
+            marks_spare=delretry.spare_of(self.config),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),

@@ -126,10 +126,10 @@ def _stale_counter(cni_dir: str) -> Callable[[], Optional[int]]:
     return lambda: count_stale_sandboxes(cni_dir)
 
 
-def _unreleased_counter(cni_dir: str) -> Callable[[], Optional[int]]:
+def _unreleased_counter(cni_dir: str, spare: str) -> Callable[[], Optional[int]]:
     from multusd.core.unreleased import count_unreleased  # only when metrics are on
 
-    return lambda: count_unreleased(cni_dir)
+    return lambda: count_unreleased(cni_dir, spare=spare)
 
 
 def handler_label(path: str) -> str:
@@ -279,13 +279,14 @@ class DaemonMetrics:
 
     def set_sources(self, *, cached_pods: Optional[Callable[[], Optional[float]]] = None,
                     cached_nads: Optional[Callable[[], Optional[float]]] = None,
-                    cni_dir: Optional[str] = None,
+                    cni_dir: Optional[str] = None, marks_spare: str = "",
                     pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
                     node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
                     watch_relists: Optional[Callable[[], Optional[float]]] = None,
                     watch_reopens: Optional[Callable[[], Optional[Mapping]]] = None,
                     **kube: Optional[Callable[[], Optional[float]]]) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty.
+        ``marks_spare``: the marks of failed DELs that ``cni_dir`` could not take.
 
         ``kube`` may name ``nad_api_unavailable``, ``nad_refusals``, ``credential_rotations``
         and ``kube_request_retries`` (a dict by cause) (the series of the same name, ``_total``
@@ -308,7 +309,8 @@ class DaemonMetrics:
         self.sampled.set_function("multusd_stale_sandboxes",
                                   None if cni_dir is None else _stale_counter(cni_dir))
         self.sampled.set_function("multusd_unreleased_sandboxes",
-                                  None if cni_dir is None else _unreleased_counter(cni_dir))
+                                  None if cni_dir is None
+                                  else _unreleased_counter(cni_dir, marks_spare))
 
     def observe_plugin(self, plugin_type: str, command: str, seconds: float,
                        outcome: str = "ok") -> None:

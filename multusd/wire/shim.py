@@ -265,12 +265,15 @@ def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, err
     """Mark the sandbox whose DEL failed; True once its window is over (answer success)."""
     from multusd.wire import delwindow
 
-    mark = delwindow.note_failure(conf.raw, env, stdin, error)
+    def say(message: str) -> None:
+        conf.warn(message)
+        delwindow.to_syslog(message)
+
+    mark = delwindow.note_failure(conf.raw, env, stdin, error, socket_dir=conf.socket_dir,
+                                  warn=say)
     if mark is None or not delwindow.expired(mark):
         return False
-    message = delwindow.give_up_message(mark)
-    conf.warn(message)
-    delwindow.to_syslog(message)
+    say(delwindow.give_up_message(mark))
     return True
 
 

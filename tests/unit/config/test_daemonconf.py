@@ -76,8 +76,8 @@ def test_retry_delete_on_error_false_is_a_warning_saying_what_multusd_does():
     assert from_dict({}).warnings == ()
 
 
-def test_delete_retry_window_is_seconds_five_minutes_by_default():
-    assert daemonconf.from_dict({}).delete_retry_window == 300.0
+def test_delete_retry_window_is_seconds_ten_by_default():
+    assert daemonconf.from_dict({}).delete_retry_window == 10.0
     assert daemonconf.from_dict({"deleteRetryWindow": 90}).delete_retry_window == 90.0
     assert daemonconf.from_dict({"deleteRetryWindow": 0.5}).delete_retry_window == 0.5
     assert daemonconf.from_dict({"deleteRetryWindow": 90}).warnings == ()  # a key of ours
