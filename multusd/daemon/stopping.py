@@ -129,11 +129,11 @@ class Stop:
             if not request.container_id:
                 return
             cni_dir = cni_dir_of(request.config)
-            gone = unreleased.pod_gone(self.kube, request.pod_namespace, request.pod_name,
-                                       request.pod_uid)
-            earlier = unreleased.read(cni_dir, request.container_id)  # which networks failed
+            spare = unreleased.spare_marks_dir(self.config.socket_dir)
+            earlier = unreleased.read(cni_dir, request.container_id, spare=spare)
             unreleased.record(cni_dir, request, earlier.failures if earlier else (), why,
-                              window=self.config.delete_retry_window, pod_gone=gone)
+                              window=self.config.delete_retry_window,
+                              released=earlier.released if earlier else (), spare=spare)
         except Exception as exc:  # noqa: BLE001 - the stop goes on; said in the journal
             LOG.error("stop: a DEL cut short could not be recorded: %s",
                       exc.msg if isinstance(exc, MultusError) else repr(exc))
