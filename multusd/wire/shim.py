@@ -6,6 +6,10 @@ config, answers VERSION itself, and POSTs everything else to ``/cni`` on the dae
 (wire-compatible with upstream's daemon). ADD, CHECK and GC first wait (bounded) for
 ``/readyz``; DEL only probes ``/healthz`` so that clean-up proceeds while the daemon drains,
 and so does STATUS, whose job is to say "not ready" at once.
+The call to ``/cni`` is bounded, whole: the daemon's request deadline (``requestTimeout``,
+:data:`REQUEST_TIMEOUT` unless daemon-config.json says longer, read only once that has
+passed) plus :data:`ANSWER_MARGIN`; a daemon that does not answer by then gets a CNI error
+naming its socket, the time waited and what to check, not a runtime waiting forever.
 Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
 leaking addresses, but only for a bounded window (:mod:`multusd.wire.delwindow`): after it
 the shim answers success, so that the pod can terminate, and the sandbox stays recorded as
@@ -26,6 +30,13 @@ from multusd.wire import api, quickjson
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
 READY_TIMEOUT = 60.0
+# The daemon answers every request by its deadline, requestTimeout after it read it (its
+# default, 110 s, keeps an ADD inside the kubelet's 2 minutes); the margin covers its start
+# by socket activation and writing the answer. A longer requestTimeout in daemon-config.json
+# (at its default path, where `multusd serve` reads it) is honoured, read only when needed.
+REQUEST_TIMEOUT = 110.0
+ANSWER_MARGIN = 10.0
+DAEMON_CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
 LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
 
 
@@ -173,11 +184,34 @@ def unreachable_hint(exc: "OSError | None") -> str:
     return "check `systemctl status multusd.socket multusd`"
 
 
-def post_cni(sock: str, env: "dict[str, str]", stdin: bytes) -> bytes:
-    """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise."""
+def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
+             timeout: "float | None" = None) -> bytes:
+    """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise.
+
+    :param timeout: seconds the whole call may take; by default the daemon's requestTimeout
+        (:data:`REQUEST_TIMEOUT`, or the longer one of :data:`DAEMON_CONFIG`) plus
+        :data:`ANSWER_MARGIN`.
+    """
+    started = time.monotonic()
+    waited_for = [REQUEST_TIMEOUT if timeout is None else None]
+
+    def longer() -> float:  # the default has passed: does the daemon take longer?
+        configured = configured_request_timeout()
+        if configured is None or configured <= REQUEST_TIMEOUT:
+            return 0.0
+        waited_for[0] = configured
+        return configured - REQUEST_TIMEOUT
+
     try:
-        response = api.http_request(sock, "POST", api.CNI_ENDPOINT, api.encode_request(env, stdin))
+        response = api.http_request(
+            sock, "POST", api.CNI_ENDPOINT, api.encode_request(env, stdin),
+            timeout=REQUEST_TIMEOUT + ANSWER_MARGIN if timeout is None else timeout,
+            extend=longer if timeout is None else None)
     except OSError as exc:
+        if isinstance(exc, api.Timeout):
+            raise wire.errors().TryAgainLater(
+                no_answer_message(sock, env.get("CNI_COMMAND", ""), time.monotonic() - started,
+                                  waited_for[0])) from None
         raise wire.errors().TryAgainLater(f"failed to send CNI request to multusd on {sock}: "
                             f"{exc.strerror or exc}") from None
     if response.status == 200:
@@ -190,6 +224,30 @@ def post_cni(sock: str, env: "dict[str, str]", stdin: bytes) -> bytes:
         raise wire.errors().ForwardedError(error)
     text = response.body.decode("utf-8", "replace").strip()
     raise wire.errors().MultusError(f"CNI request failed with status {response.status}: '{text}'")
+
+
+def no_answer_message(sock: str, command: str, waited: float,
+                      request_timeout: "float | None") -> str:
+    """The msg of a call the daemon did not answer in time: which socket, how long, what next."""
+    why = (f" (its requestTimeout, {request_timeout:g}s, and a margin of {ANSWER_MARGIN:g}s)"
+           if request_timeout is not None else "")
+    span = f"{waited:.0f}s" if waited >= 10 else f"{waited:.1f}s"
+    return (f"multusd did not answer the {command or 'CNI'} request on {sock} within "
+            f"{span}{why}: it is stuck or overloaded; check `systemctl status "
+            "multusd.socket multusd` and `journalctl -u multusd` for that request (it may "
+            "still finish there); the runtime retries")
+
+
+def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
+    """daemon-config.json's ``requestTimeout`` (seconds), None when absent or unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            value = quickjson.loads(handle.read()).get("requestTimeout")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return float(value)
 
 
 def add_result(body: bytes, cni_version: str) -> dict:
