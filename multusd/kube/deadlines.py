@@ -119,15 +119,21 @@ WATCHDOG = Watchdog()
 class SocketCut:
     """Shuts the socket of one attempt down at its deadline, from the :data:`WATCHDOG` thread.
 
+    ``describe()``, if given, says what the attempt is doing when the cut fires
+    (:attr:`fired_during`: a read cut short may look like an ended one to its caller).
     :meth:`hold` a socket as soon as it exists (before it connects): the cut keeps a
     duplicate of its descriptor, so it shuts down that connection and no other, even when
     the attempt closed its socket meanwhile and the number was reused. :meth:`release` when
     the attempt is over (in a ``finally``); it says whether the cut fired.
     """
 
-    def __init__(self, deadline: float, *, watchdog: Watchdog = WATCHDOG) -> None:
+    def __init__(self, deadline: float, *, watchdog: Watchdog = WATCHDOG,
+                 describe: Optional[Callable[[], str]] = None) -> None:
         self.deadline = deadline
         self.fired = False
+        self._describe = describe
+        #: what ``describe()`` said when the cut fired (the step it interrupted)
+        self.fired_during = ""
         self._lock = threading.Lock()
         self._dup: Optional[socket.socket] = None
         self._done = False
@@ -152,6 +158,8 @@ class SocketCut:
             if self._done:
                 return
             self.fired = True
+            if self._describe is not None:
+                self.fired_during = self._describe()
             if self._dup is not None:
                 _shutdown(self._dup)
 

@@ -394,7 +394,7 @@ class Transport:
         connection = self._connection(deadline)
         reused = connection.sock is not None
         phase = retries.SEND if reused else retries.CONNECT
-        cut = SocketCut(deadline)
+        cut = SocketCut(deadline, describe=lambda: getattr(connection, "stage", ""))
         connection.cut = cut  # type: ignore[attr-defined]
         response: Optional[Response] = None
         try:
@@ -417,7 +417,7 @@ class Transport:
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
             if cut.release() or deadline <= time.monotonic():
-                exc = self._no_answer(connection, started, exc)
+                exc = self._no_answer(connection, cut, started, exc)
             return _Failure(exc, phase, reused)
         except BaseException:
             cut.release()
@@ -425,15 +425,15 @@ class Transport:
             raise
         finally:
             connection.cut = None  # type: ignore[attr-defined]
-        if cut.release():  # fired as the answer came in: its socket is shut down
-            response.close()
-            return _Failure(self._no_answer(connection, started, None), phase, reused)
+        if cut.release():  # fired as the answer came in, or cut it short: http.client
+            response.close()  # reads headers up to EOF, so a cut head may look whole
+            return _Failure(self._no_answer(connection, cut, started, None), phase, reused)
         return response
 
-    def _no_answer(self, connection: http.client.HTTPConnection, started: float,
-                   cause: Optional[BaseException]) -> NoAnswerInTime:
+    def _no_answer(self, connection: http.client.HTTPConnection, cut: SocketCut,
+                   started: float, cause: Optional[BaseException]) -> NoAnswerInTime:
         error = NoAnswerInTime(self.authority, time.monotonic() - started,
-                               getattr(connection, "stage", "connecting"))
+                               cut.fired_during or getattr(connection, "stage", "connecting"))
         error.__cause__ = cause
         return error
 

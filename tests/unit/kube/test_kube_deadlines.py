@@ -44,11 +44,11 @@ def test_an_action_that_raises_does_not_stop_the_watchdog(caplog):
 def test_a_cut_ends_a_blocked_read_at_its_deadline():
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        cut = SocketCut(time.monotonic() + 0.2)
+        cut = SocketCut(time.monotonic() + 0.2, describe=lambda: "reading")
         cut.hold(ours)
         ours.settimeout(60)  # the read's own timeout would take a minute
         assert ours.recv(1) == b""  # shut down: the read ends
-        assert cut.release() is True and cut.fired
+        assert cut.release() is True and cut.fired and cut.fired_during == "reading"
 
 
 def test_a_cut_released_in_time_leaves_its_socket_alone():
