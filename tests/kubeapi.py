@@ -183,7 +183,7 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
         self._failures: List[Dict[str, Any]] = []
         self._trickles: List[Dict[str, Any]] = []
         self._trickle_epoch = 0  # bumped by clear_failures(): answers trickling now stop
-        self._trickles_begun = 0
+        self.trickles_begun = 0  # trickled answers begun so far
         # (path, "whole" | "client gone" | "stopped") of each trickled answer, once it ended
         self.trickled: List[Tuple[str, str]] = []
         self._connection_faults: List[str] = []  # cuts of the next accepted connections
@@ -576,7 +576,7 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
     def wait_trickling(self, count: int = 1, timeout: float = 10.0) -> bool:
         """Wait until ``count`` trickled answers have begun (a synchronisation point)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._trickles_begun >= count, timeout)
+            return self._cond.wait_for(lambda: self.trickles_begun >= count, timeout)
 
     def fail_connections(self, how: str, times: int = 1) -> None:
         """Cut the next ``times`` connections as they are accepted, before reading a
@@ -898,7 +898,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 or not api._running
 
         with api._cond:
-            api._trickles_begun += 1
+            api.trickles_begun += 1
             api._cond.notify_all()
         line_end = answer.index(b"\r\n") + 2  # the status line late, then byte by byte
         pieces = [answer[:line_end]] + [answer[i:i + 1] for i in range(line_end, len(answer))]
