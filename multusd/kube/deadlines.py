@@ -58,8 +58,14 @@ class Alarm:
         self.cancelled = False
 
     def cancel(self) -> None:
-        """Do not run the action (a no-op once it ran; the action must tolerate that race)."""
+        """Do not run the action (a no-op once it ran; the action must tolerate that race).
+        What the action holds is let go now, not when the alarm's instant comes."""
         self.cancelled = True
+        self.action = _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 class Watchdog:
@@ -105,10 +111,11 @@ class Watchdog:
                     self._cond.wait(wait)
                     continue
                 alarm = heapq.heappop(self._heap)[2]
+            action = alarm.action
             if alarm.cancelled:
                 continue
             try:
-                alarm.action()
+                action()
             except Exception:  # noqa: BLE001 - the watchdog must outlive any action
                 LOG.exception("a deadline action failed")
 
@@ -170,6 +177,7 @@ class SocketCut:
             self._done = True
             dup, self._dup = self._dup, None
             fired = self.fired
+            self._describe = None
         if dup is not None:
             dup.close()
         return fired
