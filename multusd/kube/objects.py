@@ -44,6 +44,8 @@ class Pod(Record):
     is_static: bool
     resource_version: str
     node_name: str = ""  # spec.nodeName: which node the scheduler put it on
+    phase: str = ""  # status.phase: Pending, Running, Succeeded, Failed, Unknown
+    deleting: bool = False  # metadata.deletionTimestamp is set: the pod is terminating
     # DRA: (pod-local name, ResourceClaim name) of each claim the pod holds, from
     # status.resourceClaimStatuses (claims made from a template) and spec.resourceClaims
     # (claims named directly); and status.extendedResourceClaimStatus.
@@ -82,6 +84,8 @@ def pod_from_object(obj: Obj) -> Pod:
                is_static=is_static_pod(annotations),
                resource_version=str(meta.get("resourceVersion", "")),
                node_name=str((obj.get("spec") or {}).get("nodeName") or ""),
+               phase=str((obj.get("status") or {}).get("phase") or ""),
+               deleting=bool(meta.get("deletionTimestamp")),
                resource_claims=resource_claims_of(obj), extended_claim=extended_claim_of(obj),
                source=json.dumps(obj, separators=(",", ":")))
 
