@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from multusd import __version__
 from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.core.settings import cni_dir_of
-from multusd.daemon import delretry, metrics, metricsserver, systemd
+from multusd.daemon import delretry, dynnetworks, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.multus import Multus
 from multusd.errors import MultusError
@@ -115,6 +115,7 @@ class Daemon:
         self.metrics: metrics.DaemonMetrics | metrics.NullMetrics = metrics.NullMetrics()
         self.metrics_server = None
         self.retrier: delretry.DelRetrier | None = None
+        self.dynamic: dynnetworks.DynamicNetworks | None = None  # enableDynamicNetworks
         self._owns_socket = False
         self._stopping = threading.Event()
         self._started = time.time()
@@ -133,6 +134,9 @@ class Daemon:
                              readiness=self.multus.ready, after_request=self._report_status,
                              observe_http=self.metrics.observe_http,
                              describe=self._describe)
+        if self.dynamic is not None:
+            self.dynamic.start(self.server.lanes)
+            LOG.info("dynamic networks on: a running pod's network-selection changes are applied")
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._start_watchdog()
@@ -156,12 +160,23 @@ class Daemon:
 
     def _make_multus(self) -> Multus:
         if self.config.kubeconfig:
+            dynamic = self.config.enable_dynamic_networks
             self.kube = BackgroundKube(self.config.kubeconfig, self.config.node_name,
                                        on_failure=self._on_kube_failure,
                                        on_built=self._report_status,
-                                       pool_size=kube_connections(self.config.workers))
+                                       pool_size=kube_connections(self.config.workers),
+                                       pod_listener=self._pod_changed if dynamic else None)
         observer = self.metrics.observe_plugin if self.metrics.enabled else None
-        return Multus(self.config, self.kube, plugin_observer=observer)
+        multus = Multus(self.config, self.kube, plugin_observer=observer)
+        if self.kube is not None and self.config.enable_dynamic_networks:
+            self.dynamic = dynnetworks.DynamicNetworks(
+                multus, cni_dir=cni_dir_of(self.config.raw),
+                request_timeout=self.config.request_timeout)
+        return multus
+
+    def _pod_changed(self, pod: Any) -> None:
+        if self.dynamic is not None:
+            self.dynamic.pod_changed(pod)
 
     @property
     def node(self) -> nodename.NodeName | None:
@@ -200,10 +215,13 @@ class Daemon:
             nad_api_unavailable=from_client(lambda c: int(c.nad_problem() is not None)),
             nad_refusals=from_client(lambda c: c.nad_refusals),
             credential_rotations=from_client(lambda c: c.config.credentials.rotations),
-            kube_request_retries=from_client(lambda c: c.api_retries))
+            kube_request_retries=from_client(lambda c: c.api_retries),
+            dynamic_reconciliations=self.dynamic.counts if self.dynamic is not None else None)
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:
+        if self.dynamic is not None:
+            self.dynamic.stop(dynnetworks.STOP_WAIT)
         if self.retrier is not None:
             self.retrier.stop()
         if self.metrics_server is not None:
@@ -267,6 +285,8 @@ class Daemon:
                             "nadsSynced": client.nads_synced() if client is not None else False,
                             "nadProblem": {"condition": problem[0], "message": problem[1]}
                             if problem else None}
+        if self.dynamic is not None:
+            info["dynamicNetworks"] = self.dynamic.status()
         return info
 
     def _report_status(self) -> None:
@@ -293,6 +313,8 @@ class Daemon:
         self._stopping.set()
         LOG.info("received %s: draining in-flight requests", signal.Signals(signum).name)
         self.server.ready = False
+        if self.dynamic is not None:
+            self.dynamic.stop(0)  # none starts any more; one running stops between steps
         systemd.notify("STOPPING=1")
         threading.Thread(target=self._drain, name="multusd-drain", daemon=True).start()
 
