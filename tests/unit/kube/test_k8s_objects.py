@@ -45,6 +45,15 @@ def test_pod_is_trimmed_to_what_multusd_reads():
         pod.annotations[NETWORK_STATUS_ANNOTATION] = "[]"  # read-only view
 
 
+def test_pod_phase_and_whether_it_is_terminating():
+    pod = pod_from_object(full_pod())
+    assert (pod.phase, pod.deleting) == ("Running", False)
+    obj = full_pod()
+    obj["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    del obj["status"]
+    assert (pod_from_object(obj).phase, pod_from_object(obj).deleting) == ("", True)
+
+
 def test_pod_without_annotations():
     obj = full_pod()
     del obj["metadata"]["annotations"]
