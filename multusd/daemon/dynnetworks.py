@@ -170,7 +170,8 @@ class DynamicNetworks:
     def _run(self) -> None:
         while not self._stopping.is_set():
             with self._cond:
-                self._cond.wait_for(self._work_ready, self._next_wait())
+                if not self._work_ready():  # woken, or the next retry due: look again
+                    self._cond.wait(self._next_wait())
                 if self._stopping.is_set():
                     return
                 keys = self._take_due()
