@@ -178,7 +178,7 @@ def read_sandbox(cni_dir: str, container_id: str) -> Optional[SandboxRecord]:
     """The records of one container ID, or None when nothing is recorded for it."""
     if not is_valid_name(container_id):
         return None
-    record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir),
+    record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir, container_id),
                    unreleased.read(cni_dir, container_id))
     return record if record.scratch_file or record.result_files else None
 
