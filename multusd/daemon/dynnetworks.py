@@ -175,20 +175,21 @@ class DynamicNetworks:
                 if self._stopping.is_set():
                     return
                 keys = self._take_due()
-                self._looking = len(keys)
                 if self.clock() - self._pruned >= FORGET_AFTER:
                     self._forget_gone()
-            if not keys:
-                continue
+                wanted = [(key, pod) for key, pod in ((k, self._wanted(k)) for k in keys) if pod]
+                self._looking = len(wanted)
+            if not wanted:
+                continue  # a pod's own status updates end here: nothing is read from disk
             try:
                 entries = resultcache.list_entries(self.cni_dir)
             except MultusError as exc:
                 LOG.warning("dynamic networks: cannot read the records in %s: %s", self.cni_dir,
                             exc.msg)
                 entries = []
-            for key in keys:
+            for key, pod in wanted:
                 try:
-                    self._consider(key, entries)
+                    self._look(key, pod, entries)
                 except Exception:  # noqa: BLE001 - one pod's bug must not stop the others
                     LOG.exception("dynamic networks: looking at pod %s/%s failed", *key)
                 with self._cond:
@@ -222,25 +223,29 @@ class DynamicNetworks:
                  if s.due is not None and s.due <= now and not s.busy and k not in keys]
         return keys
 
-    def _consider(self, key: Key, entries: List[dict]) -> None:
-        with self._cond:
-            state = self._pods.get(key)
-            if state is None:
-                return
-            pod = state.pod
-            if not eligible(pod):
-                del self._pods[key]  # its retries end; running again, it starts afresh
-                return
-            if state.busy:
-                state.again = True
-                return
-            wanted = signature(pod)
-            if state.due is not None:
-                if wanted == state.failed and self.clock() < state.due:
-                    return  # its retry is not due yet
-            elif wanted == state.done:
-                return
-            self._checked += 1
+    def _wanted(self, key: Key) -> Any:
+        """The pod to look at now, or None (lock held)."""
+        state = self._pods.get(key)
+        if state is None:
+            return None
+        pod = state.pod
+        if not eligible(pod):
+            del self._pods[key]  # its retries end; running again, it starts afresh
+            return None
+        if state.busy:
+            state.again = True
+            return None
+        wanted = signature(pod)
+        if state.due is not None:
+            if wanted == state.failed and self.clock() < state.due:
+                return None  # its retry is not due yet
+        elif wanted == state.done:
+            return None
+        self._checked += 1
+        return pod
+
+    def _look(self, key: Key, pod: Any, entries: List[dict]) -> None:
+        """Find the pod's sandbox, and queue its reconciliation if there is work."""
         container_id = reconcile.sandbox_of(pod, entries, self.cni_dir)
         if container_id is None:
             self._settle(key, pod, None)  # not attached by multusd (host network, ...)
