@@ -44,8 +44,6 @@ class Pod(Record):
     is_static: bool
     resource_version: str
     node_name: str = ""  # spec.nodeName: which node the scheduler put it on
-    phase: str = ""  # status.phase: Pending, Running, Succeeded, Failed, Unknown
-    deleting: bool = False  # metadata.deletionTimestamp is set: the pod is terminating
     # DRA: (pod-local name, ResourceClaim name) of each claim the pod holds, from
     # status.resourceClaimStatuses (claims made from a template) and spec.resourceClaims
     # (claims named directly); and status.extendedResourceClaimStatus.
@@ -54,6 +52,8 @@ class Pod(Record):
     # The whole object as the API server sent it (compact JSON): the body of a pods/status
     # PUT, which its resourceVersion makes fail with 409 if the pod changed since.
     source: str = field(default="", repr=False, compare=False)
+    phase: str = ""  # status.phase: Pending, Running, Succeeded, Failed, Unknown
+    deleting: bool = False  # metadata.deletionTimestamp is set: the pod is terminating
 
 
 class NetworkAttachmentDefinition(Record):
