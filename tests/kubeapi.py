@@ -388,8 +388,9 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
     def update_pod(self, namespace: str, name: str, *,
                    annotations: Optional[Dict[str, Optional[str]]] = None,
                    node: Optional[str] = None, phase: Optional[str] = None,
-                   labels: Optional[Dict[str, str]] = None) -> Obj:
-        """Change a pod like another client would (annotation value None removes the key)."""
+                   labels: Optional[Dict[str, str]] = None, terminating: bool = False) -> Obj:
+        """Change a pod like another client would (annotation value None removes the key);
+        ``terminating``: as a graceful delete begins (deletionTimestamp set, pod kept)."""
         with self._cond:
             old = self._pods[(namespace, name)]
             pod = copy.deepcopy(old)
@@ -404,6 +405,8 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
                 pod["status"]["phase"] = phase
             if labels is not None:
                 pod["metadata"]["labels"] = dict(labels)
+            if terminating:
+                pod["metadata"].setdefault("deletionTimestamp", _now())
             return copy.deepcopy(self._store_update("pods", self._pods, old, pod))
 
     def delete_pod(self, namespace: str, name: str) -> None:

@@ -1,7 +1,9 @@
 """The Multus orchestration (:class:`Multus`): each CNI request of a sandbox to its command.
 
 ADD is :mod:`multusd.core.cmdadd`'s, DEL (and ``multusd gc --forget``) is
-:mod:`multusd.core.cmddel`'s, ``/delegate`` (hot-plug) is :mod:`multusd.core.hotplug`'s; the
+:mod:`multusd.core.cmddel`'s, ``/delegate`` (hot-plug) is :mod:`multusd.core.hotplug`'s, a
+running pod's changed network selections (``enableDynamicNetworks``) are
+:mod:`multusd.core.reconcile`'s; the
 commands that attach and release nothing are here: CHECK (every attachment the scratch cache
 records, each delegate whose version has CHECK), STATUS (answered at once: the readiness
 indicator file present, the pod cache synced, the cluster network's plugins ready, else code
@@ -15,15 +17,17 @@ daemon hands each parsed request in, with its deadline and logger.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any, List, Mapping, Tuple
+import threading
+from typing import Any, Callable, List, Mapping, Tuple
 
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core import cmdadd, cmddel, hotplug, scratch, unreleased
+from multusd.core import cmdadd, cmddel, hotplug, reconcile, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
@@ -35,6 +39,9 @@ from multusd.node.netns import check_namespace
 # CNI 1.1 STATUS codes: the plugin is not available (50), and existing containers may have
 # limited connectivity as well (51)
 NOT_AVAILABLE = (50, 51)
+
+LOG = logging.getLogger(__name__)
+WARNED_PODS = 1024  # pods a /delegate warning was logged for, remembered (then forgotten)
 
 
 class Multus:
@@ -48,6 +55,8 @@ class Multus:
         self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
         self.running_plugins = running_plugins  # and this (the daemon's stop ends them)
         self._daemon_cni_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
+        self._delegate_warned: set = set()
+        self._warn_lock = threading.Lock()
 
     def ready(self) -> bool:
         """Ready to serve ADD: the pod cache (if any) has listed once (stale: live GETs)."""
@@ -89,9 +98,34 @@ class Multus:
     def hotplug(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
                 log: Any) -> dict | None:
         """A ``/delegate`` request (hot-plug): see :mod:`multusd.core.hotplug`."""
+        if self.config.enable_dynamic_networks and req.has_pod:
+            self._warn_delegate_caller(req)
         engine = self.engine(req.config)
         return hotplug.handle_delegate(req, attributes, deadline, log, engine=engine,
                                        kube=self.kube)
+
+    def reconcile(self, pod: Any, container_id: str, deadline: float, log: Any,
+                  stopping: Callable[[], bool]) -> reconcile.Outcome:
+        """A running pod's network selections applied to its sandbox (``enableDynamicNetworks``):
+        see :mod:`multusd.core.reconcile`."""
+        engine = self.engine(self.config.raw)
+        return reconcile.reconcile(pod, container_id, self.config, deadline, log, engine=engine,
+                                   kube=self.kube, stopping=stopping)
+
+    def _warn_delegate_caller(self, req: CmdArgs) -> None:
+        """Say once per pod that something else hot-plugs while multusd does it too."""
+        pod = f"{req.pod_namespace}/{req.pod_name}"
+        with self._warn_lock:
+            if pod in self._delegate_warned:
+                return
+            if len(self._delegate_warned) >= WARNED_PODS:
+                self._delegate_warned.clear()
+            self._delegate_warned.add(pod)
+        LOG.warning("a /delegate %s request for pod %s came from another component while "
+                    "enableDynamicNetworks is on: if multus-dynamic-networks-controller runs on "
+                    "this node, it and multusd both act on the pod's network-selection changes; "
+                    "run one of them (remove the controller from this node, or set "
+                    "\"enableDynamicNetworks\": false)", req.command, pod)
 
     # -- CHECK, STATUS, GC ------------------------------------------------------------------
     def check(self, req: CmdArgs, deadline: float, log: Any) -> None:

@@ -65,17 +65,25 @@ def run_queue_full(cpus: int = 0) -> bool:
 
 
 class Job:
-    """One CNI request read in full, waiting for (or holding) a worker."""
+    """One CNI request read in full, waiting for (or holding) a worker.
+
+    A job with a ``task`` is the daemon's own work for a sandbox (a dynamic attachment's
+    reconciliation): no connection, the task is run instead of the request; it waits in
+    the sandbox's order like any request of it and keeps its own deadline (give it
+    ``math.inf`` here, so that the server never answers it as expired).
+    """
 
     __slots__ = ("conn", "path", "method", "body", "deadline", "command", "key", "fast",
-                 "charged")
+                 "charged", "task")
 
     def __init__(self, conn: Any, path: str, method: str, body: bytes, deadline: float,
-                 command: str = "", key: str = "", charged: int = 0) -> None:
+                 command: str = "", key: str = "", charged: int = 0,
+                 task: Optional[Callable[["Job"], None]] = None) -> None:
         self.conn, self.path, self.method, self.body = conn, path, method, body
         self.deadline, self.command, self.key = deadline, command, key
         self.fast = command in FAST_COMMANDS
         self.charged = charged  # bytes of the server's memory budget this request holds
+        self.task = task
 
 
 class Lanes:
@@ -240,7 +248,7 @@ class Lanes:
                 self._running_general += general
                 self._lock.release()
                 try:
-                    self._run(job)
+                    (job.task or self._run)(job)
                 except Exception:  # the server answers; a bug here must not end the thread
                     LOG.exception("a worker failed on a %s request", job.command or "CNI")
                 finally:

@@ -37,7 +37,7 @@ from multusd import __version__
 from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.core.settings import cni_dir_of
 from multusd.cni.invoke import RunningPlugins
-from multusd.daemon import delretry, metrics, metricsserver, systemd
+from multusd.daemon import delretry, dynnetworks, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.multus import Multus
 from multusd.errors import MultusError
@@ -116,6 +116,7 @@ class Daemon:
         self.retrier: delretry.DelRetrier | None = None
         self.running_plugins = RunningPlugins()  # the stop kills what still runs
         self.stop: Stop | None = None
+        self.dynamic: dynnetworks.DynamicNetworks | None = None  # enableDynamicNetworks
         self._owns_socket = False
         self._stopping = threading.Event()
         self._stop_lock = threading.RLock()  # a signal handler may take it: reentrant
@@ -135,6 +136,9 @@ class Daemon:
                              readiness=self.multus.ready, after_request=self._report_status,
                              observe_http=self.metrics.observe_http,
                              describe=self._describe)
+        if self.dynamic is not None:
+            self.dynamic.start(self.server.lanes)
+            LOG.info("dynamic networks on: a running pod's network-selection changes are applied")
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._start_watchdog()
@@ -159,13 +163,24 @@ class Daemon:
 
     def _make_multus(self) -> Multus:
         if self.config.kubeconfig:
+            dynamic = self.config.enable_dynamic_networks
             self.kube = BackgroundKube(self.config.kubeconfig, self.config.node_name,
                                        on_failure=self._on_kube_failure,
                                        on_built=self._report_status,
-                                       pool_size=kube_connections(self.config.workers))
+                                       pool_size=kube_connections(self.config.workers),
+                                       pod_listener=self._pod_changed if dynamic else None)
         observer = self.metrics.observe_plugin if self.metrics.enabled else None
-        return Multus(self.config, self.kube, plugin_observer=observer,
-                      running_plugins=self.running_plugins)
+        multus = Multus(self.config, self.kube, plugin_observer=observer,
+                        running_plugins=self.running_plugins)
+        if self.kube is not None and self.config.enable_dynamic_networks:
+            self.dynamic = dynnetworks.DynamicNetworks(
+                multus, cni_dir=cni_dir_of(self.config.raw),
+                request_timeout=self.config.request_timeout)
+        return multus
+
+    def _pod_changed(self, pod: Any) -> None:
+        if self.dynamic is not None:
+            self.dynamic.pod_changed(pod)
 
     @property
     def node(self) -> nodename.NodeName | None:
@@ -203,10 +218,15 @@ class Daemon:
             nad_api_unavailable=from_client(lambda c: int(c.nad_problem() is not None)),
             nad_refusals=from_client(lambda c: c.nad_refusals),
             credential_rotations=from_client(lambda c: c.config.credentials.rotations),
-            kube_request_retries=from_client(lambda c: c.api_retries))
+            kube_request_retries=from_client(lambda c: c.api_retries),
+            dynamic_reconciliations=self.dynamic.counts if self.dynamic is not None else None)
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:
+        if self.dynamic is not None:
+            # its steps ran in the lanes, which the stop drained or cut by its deadline: what
+            # is left is the thread between two steps (not to hold the exit past that deadline)
+            self.dynamic.stop(1.0)
         if self.retrier is not None:
             # not joined: a retry waiting on the socket is the next daemon's, and the stop's
             # deadline is not to be passed for it
@@ -272,6 +292,8 @@ class Daemon:
                             "nadsSynced": client.nads_synced() if client is not None else False,
                             "nadProblem": {"condition": problem[0], "message": problem[1]}
                             if problem else None}
+        if self.dynamic is not None:
+            info["dynamicNetworks"] = self.dynamic.status()
         return info
 
     def _report_status(self) -> None:
@@ -303,6 +325,8 @@ class Daemon:
             self._stopping.set()
             if self.retrier is not None:
                 self.retrier.stop(timeout=0)  # no new retries; one running ends with the stop
+            if self.dynamic is not None:
+                self.dynamic.stop(0)  # none starts any more; one running stops between steps
             self.stop = Stop(self.server, self.running_plugins, self.config, self.kube)
             self.stop.begin(why)
 

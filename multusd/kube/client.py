@@ -21,7 +21,9 @@ invariant 7), and what it asks of the API server (invariant 9):
 * every lookup and write is bounded by the CNI request's deadline, whole: a server that
   trickles its answer is cut at it (:mod:`multusd.kube.transport`), and the cache keeps
   serving other requests meanwhile;
-* the network-status write and events: :mod:`multusd.kube.status`.
+* the network-status write and events: :mod:`multusd.kube.status`;
+* whoever registered with :meth:`KubeClient.add_pod_listener` is handed every pod the watch
+  delivers (dynamic attachments follow annotation changes that way).
 
 The JSON is read as plain dicts: a PUT of the whole pod must not drop fields a newer API
 server has and an older model lacks.
@@ -33,7 +35,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from multusd.errors import DeadlineExceeded, MultusError
 from multusd.kube import draclaims
@@ -101,6 +103,7 @@ class KubeClient:
         self._mismatch: Optional[Tuple[str, str]] = None
         self._warned_empty = False
         self._dra_slices = draclaims.SliceCache()
+        self._pod_listeners: List[Callable[[Pod], None]] = []
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -174,7 +177,7 @@ class KubeClient:
         reflectors = [
             Reflector(self._state, "pods", f"pods on node {self.node_name}",
                       self._lister(PODS_PATH, {"fieldSelector": f"spec.nodeName={self.node_name}"}),
-                      pod_from_object, self._pods, self.config, self.request_timeout,
+                      self._delivered_pod, self._pods, self.config, self.request_timeout,
                       self.watch_idle),
             Reflector(self._state, "nads", "NetworkAttachmentDefinitions",
                       self._lister(NADS_PATH, {}), nad_from_object, self._nads, self.config,
@@ -186,6 +189,20 @@ class KubeClient:
         self._events.ensure_thread()
         LOG.info("watching pods on node %s and NetworkAttachmentDefinitions at %s",
                  self.node_name, self.server_url)
+
+    def add_pod_listener(self, listener: Callable[[Pod], None]) -> None:
+        """Hand ``listener`` every pod the watch delivers (listed, added, modified), on the
+        watch's thread, as it arrives; before :meth:`start`. It must not block."""
+        self._pod_listeners.append(listener)
+
+    def _delivered_pod(self, obj: Dict[str, Any]) -> Pod:
+        pod = pod_from_object(obj)
+        for listener in self._pod_listeners:
+            try:
+                listener(pod)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the watch
+                LOG.exception("a pod listener failed on %s/%s", pod.namespace, pod.name)
+        return pod
 
     def cache_sizes(self) -> Tuple[int, int]:
         """(pods, NADs) held in the watch caches (for metrics)."""

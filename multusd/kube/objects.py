@@ -60,6 +60,8 @@ class Pod(Record):
     # The whole object as the API server sent it (compact JSON): the body of a pods/status
     # PUT, which its resourceVersion makes fail with 409 if the pod changed since.
     source: str = field(default="", repr=False, compare=False)
+    phase: str = ""  # status.phase: Pending, Running, Succeeded, Failed, Unknown
+    deleting: bool = False  # metadata.deletionTimestamp is set: the pod is terminating
 
 
 class NetworkAttachmentDefinition(Record):
@@ -90,6 +92,8 @@ def pod_from_object(obj: Obj) -> Pod:
                is_static=is_static_pod(annotations),
                resource_version=str(meta.get("resourceVersion", "")),
                node_name=str((obj.get("spec") or {}).get("nodeName") or ""),
+               phase=str((obj.get("status") or {}).get("phase") or ""),
+               deleting=bool(meta.get("deletionTimestamp")),
                resource_claims=resource_claims_of(obj), extended_claim=extended_claim_of(obj),
                source=json.dumps(obj, separators=(",", ":")))
 

@@ -224,10 +224,14 @@ def record_json(record: Any, *, with_conf: bool = False) -> Dict[str, Any]:
             "dra": attachment.dra_device.to_cache() if attachment.dra_device else None,
             "deviceInfoFile": attachment.device_info_file,
             "resultFile": attachment.cache_file}
+        if attachment.hotplug is not None:  # added while the pod ran (enableDynamicNetworks)
+            item["hotplug"] = attachment.hotplug.to_json()
         if with_conf:
             item["config"] = _redacted_conf(attachment.conf, records)
             item["result"] = attachment.result
         doc["attachments"].append(item)
+    if record.removed:  # removed while the pod ran
+        doc["removed"] = [removal.to_json() for removal in record.removed]
     return doc
 
 

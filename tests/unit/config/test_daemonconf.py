@@ -86,3 +86,18 @@ def test_delete_retry_window_is_seconds_ten_by_default():
             daemonconf.from_dict({"deleteRetryWindow": bad})
         assert info.value.problems[0].path == "deleteRetryWindow"
         assert "must be a number greater than 0" in info.value.msg
+
+
+def test_enable_dynamic_networks_is_an_opt_in_boolean():
+    assert daemonconf.from_dict({}).enable_dynamic_networks is False
+    on = daemonconf.from_dict({"enableDynamicNetworks": True, "kubeconfig": "/k"})
+    assert on.enable_dynamic_networks is True and on.warnings == ()
+    with pytest.raises(ConfigError, match="enableDynamicNetworks"):
+        daemonconf.from_dict({"enableDynamicNetworks": "yes"})
+
+
+def test_enable_dynamic_networks_without_a_kubeconfig_is_a_warning():
+    loaded = daemonconf.from_dict({"enableDynamicNetworks": True})
+    assert len(loaded.warnings) == 1
+    assert loaded.warnings[0].startswith("enableDynamicNetworks:")
+    assert "kubeconfig" in loaded.warnings[0] and "ignored" in loaded.warnings[0]

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from multusd.core import request
 from multusd.core.multus import Multus
 from multusd.errors import MultusError, NotReady, TryAgainLater
 
@@ -173,3 +174,21 @@ def test_gc_hands_the_cluster_network_every_attachment_the_result_cache_holds(no
     assert call["command"] == "GC"
     assert call["stdin"]["cni.dev/valid-attachments"] == [{"containerID": "c9",
                                                            "ifname": "eth0"}]
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_a_delegate_request_while_dynamic_networks_are_on_is_warned_about_once_per_pod(
+        tmp_path, caplog, enabled):
+    node = StubNode(tmp_path).configure([], enableDynamicNetworks=enabled)
+    conf = node.stub("dyn")
+    for pod in ("web", "web", "api"):
+        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": "",
+               "CNI_IFNAME": "net5", "CNI_ARGS": f"K8S_POD_NAMESPACE=ns;K8S_POD_NAME={pod}"}
+        req = request.parse(env, json.dumps(conf).encode(), node.config)
+        node.multus.hotplug(req, {}, time.monotonic() + 30, LOG)
+    warned = [r.getMessage() for r in caplog.records if "multus-dynamic-networks-controller"
+              in r.getMessage()]
+    assert len(warned) == (2 if enabled else 0)
+    if enabled:
+        assert "pod ns/web" in warned[0] and "pod ns/api" in warned[1]
+        assert '"enableDynamicNetworks": false' in warned[0]

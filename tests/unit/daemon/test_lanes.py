@@ -263,3 +263,24 @@ def test_once_closed_a_request_held_back_for_cpu_still_runs():
         lanes.close()
     wait_for(lambda: not any(t.is_alive() for t in runs.threads), 10,
              what="the workers to end once closed")
+
+
+def test_a_task_of_the_daemons_own_waits_its_sandboxs_turn_and_runs_instead_of_a_request():
+    runs = Runs()
+    lanes = Lanes(runs, workers=2, fast_workers=1, max_queued=10)
+    ran = []
+    try:
+        runs.hold["add"] = threading.Event()
+        assert lanes.submit(job("add", key="c1"))
+        wait_for(lambda: runs.started == ["add"], 10, what="the ADD running")
+        task = Job(None, "", "", b"", float("inf"), "RECONCILE", "c1",
+                   task=lambda j: ran.append(("task", list(runs.done))))
+        assert lanes.submit(task)
+        assert lanes.submit(job("del", "DEL", key="c1", deadline=float("inf")))
+        assert lanes.take_expired(1e13) == []  # it keeps its own deadline: never answered
+        release(runs)
+        wait_for(lambda: runs.done == ["add", "del"], 10, what="the DEL after the task")
+    finally:
+        lanes.close()
+    assert ran == [("task", ["add"])]  # after the ADD, before the DEL; never given to run
+    assert None not in runs.started

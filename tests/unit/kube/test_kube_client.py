@@ -326,6 +326,25 @@ def test_nad_condition_names_the_fix():
     assert nad_condition(None, None)[0] == "unavailable" and nad_condition(None, None)[1]
 
 
+def test_a_pod_listener_is_handed_every_pod_the_watch_delivers(kube_api, make_client, caplog):
+    kube_api.add_pod(NS, "web", annotations={"a": "1"})
+    client = make_client(kube_api, start=False)
+    seen: List[Pod] = []
+    client.add_pod_listener(lambda pod: seen.append(pod))
+    client.add_pod_listener(lambda pod: 1 / 0)  # a broken listener stops nothing
+    client.start()
+    assert client.wait_synced(10)
+    kube_api.update_pod(NS, "web", annotations={"a": "2"}, phase="Running")
+    wait_for(lambda: len(seen) == 2, 10, what="the change delivered")
+    assert [(p.name, p.annotations["a"], p.phase) for p in seen] == [("web", "1", "Pending"),
+                                                                    ("web", "2", "Running")]
+    wait_for(lambda: client.cached_pod(NS, "web").phase == "Running", 10, what="the cache")
+    assert "a pod listener failed on default/web" in caplog.text
+    kube_api.add_pod(NS, "other", node="elsewhere")
+    assert client.get_pod(NS, "other") is not None  # a live GET is no delivery of the watch
+    assert len(seen) == 2
+
+
 # ---- lifecycle -------------------------------------------------------------------------------
 
 def test_start_twice_starts_one_pair_of_watches(kube_api, make_client):
