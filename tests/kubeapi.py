@@ -48,7 +48,9 @@ expiry: :meth:`expire_watches` (ERROR 410 in open streams; :meth:`fail_watches`:
 event), :attr:`expired_as_http` (HTTP 410 at the start of a watch from a compacted version)
 and :meth:`restart` with ``lose_history`` or ``new_watch_cache``; reads:
 :meth:`hold_watch_cache`, :attr:`watch_cache_ready`, :attr:`list_reads`,
-:meth:`count_list_reads`, :attr:`bookmark_interval` (tests/kubecache.py).
+:meth:`count_list_reads`, :attr:`bookmark_interval`; :meth:`error_storm` (every watch ends
+with an ERROR event for a while) and :meth:`count_list_watch` (list/watch requests per
+resource, counted on arrival) (tests/kubecache.py).
 
 Usage::
 
@@ -766,6 +768,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             api.requests.append((self.command, parts.path, query))
+            api._book_list_watch(self.command, parts.path, query)
         try:
             with api._cond:
                 api._cond.wait_for(lambda: not api._blackholed or api._generation != generation)
@@ -948,6 +951,9 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
             # long-running from here on; a WatchList that goes on has delivered the state
             api.clients.served(self.booking, listed=stream_list and bool(deadline))
             told = sent  # the newest version this watcher was told (an event or a bookmark)
+            if deadline and self._storm_ends(kind, selector, type_meta, sent,
+                                             bool(initial) or not bookmarks):
+                return  # tests/kubecache.py: an ERROR storm
             due = kubecache.next_bookmark(time.monotonic(), deadline, api.bookmark_interval) \
                 if bookmarks and deadline else None
             while deadline:
@@ -989,6 +995,29 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         finally:
             with api._cond:
                 api._watchers -= 1
+
+    def _storm_ends(self, kind: str, selector: _FieldSelector, type_meta: Tuple[str, str],
+                    sent: int, delivered: bool) -> bool:
+        """While an ERROR storm lasts (:meth:`FakeKubeAPI.error_storm`): what a plain watch
+        from a version would deliver first (its replay; with nothing to replay, a bookmark if
+        it allows them), then the storm's ERROR event and the end of the stream; False when no
+        storm lasts. ``delivered``: it was sent something already (or takes no bookmark)."""
+        api = self.server.api
+        with api._cond:
+            status = api._storm_status()
+            if status is None:
+                return False
+            horizon = api._horizon()
+            changes = api._history.since(sent, horizon) if horizon > sent else []
+            api.storm_errors += 1
+        for _rv, entry_kind, etype, old, new in changes:
+            if entry_kind == kind and self._send_change(etype, old, new, selector):
+                delivered = True
+        if not delivered:
+            self._send_event("BOOKMARK", kubecache.bookmark(type_meta, max(sent, horizon)))
+        self._send_event("ERROR", status)
+        self.wfile.write(b"0\r\n\r\n")
+        return True
 
     def _send_change(self, etype: str, old: Optional[Obj], new: Optional[Obj],
                      selector: _FieldSelector) -> bool:

@@ -27,7 +27,11 @@ every read of the whole state (a LIST or a WatchList) and every watch asked for,
 arrival time, in :attr:`ReadPaths.read_log`.
 Faults of its own: :meth:`ReadPaths.hold_watch_cache`, :attr:`ReadPaths.watch_cache_ready`,
 :attr:`ReadPaths.between_pages` (a write and a compaction between two pages),
-:attr:`ReadPaths.watch_timeout_cap` (watches that end sooner).
+:attr:`ReadPaths.watch_timeout_cap` (watches that end sooner), :meth:`ReadPaths.error_storm`
+(every watch ends with an ERROR event for a while, as when etcd changes leader).
+
+Every LIST, WatchList and watch asked for is booked on arrival, before authentication or an
+injected failure, per resource: :meth:`ReadPaths.count_list_watch` (in a time window).
 
 Watches are served from the same cache: they deliver nothing newer than it has seen, and with
 ``allowWatchBookmarks`` get a BOOKMARK about every :attr:`ReadPaths.bookmark_interval` seconds
@@ -50,6 +54,7 @@ import bisect
 import copy
 import json
 import sys
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import kubeclients
@@ -57,6 +62,8 @@ import kubeclients
 Obj = Dict[str, Any]
 Key = Tuple[str, str]
 Entry = Tuple[int, str, str, Optional[Obj], Optional[Obj]]
+# what kube-apiserver ends every watch with while etcd elects a new leader
+LEADER_CHANGED = "Internal error occurred: etcdserver: leader changed"
 
 CONTINUE_EXPIRED = (
     "The provided continue parameter is too old to display a consistent list result. You can "
@@ -126,6 +133,55 @@ class ReadPaths:
         self.list_reads: List[Tuple[str, str, int, int]] = []
         # (monotonic time, kind, a watch (True) or a read of the whole state: LIST, WatchList)
         self.read_log: List[Tuple[float, str, bool]] = []
+        # (monotonic time, kind, "list" | "watchlist" | "watch"): every one asked for, on arrival
+        self.list_watch_log: List[Tuple[float, str, str]] = []
+        self._storm: Optional[Tuple[float, Obj]] = None  # (until, the ERROR's Status)
+        self.storm_errors = 0  # watches opened during an ERROR storm, ended by its event
+
+    # ---- test controls: an ERROR storm ---------------------------------------------------------
+
+    def error_storm(self, seconds: float, *, code: int = 500, reason: str = "InternalError",
+                    message: str = LEADER_CHANGED) -> float:
+        """For the next ``seconds``, end every watch with an ERROR event carrying this Status
+        (kube-apiserver when etcd changes leader): the watches open now at once, and every watch
+        (WatchList or plain) that opens meanwhile after it delivered what it would first: the
+        initial events and the bookmark ending them, a replay from its version or, with nothing
+        to replay, a bookmark. Returns the ``time.monotonic()`` instant the storm ends."""
+        until = time.monotonic() + seconds
+        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                  "message": message, "reason": reason, "code": code}
+        with self._cond:  # type: ignore[attr-defined]
+            self._storm = (until, status)
+            self._expiries += 1  # type: ignore[attr-defined]
+            self._expiry = status  # type: ignore[attr-defined]
+            self._cond.notify_all()  # type: ignore[attr-defined]
+        return until
+
+    def end_error_storm(self) -> None:
+        """Watches opened from now on live again."""
+        with self._cond:  # type: ignore[attr-defined]
+            self._storm = None
+
+    def count_list_watch(self, kind: str, since: float = 0.0, until: float = float("inf"),
+                         how: Optional[str] = None) -> int:
+        """LISTs, WatchLists and watches of ``kind`` ("pods", "nads") that arrived in [since,
+        until) (``time.monotonic()``), whatever their answer; ``how``: only "list",
+        "watchlist" or "watch"."""
+        with self._cond:  # type: ignore[attr-defined]
+            return sum(1 for at, k, h in self.list_watch_log
+                       if k == kind and since <= at < until and (how is None or h == how))
+
+    def _book_list_watch(self, method: str, path: str, query: Dict[str, str]) -> None:
+        """Book a request on arrival if it lists or watches pods or NADs (_cond held)."""
+        resource, _, how = kubeclients.request_kind(method, path, query).partition(" ")
+        if resource in ("pods", "nads") and how in ("list", "watchlist", "watch"):
+            self.list_watch_log.append((time.monotonic(), resource, how))
+
+    def _storm_status(self) -> Optional[Obj]:
+        """The ERROR Status that ends a watch now, while a storm lasts (_cond held)."""
+        if self._storm is None or time.monotonic() >= self._storm[0]:
+            return None
+        return copy.deepcopy(self._storm[1])
 
     # ---- test controls ---------------------------------------------------------------------
 
