@@ -16,8 +16,10 @@ node's first request came and when its first successful LIST was served whole, a
 in 1 s buckets, the fleet's requests per second, its requests in the window and the most of
 them the stand-in served at once (a watch counts until its initial events are out, as in
 kube-apiserver's max-in-flight); for the storm also each node's list/watch requests per
-resource during it. Then the single node: one node of each kind at once (no herd) through
-``rounds`` outages, each on fresh daemons: s from the server's return to the first LIST served.
+resource during it. Then the single node: one node of each kind at once (no herd), fresh for
+each of ``rounds`` outages and as many storms: s from the server's return (the storm's end) to
+the first LIST served and to every resource listed, and the list/watch requests per resource
+during a storm.
 """
 
 from __future__ import annotations
@@ -89,6 +91,14 @@ def per_resource(by_kind: Dict[str, int]) -> Dict[str, int]:
     return counts
 
 
+def all_listed(window: Dict[str, Any], since: float) -> Optional[float]:
+    """s from ``since`` until a LIST of every resource was served in ``window`` (None: not)."""
+    listed = window["first_listed_by_resource"]
+    if any(resource not in listed for resource in RESOURCES):
+        return None
+    return round(max(listed[resource] for resource in RESOURCES) - since, 2)
+
+
 def recovery_figures(kube_api, group: List[Node], during: Tuple[float, float],
                      after: Tuple[float, float]) -> Dict[str, Any]:
     """A fleet's recovery from the ledger: ``during`` the trouble and the window ``after``."""
@@ -102,6 +112,7 @@ def recovery_figures(kube_api, group: List[Node], during: Tuple[float, float],
                      "first_s": None if now["first"] is None else round(now["first"] - back, 2),
                      "first_listed_s": None if now["first_listed"] is None
                      else round(now["first_listed"] - back, 2),
+                     "all_listed_s": all_listed(now, back),
                      "requests": now["requests"], "by_kind": now["by_kind"]})
         times.extend(t - back for t, _kind, _query in now["trace"])
     clients = [node.client for node in group]
@@ -114,6 +125,8 @@ def recovery_figures(kube_api, group: List[Node], during: Tuple[float, float],
         "first_s": spread([row["first_s"] for row in rows]),
         "first_listed_s": spread([row["first_listed_s"] for row in rows]),
         "not_listed": sum(1 for row in rows if row["first_listed_s"] is None),
+        "all_listed_s": spread([row["all_listed_s"] for row in rows]),
+        "not_all_listed": sum(1 for row in rows if row["all_listed_s"] is None),
         "first_histogram": buckets([row["first_s"] for row in rows], width),
         "listed_histogram": buckets([row["first_listed_s"] for row in rows], width),
         "requests_histogram": buckets(times, width),
@@ -141,24 +154,49 @@ def measure(kube_api, label: str, group: List[Node], scenario: str, args,
 
 def single_node(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, args,
                 other_pod: Sequence[str]) -> Dict[str, Any]:
-    """One node of each fleet at once, fresh each round, through ``args.single_rounds``
-    outages: s from the server's return until each node's first LIST was served."""
-    out: Dict[str, List[Optional[float]]] = {label: [] for label, _ in fleets}
-    for round_number in range(args.single_rounds):
-        group = [make_node(label, bin_dir, f"{fleetnodes.slug(label)}-1r{round_number}")
-                 for label, bin_dir in fleets]
-        fleetnodes.start_fleet(kube_api, f"single nodes, round {round_number + 1}", group,
-                               args.start_timeout, args.settle)
-        _went, back = outage(kube_api, other_pod, args.outage)
-        ledger, until = kube_api.clients, back + args.after_restart
-        while ledger.clock() < until and any(
-                ledger.window(node.client, back)["first_listed"] is None for node in group):
-            time.sleep(0.1)  # a bench's poll: each node's own first LIST is what is measured
-        for node in group:
-            listed = ledger.window(node.client, back)["first_listed"]
-            out[node.fleet].append(None if listed is None else round(listed - back, 2))
-        fleetnodes.stop_fleet(group)
-    return {label: {"rounds": values, **(spread(values) or {})} for label, values in out.items()}
+    """One node of each fleet at once, fresh each round: ``args.single_rounds`` outages (s
+    from the server's return until its first LIST was served, and until every resource's),
+    then as many ERROR storms (list/watch requests per resource during the storm, s from its
+    end until every resource was listed again)."""
+    out: Dict[str, Dict[str, List[Any]]] = {label: {"first_listed_s": [], "all_listed_s": [],
+                                                    "storm_requests": [], "storm_all_listed_s": []}
+                                            for label, _ in fleets}
+    ledger = kube_api.clients
+    for scenario, _what in SCENARIOS:
+        for number in range(args.single_rounds):
+            group = [make_node(label, bin_dir, single_name(label, scenario, number))
+                     for label, bin_dir in fleets]
+            fleetnodes.start_fleet(kube_api, f"single nodes, {scenario} {number + 1}", group,
+                                   args.start_timeout, args.settle)
+            if scenario == "outage":
+                during = outage(kube_api, other_pod, args.outage)
+            else:
+                during = storm(kube_api, args.storm)
+            back, until = during[1], during[1] + args.after_restart
+            while ledger.clock() < until and any(all_listed(ledger.window(
+                    node.client, back), back) is None for node in group):
+                time.sleep(0.1)  # a bench's poll: when each node listed is what is measured
+            for node in group:
+                now, figures = ledger.window(node.client, back), out[node.fleet]
+                if scenario == "outage":
+                    figures["first_listed_s"].append(None if now["first_listed"] is None
+                                                     else round(now["first_listed"] - back, 2))
+                    figures["all_listed_s"].append(all_listed(now, back))
+                else:
+                    figures["storm_requests"].append(per_resource(ledger.window(
+                        node.client, *during)["by_kind"]))
+                    figures["storm_all_listed_s"].append(all_listed(now, back))
+            fleetnodes.stop_fleet(group)
+    for figures in out.values():
+        for key in ("first_listed_s", "all_listed_s", "storm_all_listed_s"):
+            figures[key[:-2]] = spread(figures[key])
+        for resource in RESOURCES:
+            figures[f"storm_{resource}"] = spread([r[resource] for r in figures["storm_requests"]])
+    return out
+
+
+def single_name(label: str, scenario: str, number: int) -> str:
+    return f"{fleetnodes.slug(label)}-1{scenario[0]}{number}"
 
 
 def run(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, nodes: List[Node],
@@ -192,7 +230,7 @@ def all_names(labels: List[str], args) -> List[str]:
         prefix = fleetnodes.slug(label)
         for scenario, _what in SCENARIOS:
             names.extend(node_names(prefix, scenario, args.nodes))
-        names.extend(f"{prefix}-1r{number}" for number in range(args.single_rounds))
+            names.extend(single_name(label, scenario, n) for n in range(args.single_rounds))
     return names
 
 
@@ -215,7 +253,9 @@ def print_recovery(report: Dict[str, Any]) -> None:
                 ("peak requests in flight", lambda f: str(f["peak_in_flight"])),
                 ("first request, s", lambda f: _cell(f["first_s"])),
                 ("first LIST served, s", lambda f: _cell(f["first_listed_s"])),
-                ("  nodes without one", lambda f: str(f["not_listed"]))]
+                ("  nodes without one", lambda f: str(f["not_listed"])),
+                ("every resource listed, s", lambda f: _cell(f["all_listed_s"])),
+                ("  nodes without", lambda f: str(f["not_all_listed"]))]
         if scenario == "storm":
             rows += [(f"{resource} list/watch during, per node",
                       lambda f, r=resource: _cell(f["during_per_resource"][r]))
@@ -237,9 +277,15 @@ def print_recovery(report: Dict[str, Any]) -> None:
                       file=err)
     single = report.get("single_node")
     if single:
-        print(f"\n  a single node: s from the server's return to its first LIST served "
-              f"({report['single_rounds']} outages of {report['outage_s']} s, fresh daemons)",
-              file=err)
-        for label, figures in single.items():
-            print(f"    {label:22} {_cell(figures if 'median' in figures else None):>20}  "
-                  f"rounds: {figures['rounds']}", file=err)
+        rounds = report["single_rounds"]
+        print(f"\n  single nodes (one of each fleet at once, fresh daemons), {rounds} outages of "
+              f"{report['outage_s']} s and {rounds} storms of {report['storm_s']} s", file=err)
+        labels = list(single)
+        print(f"    {'per node':40}" + "".join(f"{label:>22}" for label in labels), file=err)
+        for key, title in (("first_listed", "outage: s to the first LIST served"),
+                           ("all_listed", "outage: s to every resource listed"),
+                           ("storm_pods", "storm: pods list/watch requests"),
+                           ("storm_nads", "storm: nads list/watch requests"),
+                           ("storm_all_listed", "storm: s after it to every resource listed")):
+            print(f"    {title:40}" + "".join(f"{_cell(single[label][key]):>22}"
+                                               for label in labels), file=err)

@@ -128,13 +128,14 @@ class ClientLedger:
         """What ``client`` asked and got in [start, end): requests (by kind), LISTs by source,
         objects read from storage, response bytes, when the first request and the first LIST
         came and when the first successful LIST was served whole (``first_listed``: a LIST
-        asked in the window; the ledger's clock), and each request's (time, kind, query) in
-        ``trace``."""
+        asked in the window; the ledger's clock; per resource in ``first_listed_by_resource``),
+        and each request's (time, kind, query) in ``trace``."""
         with self._lock:
             entry = self._clients.get(client) or _Client()
             requests = [r for r in entry.requests if start <= r.time < end]
             sent = sum(n for t, n in entry.writes if start <= t < end)
-            listed = [r.served for r in requests if r.listed and r.served is not None]
+            listed = sorted((r.served, r.kind.partition(" ")[0]) for r in requests
+                            if r.listed and r.served is not None)
         by_kind: Dict[str, int] = {}
         sources = {CACHE: 0, STORAGE: 0, WATCH: 0, OTHER: 0}
         for request in requests:
@@ -146,7 +147,8 @@ class ClientLedger:
                 "first": requests[0].time if requests else None,
                 "first_list": next((r.time for r in requests if r.source in (CACHE, STORAGE)),
                                    None),
-                "first_listed": min(listed) if listed else None,
+                "first_listed": listed[0][0] if listed else None,
+                "first_listed_by_resource": {resource: at for at, resource in reversed(listed)},
                 "trace": [(r.time, r.kind, r.query) for r in requests]}
 
     def peak_in_flight(self, clients: Iterable[str], start: float = 0.0,

@@ -220,11 +220,17 @@ def test_the_ledger_counts_requests_in_flight_until_served():
     assert ledger.peak_in_flight(["nobody"]) == 0
     mine = ledger.window("a")
     assert mine["first_listed"] == 2.0 and mine["first"] == 0.0
+    assert mine["first_listed_by_resource"] == {"pods": 2.0}
     assert ledger.window("a", start=0.5)["first_listed"] is None  # asked before the window
     assert ledger.window("b")["first_listed"] is None
     ledger.answered(third, 200)
     ledger.served(third, listed=True)  # 200 to a GET of one object: not a LIST
     assert ledger.window("a", start=0.5)["first_listed"] is None
+    now[0] = 4.0
+    later = ledger.record("a", "GET", NADS, {"resourceVersion": "0"}, lambda _p: 0)
+    ledger.answered(later, 200)
+    ledger.served(later, listed=True)
+    assert ledger.window("a")["first_listed_by_resource"] == {"pods": 2.0, "nads": 4.0}
 
 
 def test_a_watch_is_in_flight_until_its_initial_events_are_out(kube_api):
