@@ -104,7 +104,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     recovery.add_argument("--storm", type=float, default=20.0, metavar="S",
                           help="how long every watch ends with an ERROR event (default 20)")
     recovery.add_argument("--single-rounds", type=int, default=3, metavar="N",
-                          help="outages met by one node of each fleet (default 3; 0: none)")
+                          help="outages and storms met by one node of each fleet (default 3; "
+                               "0: none)")
+    recovery.add_argument("--single-wait", type=float, default=90.0, metavar="S",
+                          help="how long a single node is followed after each (default 90)")
     args = parser.parse_args(argv)
     if args.nodes is None:
         args.nodes = 20 if args.recovery else 50

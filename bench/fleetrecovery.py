@@ -73,12 +73,13 @@ def buckets(seconds: List[Optional[float]], width: int) -> List[int]:
 
 
 def spread(values: List[Optional[float]]) -> Optional[Dict[str, float]]:
-    """Median, min and max of the values that are there (None: none are)."""
+    """Median, min and max of the values that are there, and how many are not (None: none
+    are)."""
     there = [v for v in values if v is not None]
     if not there:
         return None
     return {"median": round(statistics.median(there), 2), "min": round(min(there), 2),
-            "max": round(max(there), 2)}
+            "max": round(max(there), 2), "missing": len(values) - len(there)}
 
 
 def per_resource(by_kind: Dict[str, int]) -> Dict[str, int]:
@@ -91,12 +92,14 @@ def per_resource(by_kind: Dict[str, int]) -> Dict[str, int]:
     return counts
 
 
-def all_listed(window: Dict[str, Any], since: float) -> Optional[float]:
-    """s from ``since`` until a LIST of every resource was served in ``window`` (None: not)."""
-    listed = window["first_listed_by_resource"]
-    if any(resource not in listed for resource in RESOURCES):
-        return None
-    return round(max(listed[resource] for resource in RESOURCES) - since, 2)
+def listed(kube_api, node: Node, since: float) -> Tuple[Optional[float], Optional[float]]:
+    """s from ``since`` until a LIST of ``node`` was served (one asked earlier but served
+    after counts), and until one of every resource was (None: not yet)."""
+    served = kube_api.clients.listed_since(node.client, since)
+    first = round(min(served.values()) - since, 2) if served else None
+    if any(resource not in served for resource in RESOURCES):
+        return first, None
+    return first, round(max(served[resource] for resource in RESOURCES) - since, 2)
 
 
 def recovery_figures(kube_api, group: List[Node], during: Tuple[float, float],
@@ -107,12 +110,14 @@ def recovery_figures(kube_api, group: List[Node], during: Tuple[float, float],
     rows, times = [], []
     for node in group:
         then, now = ledger.window(node.client, *during), ledger.window(node.client, *after)
+        first_listed, all_listed = listed(kube_api, node, back)
         rows.append({"node": node.name, "during_requests": then["requests"],
                      "during_per_resource": per_resource(then["by_kind"]),
                      "first_s": None if now["first"] is None else round(now["first"] - back, 2),
-                     "first_listed_s": None if now["first_listed"] is None
-                     else round(now["first_listed"] - back, 2),
-                     "all_listed_s": all_listed(now, back),
+                     "first_listed_s": first_listed if first_listed is not None and
+                     first_listed < width else None,
+                     "all_listed_s": all_listed if all_listed is not None and
+                     all_listed < width else None,
                      "requests": now["requests"], "by_kind": now["by_kind"]})
         times.extend(t - back for t, _kind, _query in now["trace"])
     clients = [node.client for node in group]
@@ -158,9 +163,9 @@ def single_node(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, ar
     from the server's return until its first LIST was served, and until every resource's),
     then as many ERROR storms (list/watch requests per resource during the storm, s from its
     end until every resource was listed again)."""
-    out: Dict[str, Dict[str, List[Any]]] = {label: {"first_listed_s": [], "all_listed_s": [],
-                                                    "storm_requests": [], "storm_all_listed_s": []}
-                                            for label, _ in fleets}
+    out: Dict[str, Dict[str, Any]] = {
+        label: {"first_listed_s": [], "all_listed_s": [], "storm_requests": [],
+                "storm_all_listed_s": []} for label, _ in fleets}
     ledger = kube_api.clients
     for scenario, _what in SCENARIOS:
         for number in range(args.single_rounds):
@@ -172,20 +177,19 @@ def single_node(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, ar
                 during = outage(kube_api, other_pod, args.outage)
             else:
                 during = storm(kube_api, args.storm)
-            back, until = during[1], during[1] + args.after_restart
-            while ledger.clock() < until and any(all_listed(ledger.window(
-                    node.client, back), back) is None for node in group):
+            back, until = during[1], during[1] + args.single_wait
+            while ledger.clock() < until and any(
+                    listed(kube_api, node, back)[1] is None for node in group):
                 time.sleep(0.1)  # a bench's poll: when each node listed is what is measured
             for node in group:
-                now, figures = ledger.window(node.client, back), out[node.fleet]
+                (first, every), figures = listed(kube_api, node, back), out[node.fleet]
                 if scenario == "outage":
-                    figures["first_listed_s"].append(None if now["first_listed"] is None
-                                                     else round(now["first_listed"] - back, 2))
-                    figures["all_listed_s"].append(all_listed(now, back))
+                    figures["first_listed_s"].append(first)
+                    figures["all_listed_s"].append(every)
                 else:
                     figures["storm_requests"].append(per_resource(ledger.window(
                         node.client, *during)["by_kind"]))
-                    figures["storm_all_listed_s"].append(all_listed(now, back))
+                    figures["storm_all_listed_s"].append(every)
             fleetnodes.stop_fleet(group)
     for figures in out.values():
         for key in ("first_listed_s", "all_listed_s", "storm_all_listed_s"):
@@ -205,7 +209,8 @@ def run(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, nodes: Lis
     node made (the caller stops and cleans them all)."""
     report: Dict[str, Any] = {"nodes": args.nodes, "outage_s": args.outage,
                               "storm_s": args.storm, "window_s": args.after_restart,
-                              "single_rounds": args.single_rounds, "scenarios": {}}
+                              "single_rounds": args.single_rounds,
+                              "single_wait_s": args.single_wait, "scenarios": {}}
     for scenario, _what in SCENARIOS:
         report["scenarios"][scenario] = {}
         for label, bin_dir in fleets:
@@ -234,8 +239,12 @@ def all_names(labels: List[str], args) -> List[str]:
     return names
 
 
-def _cell(stats: Optional[Dict[str, float]]) -> str:
-    return f"{stats['median']} ({stats['min']}-{stats['max']})" if stats else "-"
+def _cell(stats: Optional[Dict[str, float]], missing: str = "") -> str:
+    """``median (min-max)``; with ``missing`` (what a value missing means): how many were."""
+    if not stats:
+        return f"none {missing}" if missing else "-"
+    cell = f"{stats['median']} ({stats['min']}-{stats['max']})"
+    return cell + (f", {stats['missing']} {missing}" if missing and stats["missing"] else "")
 
 
 def print_recovery(report: Dict[str, Any]) -> None:
@@ -277,15 +286,18 @@ def print_recovery(report: Dict[str, Any]) -> None:
                       file=err)
     single = report.get("single_node")
     if single:
-        rounds = report["single_rounds"]
+        rounds, wait = report["single_rounds"], report["single_wait_s"]
         print(f"\n  single nodes (one of each fleet at once, fresh daemons), {rounds} outages of "
-              f"{report['outage_s']} s and {rounds} storms of {report['storm_s']} s", file=err)
+              f"{report['outage_s']} s and {rounds} storms of {report['storm_s']} s; each "
+              f"followed for up to {wait} s", file=err)
         labels = list(single)
-        print(f"    {'per node':40}" + "".join(f"{label:>22}" for label in labels), file=err)
-        for key, title in (("first_listed", "outage: s to the first LIST served"),
-                           ("all_listed", "outage: s to every resource listed"),
-                           ("storm_pods", "storm: pods list/watch requests"),
-                           ("storm_nads", "storm: nads list/watch requests"),
-                           ("storm_all_listed", "storm: s after it to every resource listed")):
-            print(f"    {title:40}" + "".join(f"{_cell(single[label][key]):>22}"
+        print(f"    {'per node':44}" + "".join(f"{label:>30}" for label in labels), file=err)
+        late = f"over {wait} s"
+        for key, title, missing in (
+                ("first_listed", "outage: s to the first LIST served", late),
+                ("all_listed", "outage: s to every resource listed", late),
+                ("storm_pods", "storm: pods list/watch requests", ""),
+                ("storm_nads", "storm: nads list/watch requests", ""),
+                ("storm_all_listed", "storm: s after it to every resource listed", late)):
+            print(f"    {title:44}" + "".join(f"{_cell(single[label][key], missing):>30}"
                                                for label in labels), file=err)

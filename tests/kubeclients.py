@@ -151,6 +151,16 @@ class ClientLedger:
                 "first_listed_by_resource": {resource: at for at, resource in reversed(listed)},
                 "trace": [(r.time, r.kind, r.query) for r in requests]}
 
+    def listed_since(self, client: str, since: float) -> Dict[str, float]:
+        """Per resource (``pods``, ``nads``), when ``client``'s first successful LIST served
+        at or after ``since`` was served, whenever it was asked (one asked before ``since``
+        and served after it counts: a WatchList under way when an outage or a storm ended)."""
+        with self._lock:
+            entry = self._clients.get(client) or _Client()
+            listed = sorted((r.served, r.kind.partition(" ")[0]) for r in entry.requests
+                            if r.listed and r.served is not None and r.served >= since)
+        return {resource: at for at, resource in reversed(listed)}
+
     def peak_in_flight(self, clients: Iterable[str], start: float = 0.0,
                        end: float = float("inf")) -> int:
         """The most requests of ``clients`` the server was serving at one instant in

@@ -231,6 +231,9 @@ def test_the_ledger_counts_requests_in_flight_until_served():
     ledger.answered(later, 200)
     ledger.served(later, listed=True)
     assert ledger.window("a")["first_listed_by_resource"] == {"pods": 2.0, "nads": 4.0}
+    assert ledger.listed_since("a", 1.5) == {"pods": 2.0, "nads": 4.0}  # asked at 0, served at 2
+    assert ledger.listed_since("a", 3.0) == {"nads": 4.0}
+    assert ledger.listed_since("b", 0.0) == {} == ledger.listed_since("nobody", 0.0)
 
 
 def test_a_watch_is_in_flight_until_its_initial_events_are_out(kube_api):
