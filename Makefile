@@ -79,10 +79,10 @@ burst: setup
 		$(if $(UPSTREAM_BIN),--upstream-bin $(UPSTREAM_BIN))
 
 # FLEET_NODES daemons as that many nodes against one API server holding 20,000 pods: each node's
-# requests and bytes at start, per idle hour and after a restart (bench/fleet.py, ~13 min);
-# UPSTREAM_BIN=DIR runs upstream's multus-daemon as a second fleet beside them.
-# UPSTREAM_BIN may name several directories (v4.3.0 and v4.2.4: one fleet each). fleet-recovery
-# runs only the recovery after an outage and an ERROR storm, RECOVERY_NODES per fleet (~10 min).
+# requests and bytes at start, per idle hour and after a restart, then the recovery after an
+# outage and an ERROR storm (bench/fleet.py, ~25 min); UPSTREAM_BIN=DIR runs upstream's
+# multus-daemon as another fleet beside them (several directories: v4.3.0 and v4.2.4, one fleet
+# each). fleet-recovery runs only the recovery, RECOVERY_NODES per fleet (~13 min).
 FLEET_NODES ?= 50
 RECOVERY_NODES ?= 20
 fleet: setup

@@ -260,6 +260,7 @@ def print_recovery(report: Dict[str, Any]) -> None:
         rows = [("requests in the window", lambda f: str(f["requests"])),
                 ("  per node", lambda f: _cell(f["requests_per_node"])),
                 ("peak requests in flight", lambda f: str(f["peak_in_flight"])),
+                ("most requests in one second", lambda f: str(max(f["requests_histogram"]))),
                 ("first request, s", lambda f: _cell(f["first_s"])),
                 ("first LIST served, s", lambda f: _cell(f["first_listed_s"])),
                 ("  nodes without one", lambda f: str(f["not_listed"])),
