@@ -14,7 +14,9 @@ invariant 7), and what it asks of the API server (invariant 9):
   fails (the CRD not installed: 404; the node's credentials may not read NADs: 403; 5xx)
   never delays a pod that asks for no NAD, and a pod that asks for one gets the live GET's
   answer at once, or an error naming the cause and the fix (:meth:`KubeClient.nad_problem`);
-  a live GET that works again wakes the NAD watch, so it does not wait out its backoff;
+  a live GET that works again wakes the NAD watch, so it does not wait out its backoff (once
+  per run of failures: however many lookups work, a failing NAD list is not asked again
+  sooner than the one backoff says, but for that one wake-up);
 * a live GET that finds this node's sandbox on a pod of another ``spec.nodeName`` means the
   watched node name is wrong: it is logged once, with both names and the fix, and kept in
   :attr:`KubeClient.node_mismatch` for the metrics and the status line;
@@ -444,7 +446,9 @@ class KubeClient:
         return nad_from_object(obj)
 
     def _wake_nads(self, failing: bool) -> None:
-        """The NAD API answers: a failing NAD watch lists again now, not after its backoff."""
+        """The NAD API answers: a failing NAD watch lists again now, not after its backoff's
+        wait; once per run of failures (the reflector keeps count,
+        :meth:`multusd.kube.reflector.Reflector._pause`), so lookups cannot make a loop."""
         if failing:
             self._state.wake["nads"].set()
 

@@ -33,14 +33,16 @@ reflector finds out, and the NAD reflector waits for its verdict (at most
   before it answered; one that ignores the parameters sends its first bookmark after a minute.
   Where a WatchList worked before, a late end bookmark is a stalled stream, asked again.
 
-Any other failure of a WatchList backs off as that of any request.
+Any other failure of a WatchList is a failure as that of any request (below).
 
 *Lists.* The first asks for ``resourceVersion=0`` (pages of :data:`LIST_PAGE` with
 ``continue`` where the server pages, as a watch cache not yet ready does); a relist for the
 last version synced to. Only when the server answers that this version is unavailable (410
-Expired, or 504 "Too large resource version", also as an ERROR event of a WatchList) it lists
-consistently (``resourceVersion`` unset: a read from etcd, paged; a consistent WatchList would
-wait for the cache to catch up, which a server without progress requests cannot do). A
+Expired, or 504 "Too large resource version") it lists consistently (``resourceVersion``
+unset: a read from etcd, paged; a consistent WatchList would wait for the cache to catch up,
+which a server without progress requests cannot do), never the same request again: after a
+LIST at once, as client-go's ``list``; after a WatchList that said so (also as an ERROR
+event) in the next round, after the backoff's wait, as client-go's ``watchList``. A
 ``continue`` token that expired while paging (410) makes it list the whole at the requested
 version once, as client-go's pager does. A list replaces the cache, so objects deleted while
 no watch could see them leave it.
@@ -55,18 +57,23 @@ compacted the history) leads to a relist at the last version; "too large resourc
 server whose history restarted below ours) to a consistent list; any other ERROR event to a
 relist. Every end of a watch is counted by cause (:data:`REOPEN_CAUSES`).
 
-*Recovery without a herd.* Failed requests back off exponentially with jitter up to
-:data:`BACKOFF_MAX` (so the first list after an API server comes back follows within seconds),
-and the first answer resets the backoff; a 429 (or any answer) carrying Retry-After waits that
-long; a watch that ends at once without news backs off on its own scale; a relist after an
-expiry waits a random part of :data:`RELIST_SPREAD`, so that the nodes of a cluster whose
-watches expire together (an API server restart, a compaction) do not relist in the same
-second. Readers do not wait for it (see below).
+*One backoff for every way back to the server* (architecture invariant 9). A round is one sync
+or one watch (:meth:`Reflector.round`); it fails unless it was a watch the server ended after
+it lived (:mod:`multusd.kube.failures`): an ERROR event whatever the stream delivered before
+it, a 410 on a watch or a relist, a refused or cut connection, an error answer (429, 5xx,
+403 ...), a WatchList the server refuses, a watch that ends within :data:`YOUNG_WATCH` of its
+answer without news. Each failure waits on the reflector's one
+:class:`~multusd.kube.retries.Delays` of :data:`~multusd.kube.retries.API_SERVER` (0.8 s
+doubling to 30 s, each wait in ``[d, 2d)``, never less than the server's Retry-After); answers
+do not reset it, two minutes without a failure do. What failed decides only what the next round
+asks for, never how long it waits: no sequence of answers makes a loop, and the nodes of a
+cluster whose watches all end at once come back spread over seconds, then minutes.
 
 While a cache is known stale (expired, until its relist completes) it does not count as synced
-and its readers ask the API server instead. A failing list keeps its HTTP status (404: the
-resource type is not installed, 403: forbidden) for the readers to name, and a reader that
-finds the API working again can cut the backoff short.
+and its readers ask the API server instead (they do not wait for it). A failing list keeps its
+HTTP status (404: the resource type is not installed, 403: forbidden) for the readers to name,
+and a reader that finds the API answering again may end one wait of the NAD reflector early
+(:meth:`Reflector._pause`: once per run of failures).
 """
 
 from __future__ import annotations
@@ -75,24 +82,24 @@ import json
 import logging
 import random
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
+from multusd.kube import failures
 from multusd.kube.clientconfig import ClientConfig, WatchError
+from multusd.kube.failures import NoWatchList, Unfinished
 from multusd.kube.objects import Key, Obj, key_of
-from multusd.kube.retries import Backoff
+from multusd.kube.retries import API_SERVER, Delays, retry_after_of, retry_after_seconds
 from multusd.kube.transport import IdleTimeout
 from multusd.kube.watchstream import (Expired, TooLarge, WatchState, answer, gone,
-                                      retry_after, shutdown_response, too_large,
-                                      too_large_error, watch_events)
+                                      shutdown_response, too_large, watch_events)
+
+__all__ = ["Reflector", "Outcome", "NoWatchList"]
 
 LOG = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_SECONDS = (240, 300)  # the server ends a watch after this (random, as client-go)
 WATCH_SILENCE_MARGIN = 30.0  # a stream silent this long past its timeoutSeconds is dead
 LIST_PAGE = 500  # client-go's pager size
-BACKOFF_INITIAL = 0.25
-BACKOFF_MAX = 3.0  # a server back after an outage is asked again within this
-RELIST_SPREAD = 1.5  # a relist after an expiry waits up to this long (at random)
 YOUNG_WATCH = 1.0  # a watch that ends sooner without news ended "at once" (client-go's rule)
 # why a watch ended and another was opened (the label of multusd_watch_reopens_total)
 REOPEN_CAUSES = ("ended", "expired", "error", "connection", "silence")
@@ -107,9 +114,13 @@ NO_PROGRESS_REQUESTS = "RequestWatchProgress"
 Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 
 
-class NoWatchList(Exception):
-    """The server does not stream lists (WatchList): it refused the request, refused it in
-    the stream, or ignored ``sendInitialEvents`` (no end bookmark in time)."""
+class Outcome(NamedTuple):
+    """How a round ended (:meth:`Reflector.round`)."""
+
+    failure: Optional[str]  # one of multusd.kube.failures.KINDS; None: a watch ended as it should
+    cause: str  # why the watch ended (REOPEN_CAUSES)
+    watched: bool  # a watch followed changes (or was asked for): counted as a reopen
+    retry_after: Optional[float] = None  # seconds the server asked for
 
 
 class Reflector:
@@ -122,82 +133,82 @@ class Reflector:
         None: its ``timeoutSeconds`` and :data:`WATCH_SILENCE_MARGIN`.
     :param list_end_wait: seconds a WatchList's end bookmark may take after the stream's
         start or its last ADDED event (:data:`WATCHLIST_END_WAIT`).
+    :param delays: the state of its one backoff (default: a fresh one of
+        :data:`~multusd.kube.retries.API_SERVER`; a test passes one on its own clock).
     """
 
     def __init__(self, state: WatchState, kind: str, what: str, send: Send,
                  trim: Callable[[Obj], Any], store: Dict[Key, Any], config: ClientConfig,
                  request_timeout: float, watch_idle: Optional[float] = None,
-                 list_end_wait: float = WATCHLIST_END_WAIT) -> None:
+                 list_end_wait: float = WATCHLIST_END_WAIT, *,
+                 delays: Optional[Delays] = None) -> None:
         self.state, self.kind, self.what = state, kind, what
         self.send, self.trim, self.store = send, trim, store
         self.config, self.request_timeout = config, request_timeout
         self.watch_idle, self.list_end_wait = watch_idle, list_end_wait
+        self.delays = delays if delays is not None else API_SERVER.delays()
         self.version = ""  # the last version synced to ("": none yet)
         self.version_unavailable = False  # the server said it cannot serve self.version
-        # requests that got no answer; reset by any answer
-        self.backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
-        # watches that end at once without news; reset by one that lives
-        self.churn = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
         self.need_list = True  # the next round reads the whole state (first sync, relist)
         self.initial_events = 0  # events of the last WatchList before its end bookmark
         self._watching = False  # a watch was asked for in this round
         self._opened: Optional[float] = None  # when it got its answer
         self._news = False  # it delivered an event or bookmark
+        self._woken: Optional[int] = None  # the run of failures a reader's wake-up cut short
 
-    # ---- the loop ------------------------------------------------------------------------------
+    # ---- the loop: what next (round, failures.plan), how long (one call) -----------------------
 
     def run(self) -> None:
-        state = self.state
-        while not state.stopping.is_set():
-            self._opened, self._news, self._watching = None, False, False
-            try:
-                cause = self._sync() if self.need_list else self._watch()
-                pause = self._young_pause()
-            except Expired as exc:
-                cause, self.need_list = "expired", True
-                self.version_unavailable = isinstance(exc, TooLarge)
-                LOG.info("%s watch at version %s expired (%s); listing again", self.kind,
-                         self.version, exc)
-                self._stale()
-                pause = max(self._young_pause(), random.uniform(0.0, RELIST_SPREAD))
-            except WatchError as exc:
-                cause, self.need_list = "error", True  # client-go: an error event ends in a LIST
-                self._report(exc)
-                pause = max(self._young_pause(), retry_after(exc) or 0.0)
-            except self.config.request_errors() as exc:
-                if state.stopping.is_set():
-                    break
-                if self._watching and self._opened is None and gone(exc):  # 410 at its start
-                    cause, self.need_list = "expired", True
-                    LOG.info("%s watch at version %s answered 410 Gone; listing again",
-                             self.kind, self.version)
-                    self._stale()
-                    # it never lived: as a watch that ended at once
-                    pause = max(self.churn.next(), random.uniform(0.0, RELIST_SPREAD))
-                else:
-                    cause = "error" if getattr(exc, "status", None) else "connection"
-                    self._report(exc)
-                    pause = max(self._young_pause(), retry_after(exc) or self.backoff.next())
-            except Exception:  # noqa: BLE001 - the watch thread must not die
-                LOG.exception("%s watch failed unexpectedly", self.kind)
-                cause, pause = "error", self.backoff.next()
-            if state.stopping.is_set():
+        stopping = self.state.stopping
+        while not stopping.is_set():
+            outcome = self.round()
+            if stopping.is_set():
                 break
-            if self._watching:  # a failed LIST is no watch of its own
-                self._count_reopen(cause)
-            if pause > 0:
-                self._pause(pause)
+            if outcome.failure is not None:
+                self._pause(self.delays.next(outcome.retry_after))
 
-    def _young_pause(self) -> float:
-        """A watch that got its answer and ended within :data:`YOUNG_WATCH` without news backs
-        off on its own scale (a server that ends every watch at once must not get a loop);
-        one that lived resets it."""
-        if self._opened is None:
-            return 0.0
-        if not self._news and time.monotonic() - self._opened < YOUNG_WATCH:
-            return self.churn.next()
-        self.churn.reset()
-        return 0.0
+    def round(self) -> Outcome:
+        """One sync or one watch, followed until it ends; never raises. A failure sets what
+        the next round asks for (:func:`multusd.kube.failures.plan`), not how long it waits."""
+        self._opened, self._news, self._watching = None, False, False
+        try:
+            cause = self._sync() if self.need_list else self._watch()
+        except Exception as exc:  # noqa: BLE001 - the watch thread must not die
+            return self._failed(exc)
+        if self._opened is not None and not self._news and \
+                time.monotonic() - self._opened < YOUNG_WATCH:
+            return self._failed(None, failures.YOUNG)  # a server that ends every watch at once
+        self._count_reopen(cause)
+        return Outcome(None, cause, True)
+
+    def _failed(self, exc: Optional[BaseException], kind: str = "") -> Outcome:
+        """Account for a failed round: what the next one asks for, the failure reported."""
+        kind = kind or failures.kind_of(exc)  # type: ignore[arg-type]
+        syncing = self.need_list  # the whole state was being read (not a watch following it)
+        watched = self._watching and not syncing
+        step = failures.plan(kind, syncing)
+        if self.state.stopping.is_set():
+            return Outcome(kind, step.cause, watched)
+        self.need_list = self.need_list or step.relist
+        self.version_unavailable = self.version_unavailable or step.consistent
+        if kind == failures.UNEXPECTED:
+            LOG.error("%s watch failed unexpectedly", self.kind, exc_info=exc)
+        elif kind in (failures.EXPIRED, failures.TOO_LARGE):
+            LOG.info("the API server cannot serve %s at version %s (%s); listing them %s",
+                     self.kind, self.version or "0", exc,
+                     "consistently" if step.consistent else "again at that version")
+        elif kind in (failures.YOUNG, failures.UNFINISHED, failures.SILENT):
+            LOG.info("the %s %s; asking again", self.kind, {
+                failures.YOUNG: "watch ended at once without news",
+                failures.UNFINISHED: "WatchList ended before its initial events did",
+                failures.SILENT: "stream sent nothing within its time"}[kind])
+        elif exc is not None and kind != failures.NO_WATCH_LIST:
+            self._report(exc)
+        if step.stale:
+            self._stale()
+        if watched:
+            self._count_reopen(step.cause)
+        return Outcome(kind, step.cause, watched, retry_after_of(exc) if exc else None)
 
     def _count_reopen(self, cause: str) -> None:
         with self.state.cond:
@@ -205,10 +216,22 @@ class Reflector:
             self.state.reopens[key] = self.state.reopens.get(key, 0) + 1
 
     def _pause(self, seconds: float) -> None:
-        """Wait; :meth:`WatchState.stop` or a reader's wake-up ends it early."""
-        wake = self.state.wake[self.kind]
-        wake.wait(seconds)
-        wake.clear()
+        """Wait ``seconds``. :meth:`WatchState.stop` ends it; a reader that found the API
+        answering (:meth:`multusd.kube.client.KubeClient.get_nad`) ends it early, a
+        Retry-After's too, but once per run of failures (:attr:`Delays.streak`, which only a
+        calm period starts anew): a reader's wake-up adds at most one request per run, it
+        cannot make a loop."""
+        wake, stopping = self.state.wake[self.kind], self.state.stopping
+        wake.clear()  # a wake-up from before this failure says nothing about it
+        end = time.monotonic() + seconds
+        while not stopping.is_set():
+            left = end - time.monotonic()
+            if left <= 0 or not wake.wait(left):
+                return
+            wake.clear()
+            if self._woken != self.delays.streak:
+                self._woken = self.delays.streak
+                return
 
     def _stale(self) -> None:
         with self.state.cond:
@@ -249,12 +272,7 @@ class Reflector:
                 if first:  # once per process: both reflectors read the same server
                     LOG.info("the API server does not stream lists (WatchList): %s; listing, "
                              "then watching, from now on", exc)
-            except TooLarge as exc:
-                if not self.need_list:
-                    raise  # the watch that followed the initial events: as any watch
-                LOG.info("the API server cannot stream %s at version %s (%s); listing them "
-                         "consistently", self.kind, self.version, exc)
-                self.version_unavailable = True
+                raise  # a failure as any: the LIST follows after the backoff's wait
         self._list()
         return self._watch()
 
@@ -276,21 +294,23 @@ class Reflector:
             self.state.cond.notify_all()
         self.version = version
         self.need_list = False
+        self.version_unavailable = False
 
     def _list(self) -> None:
-        """List into the store (replacing it) and remember the list's version."""
+        """List into the store (replacing it) and remember the list's version. A version the
+        server cannot serve (410, too large) is listed from the current state at once, as
+        client-go's ``list`` does: another request, never the same one again."""
         wanted = "" if self.version_unavailable else (self.version or "0")
         try:
             fresh, version = self._read_pages(wanted)
         except self.config.request_errors() as exc:
-            if wanted == "" or not (gone(exc) or too_large_error(exc)):
+            if wanted == "" or failures.kind_of(exc) not in (failures.EXPIRED,
+                                                            failures.TOO_LARGE):
                 raise
             LOG.info("the API server cannot list %s at version %s (%s); listing them "
                      "consistently", self.kind, wanted, getattr(exc, "status", exc))
-            self.version_unavailable = True
-            wanted = ""
+            self.version_unavailable, wanted = True, ""
             fresh, version = self._read_pages(wanted)
-        self.version_unavailable = False
         self._install(fresh, version)
         LOG.debug("listed %d %s at version %s (asked for %s)", len(fresh), self.kind, version,
                   repr(wanted) if wanted else "a consistent read")
@@ -332,7 +352,6 @@ class Reflector:
             data = json.loads(response.data)
         finally:
             response.release_conn()
-        self.backoff.reset()  # the first answer ends the backoff
         return data if isinstance(data, dict) else {}
 
     # ---- watches -------------------------------------------------------------------------------
@@ -343,12 +362,13 @@ class Reflector:
         return (timeout_seconds or WATCH_TIMEOUT_SECONDS[1]) + WATCH_SILENCE_MARGIN
 
     def _watch(self, initial: bool = False) -> str:
-        """Follow one watch stream until it ends: "ended" by the server, or "silence".
+        """Follow one watch stream until the server ends it ("ended").
 
         With ``initial`` it is a WatchList: its initial events build a fresh state that
         replaces the store when the bookmark that ends them arrives (:meth:`_initial`), and
         the stream goes on as the watch. :raises NoWatchList: the server does not stream
-        lists (see the module docstring)."""
+        lists (see the module docstring); :raises IdleTimeout: the stream fell silent (a
+        WatchList: no end of its initial events in time, where WatchLists worked before)."""
         state = self.state
         timeout_seconds = random.randint(*WATCH_TIMEOUT_SECONDS)
         query: Dict[str, Any] = {"watch": True}
@@ -368,7 +388,6 @@ class Reflector:
                 raise NoWatchList(f"{self.what}: answered {answer(exc)}") from exc
             raise
         self._opened = time.monotonic()
-        self.backoff.reset()
         with state.cond:
             state.open_watches[self.kind] = response
             self._recovered()
@@ -392,13 +411,9 @@ class Reflector:
                     response.set_read_timeout(silence)
             completed = True
         except IdleTimeout:
-            if state.stopping.is_set():
-                raise
-            if fresh is not None:
-                return self._no_end()
-            LOG.info("the %s watch sent nothing for %.0fs; resuming it from version %s",
-                     self.kind, silence, self.version)
-            return "silence"
+            if fresh is not None and not state.stopping.is_set():
+                self._no_end()
+            raise
         finally:
             with state.cond:
                 state.open_watches.pop(self.kind, None)
@@ -406,6 +421,8 @@ class Reflector:
                 response.release_conn()  # a cleanly ended stream leaves a reusable connection
             else:
                 response.close()
+        if fresh is not None:  # ended cleanly before its initial events did
+            raise Unfinished(f"{self.what}: the WatchList ended before its initial events did")
         return "ended"
 
     def _initial(self, event: Obj, fresh: Dict[Key, Any]) -> bool:
@@ -438,29 +455,30 @@ class Reflector:
         self.initial_events += 1  # a bookmark without the annotation counts, changes nothing
         return False
 
-    def _no_end(self) -> str:
+    def _no_end(self) -> None:
         """A WatchList without its end bookmark in time: a server that ignores
         ``sendInitialEvents`` (:class:`NoWatchList`), or, where WatchLists worked before, a
-        stream that stalled ("silence": the next round asks again)."""
+        stream that stalled (the caller raises IdleTimeout: the next round asks again)."""
         with self.state.cond:
             worked = self.state.watch_list is True
         if not worked:
             raise NoWatchList(f"{self.what}: no bookmark ending the initial events within "
                               f"{self.list_end_wait:g}s (it ignores sendInitialEvents)")
-        LOG.info("the %s WatchList did not end its initial events within %gs; asking "
-                 "again", self.kind, self.list_end_wait)
-        return "silence"
 
     def _apply(self, event: Obj) -> None:
         etype, obj = event.get("type"), event.get("object") or {}
         if etype == "ERROR":
             code, message = int(obj.get("code") or 500), str(obj.get("message", ""))
+            error: Exception
             if too_large(obj):
-                raise TooLarge(message or f"ERROR event {code}")
-            if code == 410:
-                raise Expired(message or f"ERROR event {code}")
-            error = WatchError(code, message, str(obj.get("reason", "")))
-            error.retry_after = (obj.get("details") or {}).get("retryAfterSeconds")
+                error = TooLarge(message or f"ERROR event {code}")
+            elif code == 410:
+                error = Expired(message or f"ERROR event {code}")
+            else:
+                error = WatchError(code, message, str(obj.get("reason", "")))
+            # the Status's retryAfterSeconds, by the one rule of a Retry-After
+            error.retry_after = retry_after_seconds(  # type: ignore[attr-defined]
+                (obj.get("details") or {}).get("retryAfterSeconds"))
             raise error
         self._news = True
         new_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")

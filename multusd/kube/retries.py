@@ -1,21 +1,36 @@
-"""When a request to the API server is sent again: transient answers, Retry-After, jittered backoff.
+"""When the API server is asked again after a failure: one backoff, one Retry-After rule.
 
-Every node runs multusd, so what one node does after a transient answer, thousands do at once
-(architecture invariant 9). API Priority and Fairness sheds load with 429 and ``Retry-After``;
-a rolling API-server restart behind a load balancer shows as 502/503/504, refused
-connections, resets and TLS connections closed without an answer. None of these should fail
-an ADD that has time left, and none may be answered by sending everything again at once.
+Every node runs multusd, so what one node does after a failure, thousands do at once
+(architecture invariant 9). This module states the rule once:
 
-client-go's rest client (``rest/request.go``, ``rest/with_retry.go``) is the reference. Its
-``IsNextRetry`` resends a request up to ``maxRetries`` (10) times when ``checkWait`` finds a
-429 or a 5xx *with* an integer ``Retry-After`` (every verb: the server asked for it), waiting
-that many seconds; and, through ``isErrRetryableFunc``, a GET (no other verb) whose connection
-was reset or hit EOF, after an artificial ``Retry-After: 1``. Here (:func:`status_cause`,
-:func:`connection_cause`, :class:`Attempts`; :class:`Backoff` for the reflectors' own loop):
+* :class:`BackoffPolicy`, a value: the wait after the n-th failure in a row is
+  ``initial * factor**n`` capped at ``cap``, times a random factor in ``[1, 1 + jitter)``,
+  never less than the server's ``Retry-After`` (a floor, never a bypass; jittered upwards by up
+  to :data:`RETRY_AFTER_JITTER`, so a fleet told "1" does not come back in the same
+  millisecond). :data:`API_SERVER` is client-go's reflector curve (0.8 s doubling to 30 s,
+  jitter 1.0: each wait in ``[d, 2d)``), for every way back to the server of a loop that never
+  gives up (the reflectors); :data:`REQUEST` the one for the retries inside one request's
+  deadline (:class:`Attempts`);
+* :class:`Delays`, the state of a policy for one loop (its clock injected): it counts the
+  failures in a row, and only a calm period (:attr:`BackoffPolicy.calm`, 120 s with no failure:
+  the rule of apimachinery's ``NewExponentialBackoffManager``, not the sawtooth of the
+  ``backoffManager`` that resets two minutes after its previous reset) starts the curve again.
+  An answer does not: a server that answers and then fails at once is still failing;
+* :func:`retry_after_seconds`: the one parser of ``Retry-After`` (delta-seconds or an
+  HTTP-date; a Status's ``retryAfterSeconds`` by the same rule), capped at
+  :data:`RETRY_AFTER_MAX`; :func:`retry_after_of` reads it off an error answer or ERROR event.
+
+What a request sends again inside its deadline (:func:`status_cause`,
+:func:`connection_cause`, :class:`Attempts`) follows client-go's rest client
+(``rest/request.go``, ``rest/with_retry.go``). Its ``IsNextRetry`` resends a request up to
+``maxRetries`` (10) times when ``checkWait`` finds a 429 or a 5xx *with* an integer
+``Retry-After`` (every verb: the server asked for it), waiting that many seconds; and, through
+``isErrRetryableFunc``, a GET (no other verb) whose connection was reset or hit EOF, after an
+artificial ``Retry-After: 1``. Here:
 
 * 429, and a 5xx with ``Retry-After``: every verb, as client-go; ``Retry-After`` as
-  delta-seconds or an HTTP-date (client-go reads only seconds), waited for in full plus up to
-  20% jitter, so that a fleet told "1" does not come back in the same millisecond;
+  delta-seconds or an HTTP-date (client-go reads only seconds), waited for in full (the floor
+  above);
 * 500/502/503/504 without ``Retry-After``: GET and PUT (client-go: no retry). A load
   balancer in front of a restarting API server answers without ``Retry-After``, and a failed
   ADD costs the cluster more (the kubelet tears the sandbox down and starts again) than one
@@ -27,7 +42,7 @@ was reset or hit EOF, after an artificial ``Retry-After: 1``. Here (:func:`statu
   one PUT multusd sends is ``pods/<name>/status`` with the pod's resourceVersion: if the
   first one had been applied, the resent one answers 409 and :mod:`multusd.kube.status`
   reads the pod again and finds the annotation written. An event POST is not resent;
-* the wait: jittered exponential backoff (0.125-0.25 s, doubling to 2-4 s), never less than
+* the wait: :data:`REQUEST` (0.125-0.25 s, doubling to 2-4 s), never less than
   ``Retry-After`` (client-go waits a fixed 1 s after a connection error, in lockstep);
 * bounded by the caller's deadline (its CNI request's, a ``time.monotonic()`` instant): no
   wait that would end past it, and no retry is started with less than :data:`MIN_ATTEMPT`
@@ -43,15 +58,21 @@ import random
 import ssl
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 from multusd.kube.connections import TunnelError
 
 MAX_RETRIES = 10  # client-go's default maxRetries
+# the steps of REQUEST: its n-th wait lies in [BACKOFF_FIRST, 2 BACKOFF_FIRST) / 2 * 2**n, up to
+# [BACKOFF_MAX / 2, BACKOFF_MAX)
 BACKOFF_FIRST = 0.25
 BACKOFF_MAX = 4.0
-RETRY_AFTER_JITTER = 0.2
+RETRY_AFTER_JITTER = 0.2  # a Retry-After is waited for in full plus up to this share of it
+# the longest Retry-After honoured: no request deadline is longer (the kubelet's CRI call gives
+# up at 2 min), and a reflector that waited longer would outwait the calm period
+RETRY_AFTER_MAX = 120.0
 MIN_ATTEMPT = 0.05  # seconds an attempt needs at least; less left: give up instead
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
@@ -63,14 +84,19 @@ CAUSES = ("429", "500", "502", "503", "504", "5xx", "refused", "reset", "closed"
           "proxy")
 
 
-def retry_after_seconds(value: Optional[str]) -> Optional[float]:
-    """A ``Retry-After`` header as seconds from now: delta-seconds or an HTTP-date; None if
-    absent or unreadable."""
-    if value is None:
+def retry_after_seconds(value: Union[str, int, float, None]) -> Optional[float]:
+    """Seconds from now a server asked a client to wait, capped at :data:`RETRY_AFTER_MAX`;
+    None if absent or unreadable.
+
+    A header's text is delta-seconds (digits only) or an HTTP-date (in the past: 0); a number
+    (a Status's ``details.retryAfterSeconds``) is seconds. Negative values are unreadable."""
+    if value is None or isinstance(value, bool):
         return None
-    text = value.strip()
+    if isinstance(value, (int, float)):
+        return None if value < 0 or value != value else min(float(value), RETRY_AFTER_MAX)
+    text = str(value).strip()
     if text.isdigit():
-        return float(text)
+        return min(float(text), RETRY_AFTER_MAX)
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):  # 3.9 raises TypeError, 3.10+ ValueError
@@ -79,7 +105,104 @@ def retry_after_seconds(value: Optional[str]) -> Optional[float]:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+    seconds = (when - datetime.now(timezone.utc)).total_seconds()
+    return min(max(0.0, seconds), RETRY_AFTER_MAX)
+
+
+def retry_after_of(answer: BaseException) -> Optional[float]:
+    """Seconds an error answer or ERROR event asked for (:func:`retry_after_seconds`): its
+    ``Retry-After`` header, else what it carries as ``retry_after``, else its Status's
+    ``details.retryAfterSeconds``; None if it asked for nothing."""
+    for name, text in (getattr(answer, "headers", None) or {}).items():
+        if name.lower() == "retry-after":
+            return retry_after_seconds(text)
+    seconds = retry_after_seconds(getattr(answer, "retry_after", None))
+    if seconds is not None:
+        return seconds
+    status_object = getattr(answer, "status_object", None)
+    status: Any = status_object() if callable(status_object) else {}
+    details = status.get("details") if isinstance(status, dict) else None
+    if isinstance(details, dict):
+        return retry_after_seconds(details.get("retryAfterSeconds"))
+    return None
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    """A backoff curve, as a value (see the module docstring).
+
+    :param initial: the first step, in seconds.
+    :param cap: the largest step.
+    :param factor: each failure in a row multiplies the step by this.
+    :param jitter: a wait is its step times a random factor in ``[1, 1 + jitter)``.
+    :param calm: seconds with no failure after which the curve starts again.
+    """
+
+    initial: float
+    cap: float
+    factor: float = 2.0
+    jitter: float = 1.0
+    calm: float = 120.0
+
+    def step(self, failures: int) -> float:
+        """The step after ``failures`` earlier failures in a row (0: :attr:`initial`)."""
+        return min(self.cap, self.initial * self.factor ** min(max(failures, 0), 64))
+
+    def wait(self, failures: int, at_least: Optional[float] = None,
+             rand: Callable[[], float] = random.random) -> float:
+        """The wait after ``failures`` earlier failures in a row: the step, jittered; never
+        less than ``at_least`` (a Retry-After: capped at :data:`RETRY_AFTER_MAX`, jittered
+        upwards by up to :data:`RETRY_AFTER_JITTER`)."""
+        wait = self.step(failures) * (1.0 + self.jitter * rand())
+        if at_least is not None and at_least > 0:
+            floor = min(at_least, RETRY_AFTER_MAX) * (1.0 + RETRY_AFTER_JITTER * rand())
+            wait = max(wait, floor)
+        return wait
+
+    def delays(self, clock: Callable[[], float] = time.monotonic,
+               rand: Callable[[], float] = random.random) -> "Delays":
+        """A fresh state of this curve for one loop."""
+        return Delays(self, clock, rand)
+
+
+# client-go's reflector (NewReflectorWithOptions): every way back to the API server of a loop
+# that never gives up (invariant 9)
+API_SERVER = BackoffPolicy(initial=0.8, cap=30.0, factor=2.0, jitter=1.0, calm=120.0)
+# the retries inside one request's deadline (Attempts): 0.125-0.25 s doubling to 2-4 s; a
+# request's state lives as long as the request, so calm never comes into play
+REQUEST = BackoffPolicy(initial=BACKOFF_FIRST / 2, cap=BACKOFF_MAX / 2, factor=2.0, jitter=1.0,
+                        calm=float("inf"))
+
+
+class Delays:
+    """The state of one :class:`BackoffPolicy` in one loop: failures in a row, the last one.
+
+    Call :meth:`next` on every failure, whatever came before it; nothing but a calm period
+    (no failure for :attr:`BackoffPolicy.calm` seconds) starts the curve again.
+    """
+
+    def __init__(self, policy: BackoffPolicy, clock: Callable[[], float] = time.monotonic,
+                 rand: Callable[[], float] = random.random) -> None:
+        self.policy = policy
+        self._clock, self._rand = clock, rand
+        self.failures = 0  # failures in a row since the curve (re)started
+        self.streak = 0  # how many times the curve (re)started: one per run of failures
+        self._last: Optional[float] = None  # when the last failure was
+
+    def calm(self) -> bool:
+        """No failure yet, or none for the calm period: the next one starts the curve again."""
+        return self._last is None or self._clock() - self._last >= self.policy.calm
+
+    def next(self, at_least: Optional[float] = None) -> float:
+        """A failure happened now: the seconds to wait before the next attempt (never less
+        than ``at_least``, the server's Retry-After)."""
+        if self.calm():
+            self.failures = 0
+            self.streak += 1
+        wait = self.policy.wait(self.failures, at_least, self._rand)
+        self.failures += 1
+        self._last = self._clock()
+        return wait
 
 
 def status_cause(method: str, status: int, retry_after: Optional[float]) -> Optional[str]:
@@ -147,35 +270,15 @@ class Attempts:
         return self.deadline - self._clock()
 
     def pause(self, retry_after: Optional[float] = None) -> Optional[float]:
-        """Seconds to wait before the next attempt, or None if none fits (count, deadline)."""
+        """Seconds to wait before the next attempt (:data:`REQUEST`, ``retry_after`` a floor),
+        or None if none fits (count, deadline)."""
         if self.retries >= self.max_retries:
             return None
-        step = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** self.retries)
-        delay = step / 2 + random.uniform(0, step / 2)
-        if retry_after is not None:
-            delay = max(delay, retry_after * random.uniform(1.0, 1.0 + RETRY_AFTER_JITTER))
+        delay = REQUEST.wait(self.retries, retry_after)
         if delay + MIN_ATTEMPT > self.left():
             return None  # honoured, it would end past the deadline: fail now, not later
         self.retries += 1
         return delay
-
-
-class Backoff:
-    """Exponential backoff with jitter between the attempts of a loop that never gives up (a
-    reflector's): each delay at random between half and all of the current step, so that
-    many nodes spread out; the step doubles up to ``maximum`` and is reset after a success."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial, self.maximum = initial, maximum
-        self.current = initial
-
-    def next(self) -> float:
-        delay = self.current * random.uniform(0.5, 1.0)
-        self.current = min(self.current * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self.current = self.initial
 
 
 class RetryCounts:

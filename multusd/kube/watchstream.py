@@ -7,8 +7,9 @@
   ResourceVersionTooLarge, also as an ERROR event); :func:`gone`, :func:`too_large`,
   :func:`too_large_error` tell them from an answer;
 * :func:`retry_after`: how long the server asked a client to wait (``Retry-After``, or the
-  Status's ``retryAfterSeconds``), capped at :data:`RETRY_AFTER_MAX` and jittered;
-  :func:`answer`: the status and message of an error answer, for a log line;
+  Status's ``retryAfterSeconds``), by :mod:`multusd.kube.retries`' one rule (capped at
+  :data:`RETRY_AFTER_MAX`); :func:`answer`: the status and message of an error answer, for a
+  log line;
 * :class:`WatchState`: what the reflectors of one server share with their readers (the lock,
   sync flags, failures, counts, and whether the server streams lists).
 """
@@ -16,14 +17,15 @@
 from __future__ import annotations
 
 import json
-import random
 import socket
 import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from multusd.kube import retries
+
 Obj = Dict[str, Any]
 
-RETRY_AFTER_MAX = 60.0
+RETRY_AFTER_MAX = retries.RETRY_AFTER_MAX
 
 
 class Expired(Exception):
@@ -66,24 +68,10 @@ def gone(exc: BaseException) -> bool:
 
 
 def retry_after(exc: BaseException) -> Optional[float]:
-    """Seconds the server asked us to wait (Retry-After, or the Status's retryAfterSeconds),
-    with a little jitter so that the nodes it told the same do not come back together."""
-    value: Any = None
-    headers = getattr(exc, "headers", None) or {}
-    for name, text in headers.items():
-        if name.lower() == "retry-after":
-            value = text
-    if value is None:
-        value = getattr(exc, "retry_after", None)
-    if value is None:
-        value = (status_of(exc).get("details") or {}).get("retryAfterSeconds")
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        return None  # absent, or an HTTP date (kube-apiserver sends seconds)
-    if seconds <= 0:
-        return None
-    return min(seconds, RETRY_AFTER_MAX) * random.uniform(1.0, 1.2)
+    """Seconds the server asked us to wait (``Retry-After``, or the Status's
+    ``retryAfterSeconds``): :func:`multusd.kube.retries.retry_after_of`, the one rule. The
+    jitter is the backoff's (:meth:`multusd.kube.retries.BackoffPolicy.wait`)."""
+    return retries.retry_after_of(exc)
 
 
 def watch_events(response: Any) -> Iterator[Obj]:

@@ -1,4 +1,5 @@
-"""multusd.kube.retries: what is sent again, Retry-After, and the waits inside the deadline."""
+"""multusd.kube.retries: what is sent again, Retry-After, the waits inside the deadline, and the
+one backoff curve of every way back to the API server."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from multusd.kube import retries
 from multusd.kube.connections import TunnelError
 from multusd.kube.retries import ANSWER, CONNECT, SEND, Attempts
+from multusd.kube.transport import ApiError
 
 
 class Clock:
@@ -122,3 +124,67 @@ def test_retry_counts_are_kept_by_cause():
     snapshot = counts.snapshot()
     counts.add("reset")
     assert snapshot == {"503": 2, "429": 1}
+
+
+# ---- the one Retry-After rule, the one backoff --------------------------------------------------
+
+@pytest.mark.parametrize("value,seconds", [
+    (3, 3.0), (0, 0.0), (True, None), (-2, None), (float("nan"), None),
+    ("86400", retries.RETRY_AFTER_MAX), (10 ** 9, retries.RETRY_AFTER_MAX),
+])
+def test_retry_after_from_a_status_is_seconds_by_the_same_rule_and_capped(value, seconds):
+    assert retries.retry_after_seconds(value) == seconds
+
+
+def test_a_far_http_date_is_capped():
+    value = email.utils.formatdate(time.time() + 3600, usegmt=True)
+    assert retries.retry_after_seconds(value) == retries.RETRY_AFTER_MAX
+
+
+def test_the_api_server_curve_is_client_gos_reflector():
+    policy = retries.API_SERVER
+    assert (policy.initial, policy.factor, policy.cap, policy.jitter, policy.calm) == \
+        (0.8, 2.0, 30.0, 1.0, 120.0)
+    assert [policy.step(n) for n in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    assert policy.step(10 ** 6) == 30.0  # a year of failures does not overflow
+    assert policy.wait(0, rand=lambda: 0.0) == 0.8
+    assert policy.wait(0, rand=lambda: 0.999999) < 1.6  # [d, 2d)
+
+
+def test_retry_after_is_a_floor_never_a_bypass():
+    policy = retries.API_SERVER
+    assert policy.wait(0, at_least=5.0, rand=lambda: 0.0) == 5.0
+    assert policy.wait(0, at_least=5.0, rand=lambda: 0.5) == 5.0 * (1 + retries.RETRY_AFTER_JITTER
+                                                                     * 0.5)
+    assert policy.wait(5, at_least=1.0, rand=lambda: 0.0) == 25.6  # the curve, if longer
+    assert policy.wait(0, at_least=10 ** 6, rand=lambda: 0.0) == retries.RETRY_AFTER_MAX
+
+
+def test_the_request_curve_keeps_the_numbers_attempts_always_had():
+    for n in range(12):
+        step = min(retries.BACKOFF_MAX, retries.BACKOFF_FIRST * 2 ** n)
+        assert retries.REQUEST.wait(n, rand=lambda: 0.0) == step / 2
+        assert step / 2 <= retries.REQUEST.wait(n) < step
+
+
+def test_delays_count_a_run_of_failures_and_only_calm_ends_it():
+    clock = Clock()
+    delays = retries.API_SERVER.delays(clock=clock)
+    assert delays.calm() and delays.failures == 0 and delays.streak == 0
+    for _ in range(3):
+        delays.next()
+        clock.now += 100.0  # answers in between change nothing
+    assert (delays.failures, delays.streak) == (3, 1) and not delays.calm()
+    clock.now += 20.0  # 120 s after the last failure
+    assert delays.calm()
+    assert 0.8 <= delays.next() < 1.6 and (delays.failures, delays.streak) == (1, 2)
+
+
+def test_retry_after_of_reads_the_header_then_the_status():
+    header = ApiError(429, "Too Many Requests", '{"details":{"retryAfterSeconds":9}}',
+                      {"Retry-After": "2"})
+    assert retries.retry_after_of(header) == 2.0
+    body = ApiError(503, "Unavailable", '{"details":{"retryAfterSeconds":9}}')
+    assert retries.retry_after_of(body) == 9.0
+    assert retries.retry_after_of(ApiError(503, "Unavailable", "not json")) is None
+    assert retries.retry_after_of(ConnectionRefusedError(111, "refused")) is None

@@ -18,6 +18,16 @@ from multusd.kube.watchstream import WatchState
 from multusd.kube.transport import ApiError
 from testlib import wait_for
 
+
+class FakeClock:
+    """A clock the test moves (the backoff's state takes its clock as a parameter)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
 NS = "default"
 NAD_CONFIG = '{"cniVersion":"1.0.0","name":"net1","type":"bridge"}'
 FALLBACK = "does not stream lists"  # the one log line of a fallback
@@ -213,17 +223,18 @@ def test_a_watch_the_server_refuses_with_retry_after_waits_that_long(kube_api, r
     assert nads.reopens("error") == 1
 
 
-def test_the_first_answer_after_an_outage_resets_the_backoff(kube_api, run):
+def test_an_outage_steps_the_one_backoff_and_the_first_answer_does_not_reset_it(kube_api, run):
     nads = run()
     assert nads.synced() and kube_api.wait_for_watchers(1)
-    kube_api.stop()
-    wait_for(lambda: nads.reflector.backoff.current >= 1.0, timeout=15,
-             what="failed attempts to grow the backoff")
+    delays = nads.reflector.delays
+    assert delays.failures == 0
+    kube_api.stop()  # the watch is cut, then every attempt is refused
+    wait_for(lambda: delays.failures >= 3, timeout=15, what="failures to step the curve")
     kube_api.start()
-    wait_for(lambda: nads.reflector.backoff.current == reflector_mod.BACKOFF_INITIAL,
-             timeout=15, what="the first answer to reset the backoff")
-    assert kube_api.wait_for_watchers(1)
-    assert nads.reopens("connection") >= 2
+    assert kube_api.wait_for_watchers(1, timeout=30)
+    # the server answers again: the curve stays where the outage left it (only calm resets it)
+    assert delays.failures >= 3 and not delays.calm()
+    assert nads.reopens("connection") >= 3
     assert len(nads.watch_lists()) == 1 and nads.lists() == []
 
 
@@ -241,18 +252,22 @@ def test_a_silent_stream_is_resumed_from_its_version(kube_api, run):
     assert len(nads.watch_lists()) == 1 and nads.lists() == []
 
 
-def test_backoff_doubles_to_its_cap_with_jitter_and_resets():
-    backoff = retries.Backoff(0.25, 4.0)
-    steps = []
-    for _ in range(8):
-        step = backoff.current
-        delay = backoff.next()
-        assert step / 2 <= delay <= step  # at random in the second half of the step
-        steps.append(step)
-    assert steps == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
-    backoff.reset()
-    assert backoff.current == 0.25
-    assert len({round(retries.Backoff(4.0, 4.0).next(), 6) for _ in range(50)}) > 10
+def test_the_reflectors_backoff_is_client_gos_curve_reset_only_by_calm():
+    clock = FakeClock()
+    delays = retries.API_SERVER.delays(clock=clock)
+    steps = [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    for step in steps:
+        wait = delays.next()
+        assert step <= wait < 2 * step  # jitter 1.0: each wait in [d, 2d)
+        clock.now += min(wait + 50.0, 119.0)  # then an answer, a watch that lived: not calm
+    last = clock.now
+    assert 30.0 <= delays.next() < 60.0
+    clock.now = last + retries.API_SERVER.calm - 1.0  # 119 s after the last failure
+    assert not delays.calm() and 30.0 <= delays.next() < 60.0
+    clock.now += retries.API_SERVER.calm  # two minutes with no failure: the curve starts again
+    assert delays.calm() and 0.8 <= delays.next() < 1.6
+    waits = {round(retries.API_SERVER.delays().next(), 6) for _ in range(50)}
+    assert len(waits) > 10  # jittered: the nodes of a cluster spread out
 
 
 def test_retry_after_comes_from_the_header_or_the_status():
