@@ -15,7 +15,7 @@ KUBERNETES_NEWEST := 37.0.2
 NEWEST  := .venv-newest
 NEWEST_STAMP := $(NEWEST)/.installed
 
-.PHONY: all setup setup-newest run test test-newest bench soak burst fleet packages clean
+.PHONY: all setup setup-newest run test test-newest bench soak burst fleet fleet-recovery packages clean
 
 all: test
 
@@ -79,12 +79,18 @@ burst: setup
 		$(if $(UPSTREAM_BIN),--upstream-bin $(UPSTREAM_BIN))
 
 # FLEET_NODES daemons as that many nodes against one API server holding 20,000 pods: each node's
-# requests and bytes at start, per idle hour and after a restart (bench/fleet.py, ~13 min);
-# UPSTREAM_BIN=DIR runs upstream's multus-daemon as a second fleet beside them.
+# requests and bytes at start, per idle hour and after a restart, then the recovery after an
+# outage and an ERROR storm (bench/fleet.py, ~25 min); UPSTREAM_BIN=DIR runs upstream's
+# multus-daemon as another fleet beside them (several directories: v4.3.0 and v4.2.4, one fleet
+# each). fleet-recovery runs only the recovery, RECOVERY_NODES per fleet (~13 min).
 FLEET_NODES ?= 50
+RECOVERY_NODES ?= 20
 fleet: setup
 	$(PYTHON) bench/fleet.py --nodes $(FLEET_NODES) \
-		$(if $(UPSTREAM_BIN),--upstream-bin $(UPSTREAM_BIN))
+		$(foreach dir,$(UPSTREAM_BIN),--upstream-bin $(dir))
+fleet-recovery: setup
+	$(PYTHON) bench/fleet.py --recovery --nodes $(RECOVERY_NODES) \
+		$(foreach dir,$(UPSTREAM_BIN),--upstream-bin $(dir))
 
 # dist/multusd_<version>_all.deb and dist/multusd-<version>.noarch.rpm (version: pyproject.toml)
 packages: setup

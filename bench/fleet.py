@@ -27,11 +27,20 @@ ledger, tests/kubeclients.py: the user each node's token names). Per node:
 ``--upstream-bin DIR`` (repeatable: one fleet per directory, e.g. v4.3.0 and v4.2.4) runs
 upstream's ``multus-daemon`` the same way beside multusd's fleet (as bench/upstream.py runs
 it). Fleets start one after the other (each fleet all at once, as after an upgrade), then idle
-together and meet the restart together. Prints one JSON line on stdout and the tables on
-stderr; removes everything it made, on Ctrl-C and SIGTERM too. Needs root (upstream's private
-mounts; multusd alone runs without).
+together and meet the restart together.
+
+Then the recovery (bench/fleetrecovery.py): each fleet alone, freshly started, meets an outage
+of the stand-in (``--outage`` s, connections refused, back with a new watch cache) and an
+ERROR storm (``--storm`` s): when each node's first request and first successful LIST came,
+in 1 s buckets, the stand-in's peak requests in flight and the requests in the window after;
+then one node of each fleet through ``--single-rounds`` outages. ``--recovery`` runs only
+that (20 nodes per fleet unless ``--nodes`` says otherwise), ``--no-recovery`` skips it.
+
+Prints one JSON line on stdout and the tables on stderr; removes everything it made, on
+Ctrl-C and SIGTERM too. Needs root (upstream's private mounts; multusd alone runs without).
 
     .venv/bin/python bench/fleet.py [--nodes 50] [--upstream-bin DIR ...] [--quick]
+    .venv/bin/python bench/fleet.py --recovery [--upstream-bin DIR ...]
 """
 
 from __future__ import annotations
@@ -40,53 +49,27 @@ import argparse
 import datetime
 import json
 import os
-import re
 import resource
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import rig  # noqa: F401 - first: puts tests/ on the path
 import fleetnodes
+import fleetrecovery
 import upstream
-from fleetnodes import Node
+from fleetfigures import RESTARTS, node_figures, print_tables, summarise
+from fleetnodes import Node, slug
 from stats import Interrupted, load_average, log, machine
-
-# the per-node columns of the table: (JSON key, heading, width)
-COLUMNS = [("ready_s", "ready s", 7), ("start_requests", "start req", 9),
-           ("start_kb", "start KB", 8), ("start_lists", "lists c/s", 9),
-           ("start_storage_objects", "stor.obj", 8), ("idle_requests_per_h", "idle req/h", 10),
-           ("idle_kb_per_h", "idle KB/h", 9), ("idle_cpu_s_per_h", "CPU s/h", 7),
-           ("restart_requests", "rst req", 7),
-           ("restart_lists", "rst c/s", 7), ("restart_first_list_s", "rst 1st", 7),
-           ("relist_requests", "410 req", 7), ("relist_lists", "410 c/s", 7),
-           ("relist_storage_objects", "410 st.obj", 10), ("relist_first_list_s", "410 1st", 7),
-           ("rss_mb", "RSS MB", 7)]
-# the windows after the start, common to every node: (name, what happened at its start)
-RESTARTS = (("restart", "the stand-in restarted (history kept: watches resume)"),
-            ("relist", "the stand-in restarted and compacted (watches resuming get 410 Gone)"))
-SUMMARY_ROWS = (
-    ("ready_s", "s until ready"), ("start_requests", "requests at start"),
-    ("start_kb", "KB at start"), ("start_cache_lists", "cache LISTs at start"),
-    ("start_storage_lists", "storage LISTs at start"),
-    ("start_storage_objects", "objects read from storage"),
-    ("idle_requests_per_h", "requests per idle hour"), ("idle_kb_per_h", "KB per idle hour"),
-    ("idle_cpu_s_per_h", "daemon CPU s per idle hour"),
-    ("restart_requests", "requests, 30 s after restart"),
-    ("restart_storage_objects", "  objects read from storage"),
-    ("restart_first_list_s", "  first LIST after, s"),
-    ("relist_requests", "requests, 30 s after rst+410"),
-    ("relist_kb", "  KB"), ("relist_storage_objects", "  objects read from storage"),
-    ("relist_first_list_s", "  first LIST after, s"), ("rss_mb", "RSS MB (end of idle)"))
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=50, help="daemons per fleet (default 50)")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="daemons per fleet (default 50; with --recovery 20)")
     parser.add_argument("--pods", type=int, default=20000,
                         help="pods on other nodes (default 20000)")
     parser.add_argument("--pods-per-node", type=int, default=3)
@@ -108,11 +91,31 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "(an etcd without progress requests), ignores it (before 1.19)")
     parser.add_argument("--log-level", default="verbose")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 3 nodes, 2000 pods, 20 NADs, 1 idle minute")
+                        help="a smoke run: 3 nodes, 2000 pods, 20 NADs, 1 idle minute, "
+                             "1 single-node round")
+    recovery = parser.add_argument_group("recovery (bench/fleetrecovery.py)")
+    recovery.add_argument("--recovery", action="store_true",
+                          help="only the recovery: each fleet alone through an outage and an "
+                               "ERROR storm, then the single nodes (no start/idle/restart table)")
+    recovery.add_argument("--no-recovery", action="store_true",
+                          help="only start, idle and the two restarts")
+    recovery.add_argument("--outage", type=float, default=10.0, metavar="S",
+                          help="how long the stand-in stays away (default 10)")
+    recovery.add_argument("--storm", type=float, default=20.0, metavar="S",
+                          help="how long every watch ends with an ERROR event (default 20)")
+    recovery.add_argument("--single-rounds", type=int, default=3, metavar="N",
+                          help="outages and storms met by one node of each fleet (default 3; "
+                               "0: none)")
+    recovery.add_argument("--single-wait", type=float, default=90.0, metavar="S",
+                          help="how long a single node is followed after each (default 90)")
     args = parser.parse_args(argv)
+    if args.nodes is None:
+        args.nodes = 20 if args.recovery else 50
     if args.quick:
         args.nodes, args.pods, args.nads, args.idle_minutes = 3, 2000, 20, 1.0
-        args.other_nodes, args.namespaces = 40, 10
+        args.other_nodes, args.namespaces, args.single_rounds = 40, 10, 1
+    if args.recovery and args.no_recovery:
+        parser.error("--recovery and --no-recovery leave nothing to run")
     args.upstream_bin = [os.path.abspath(d) for d in args.upstream_bin]
     for bin_dir in args.upstream_bin:
         if upstream.DAEMON in upstream.missing(bin_dir):
@@ -120,80 +123,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.no_multusd and not args.upstream_bin:
         parser.error("--no-multusd leaves nothing to run without --upstream-bin")
     return args
-
-
-def slug(label: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
-
-
-def window_figures(prefix: str, window: Dict[str, Any], since: float) -> Dict[str, Any]:
-    """One ledger window as ``<prefix>_*`` figures (first LIST: s after ``since``)."""
-    first = window["first_list"]
-    return {f"{prefix}_requests": window["requests"],
-            f"{prefix}_kb": round(window["bytes"] / 1024, 1),
-            f"{prefix}_lists": f"{window['cache_lists']}/{window['storage_lists']}",
-            f"{prefix}_cache_lists": window["cache_lists"],
-            f"{prefix}_storage_lists": window["storage_lists"],
-            f"{prefix}_storage_objects": window["storage_objects"],
-            f"{prefix}_first_list_s": round(first - since, 2) if first is not None else None,
-            f"{prefix}_by_kind": window["by_kind"]}
-
-
-def node_figures(kube_api, node: Node, settle: float, windows: Dict[str, tuple],
-                 trace: bool = False) -> Dict[str, Any]:
-    """One node's figures from the stand-in's ledger: its own start window, then the common
-    ones (``trace``: every request's time in its window, kind and query too)."""
-    ledger = kube_api.clients
-    end = node.ready + settle if node.ready else float("inf")
-    spans = {"start": (node.launched, end), **windows}
-    seen = {name: ledger.window(node.client, *span) for name, span in spans.items()}
-    row: Dict[str, Any] = {"ready_s": round(node.ready - node.launched, 2) if node.ready
-                           else None}
-    for name, window in seen.items():
-        row.update(window_figures(name, window, spans[name][0]))
-    hours = (windows["idle"][1] - windows["idle"][0]) / 3600
-    row["idle_requests_per_h"] = round(row["idle_requests"] / hours, 1)
-    row["idle_kb_per_h"] = round(row["idle_kb"] / hours, 1)
-    if trace:
-        row["trace"] = {name: [(round(t - spans[name][0], 2), kind, query)
-                               for t, kind, query in window["trace"]]
-                        for name, window in seen.items()}
-    return row
-
-
-def summarise(rows: List[Dict[str, Any]], hours: float) -> Dict[str, Any]:
-    """Median, min, max and total of each number over a fleet's nodes; request kinds per node
-    (per node and hour for the idle window)."""
-    out: Dict[str, Any] = {"nodes": len(rows)}
-    for key in sorted(rows[0]):
-        values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
-        if values and not isinstance(rows[0][key], str):
-            out[key] = {"median": round(statistics.median(values), 2), "min": min(values),
-                        "max": max(values), "total": round(sum(values), 1), "n": len(values)}
-    for window in ("start", "idle") + tuple(name for name, _ in RESTARTS):
-        kinds: Dict[str, float] = {}
-        for row in rows:
-            for kind, count in row[f"{window}_by_kind"].items():
-                kinds[kind] = kinds.get(kind, 0) + count
-        scale = len(rows) * (hours if window == "idle" else 1) or 1
-        out[f"{window}_by_kind_per_node"] = {k: round(v / scale, 2)
-                                             for k, v in sorted(kinds.items())}
-    return out
-
-
-def start_fleet(kube_api, label: str, group: List[Node], args: argparse.Namespace) -> dict:
-    """Every node of one fleet started at once (an upgrade); wait until each is ready."""
-    clock = kube_api.clients.clock
-    log(f"{label}: {len(group)} daemons started at once")
-    launched = clock()
-    for node in group:
-        node.start(clock)
-    late = fleetnodes.wait_all_ready(group, clock, args.start_timeout)
-    ready = [node.ready for node in group if node.ready]
-    out = {"not_ready": late, "all_ready_s": round(max(ready) - launched, 1) if ready else None}
-    log(f"{label}: ready in {out['all_ready_s']} s" + (f"; not ready: {late}" if late else ""))
-    time.sleep(args.settle)  # the start window's tail: measured, not waited on
-    return out
 
 
 def idle(kube_api, nodes: List[Node], minutes: float) -> tuple:
@@ -239,31 +168,52 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
 
     report: Dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(), "options": dict(vars(args))}
+        "machine": machine(), "options": dict(vars(args)), "fleets": {}}
     os.makedirs(os.path.join(workdir, "kubeapi"))
-    kube_api = state["kube_api"] = FakeKubeAPI(os.path.join(workdir, "kubeapi"), tls=True).start()
+    kube_api = state["kube_api"] = FakeKubeAPI(os.path.join(workdir, "kubeapi"), tls=True)
+    kube_api.port = fleetnodes.quiet_port()  # the same port after every restart
+    kube_api.start()
     kube_api.watch_list = args.watch_list
     fleets = ([("multusd", "")] if not args.no_multusd else []) + \
         [(fleetnodes.label_of(d), d) for d in args.upstream_bin]
-    names = {label: [f"{slug(label)}-{i:03d}" for i in range(args.nodes)] for label, _ in fleets}
+    names = {label: [] if args.recovery else [f"{slug(label)}-{i:03d}" for i in range(args.nodes)]
+             for label, _ in fleets}
+    benched = [n for group in names.values() for n in group]
+    if not args.no_recovery:
+        benched += fleetrecovery.all_names([label for label, _ in fleets], args)
     log(f"filling the stand-in API: {args.pods} pods on {args.other_nodes} other nodes, "
-        f"{args.pods_per_node} on each of {args.nodes * len(fleets)} benched nodes, "
-        f"{args.nads} NADs")
+        f"{args.pods_per_node} on each of {len(benched)} benched nodes, {args.nads} NADs")
     started = time.monotonic()
-    report["cluster"] = fleetnodes.populate(
-        kube_api, [n for group in names.values() for n in group], args.pods, args.pods_per_node,
-        args.nads, args.other_nodes, args.namespaces)
+    report["cluster"] = fleetnodes.populate(kube_api, benched, args.pods, args.pods_per_node,
+                                            args.nads, args.other_nodes, args.namespaces)
     report["cluster"]["fill_s"] = round(time.monotonic() - started, 1)
     cluster_conf = fleetnodes.cluster_conf(workdir)
+
+    def make_node(label: str, bin_dir: str, name: str) -> Node:
+        return Node(kube_api, label, name, os.path.join(workdir, name), cluster_conf, bin_dir,
+                    args.log_level)
+
+    if not args.recovery:
+        steady(kube_api, args, fleets, names, make_node, nodes, report)
+        fleetnodes.stop_fleet(nodes)  # each recovery fleet meets the stand-in alone
+    if not args.no_recovery:
+        report["recovery"] = fleetrecovery.run(kube_api, fleets, make_node, nodes, args,
+                                               report["cluster"]["other_pod"])
+    report["machine"]["loadavg_at_end"] = load_average()
+    return report
+
+
+def steady(kube_api, args: argparse.Namespace, fleets: List[Tuple[str, str]],
+           names: Dict[str, List[str]], make_node: fleetrecovery.MakeNode, nodes: List[Node],
+           report: Dict[str, Any]) -> None:
+    """Start, idle and the two restarts, every fleet together (into ``report["fleets"]``)."""
     by_fleet: Dict[str, List[Node]] = {}
-    report["fleets"] = {}
     for label, bin_dir in fleets:
-        group = by_fleet[label] = [
-            Node(kube_api, label, name, os.path.join(workdir, name), cluster_conf, bin_dir,
-                 args.log_level) for name in names[label]]
+        group = by_fleet[label] = [make_node(label, bin_dir, name) for name in names[label]]
         nodes.extend(group)
-        report["fleets"][label] = dict(start_fleet(kube_api, label, group, args),
-                                       bin_dir=bin_dir or None)
+        report["fleets"][label] = dict(
+            fleetnodes.start_fleet(kube_api, label, group, args.start_timeout, args.settle),
+            bin_dir=bin_dir or None)
     window, rss, cpu = idle(kube_api, nodes, args.idle_minutes)
     windows = dict(idle=window, **restarts(kube_api, report["cluster"]["other_pod"],
                                            args.after_restart))
@@ -277,54 +227,6 @@ def run(args: argparse.Namespace, workdir: str, nodes: List[Node], state: Dict[s
             rows.append(row)
         report["fleets"][label]["per_node"] = rows
         report["fleets"][label]["summary"] = summarise(rows, hours)
-    report["machine"]["loadavg_at_end"] = load_average()
-    return report
-
-
-def print_tables(report: Dict[str, Any]) -> None:
-    err = sys.stderr
-    cluster = report["cluster"]
-    print(f"\nfleet benchmark, {report['date']}: {cluster['pods']} pods, {cluster['nads']} NADs; "
-          f"idle {report['idle_minutes_measured']} min; load average "
-          f"{report['machine']['loadavg_at_start'][0]} at start, "
-          f"{report['machine']['loadavg_at_end'][0]} at end", file=err)
-    print("  c/s: LISTs read from the watch cache / from storage; st.obj: the objects etcd "
-          "read for them;\n  rst: the 30 s after a restart; 410: after a restart that also "
-          "compacted; 1st: s to the first LIST", file=err)
-    head = " ".join(f"{title:>{width}}" for _key, title, width in COLUMNS)
-    for label, fleet in report["fleets"].items():
-        late = f"; NOT READY: {fleet['not_ready']}" if fleet["not_ready"] else ""
-        print(f"\n  {label} ({fleet['summary']['nodes']} nodes, all ready in "
-              f"{fleet['all_ready_s']} s{late})", file=err)
-        print(f"  {'node':22} {head}", file=err)
-        for row in fleet["per_node"]:
-            cells = " ".join(f"{str(row.get(key)):>{width}}" for key, _t, width in COLUMNS)
-            print(f"  {row['node']:22} {cells}", file=err)
-    labels = list(report["fleets"])
-    print("\n  per node: median (min-max) over each fleet", file=err)
-    print(f"  {'figure':30}" + "".join(f"{label:>28}" for label in labels), file=err)
-    for key, title in SUMMARY_ROWS:
-        cells = []
-        for label in labels:
-            stats = report["fleets"][label]["summary"].get(key)
-            cells.append(f"{stats['median']} ({stats['min']}-{stats['max']})" if stats else "-")
-        print(f"  {title:30}" + "".join(f"{cell:>28}" for cell in cells), file=err)
-    for window in ("start", "idle") + tuple(name for name, _ in RESTARTS):
-        print(f"\n  {window}: requests by kind per node{' and hour' if window == 'idle' else ''}",
-              file=err)
-        for label in labels:
-            kinds = report["fleets"][label]["summary"][f"{window}_by_kind_per_node"]
-            print(f"    {label}: {json.dumps(kinds).replace(chr(34), '')}", file=err)
-    for label in labels:
-        first = report["fleets"][label]["per_node"][0]
-        print(f"\n  {label}, {first['node']}: its requests (s into the window, kind, query)",
-              file=err)
-        for window, requests in first["trace"].items():
-            for seconds, kind, query in requests[:8]:
-                print(f"    {window:8} {seconds:7.2f}  {kind:16} "
-                      f"{'&'.join(f'{k}={v}' for k, v in query.items())}", file=err)
-            if len(requests) > 8:
-                print(f"    {window:8} ... {len(requests) - 8} more", file=err)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -356,9 +258,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             state["kube_api"].stop()
         shutil.rmtree(workdir, ignore_errors=True)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    print_tables(report)
+    if report["fleets"]:
+        print_tables(report)
+    if "recovery" in report:
+        fleetrecovery.print_recovery(report["recovery"])
     print(json.dumps(report), flush=True)
     failed = [label for label, fleet in report["fleets"].items() if fleet["not_ready"]]
+    failed += [f"{label} ({scenario})" for scenario, fleets in
+               report.get("recovery", {}).get("scenarios", {}).items()
+               for label, fleet in fleets.items() if fleet["not_ready"]]
     return 1 if failed else 0
 
 

@@ -7,14 +7,18 @@ kubeconfig or in-cluster secrets, cniDir and socket directory. multusd runs as p
 (``.venv/bin/multusd serve``, binding its socket itself in the node's directory: no systemd);
 upstream's ``multus-daemon`` runs as bench/upstream.py runs it (in-cluster config from a
 private /run/secrets mount). Neither is ever sent a CNI request: only its API traffic counts.
+:func:`start_fleet` starts a fleet all at once and waits for it, :func:`stop_fleet` stops one,
+:func:`quiet_port` finds the stand-in a port no client connection can take while it is away.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -22,6 +26,7 @@ from typing import Dict, List, Optional
 
 from rig import DAEMON_ARGV  # first: puts tests/ on the path
 from memory import rss_mb
+from stats import log
 from testlib import PLUGIN_DIR
 import upstream
 
@@ -56,6 +61,26 @@ def populate(kube_api, benched: List[str], pods: int, pods_per_node: int, nads: 
             "other_pod": [spaces[0], "app-00000"]}  # on another node: no daemon watches it
 
 
+def quiet_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port below the kernel's ephemeral range. While the stand-in is away, the
+    fleet's daemons connect to its port again and again; a client's connection given that very
+    port as its own source port connects to itself (TCP's simultaneous open), and then holds
+    the port the stand-in must come back on. Outside the ephemeral range no client gets it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.sample(range(max(1025, low // 2), low), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port below {low} for the stand-in API server")
+
+
 def cluster_conf(workdir: str) -> str:
     """The clusterNetwork file every node's config names (never run: no CNI request)."""
     conf_dir = os.path.join(workdir, "net.d")
@@ -66,6 +91,11 @@ def cluster_conf(workdir: str) -> str:
                    "bridge": "fleetbr0", "ipam": {"type": "host-local",
                                                   "subnet": "10.250.0.0/16"}}, handle)
     return path
+
+
+def slug(label: str) -> str:
+    """A fleet's label as a node-name prefix: ``upstream v4.3.0`` -> ``upstream-v4-3-0``."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
 def label_of(bin_dir: str) -> str:
@@ -178,6 +208,23 @@ class Node:
             self.secrets.cleanup()
 
 
+def start_fleet(kube_api, label: str, group: List[Node], timeout: float,
+                settle: float) -> Dict[str, object]:
+    """Every node of one fleet started at once (an upgrade); wait until each is ready, then
+    ``settle`` s (the start window's tail): which nodes were not ready, when all were."""
+    clock = kube_api.clients.clock
+    log(f"{label}: {len(group)} daemons started at once")
+    launched = clock()
+    for node in group:
+        node.start(clock)
+    late = wait_all_ready(group, clock, timeout)
+    ready = [node.ready for node in group if node.ready]
+    out = {"not_ready": late, "all_ready_s": round(max(ready) - launched, 1) if ready else None}
+    log(f"{label}: ready in {out['all_ready_s']} s" + (f"; not ready: {late}" if late else ""))
+    time.sleep(settle)  # measured, not waited on
+    return out
+
+
 def wait_all_ready(nodes: List[Node], clock, timeout: float) -> List[str]:
     """Poll every node until all are ready or ``timeout`` s pass; the names of those not."""
     deadline = time.monotonic() + timeout
@@ -189,13 +236,19 @@ def wait_all_ready(nodes: List[Node], clock, timeout: float) -> List[str]:
     return [node.name for node in waiting]
 
 
-def stop_all(nodes: List[Node]) -> None:
-    """SIGTERM every node at once, wait for each (SIGKILL after the timeout), then remove
-    the in-cluster secrets' mount point (once no daemon's mount namespace holds it)."""
+def stop_fleet(nodes: List[Node]) -> None:
+    """SIGTERM every node at once and wait for each (SIGKILL after the timeout); their
+    secrets stay until :func:`stop_all` (another fleet may still use the mount point)."""
     for node in nodes:
         if node.proc is not None and node.proc.poll() is None:
             node.proc.send_signal(signal.SIGTERM)
     for node in nodes:
         node.stop()
+
+
+def stop_all(nodes: List[Node]) -> None:
+    """SIGTERM every node at once, wait for each (SIGKILL after the timeout), then remove
+    the in-cluster secrets' mount point (once no daemon's mount namespace holds it)."""
+    stop_fleet(nodes)
     for node in nodes:
         node.cleanup()

@@ -44,7 +44,8 @@ of them for a while, sent slowly: the status line late, then a byte every half s
 overloaded server or a congested link does; :attr:`trickled` says how each ended),
 :meth:`fail_connections` (the next connections cut as
 they are accepted, before the request and the TLS handshake), :attr:`connections_accepted`,
-:meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; ``host="::1"`` listens on IPv6
+:meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; :meth:`restart` with ``down_for``
+(an outage: connections refused meanwhile); ``host="::1"`` listens on IPv6
 (the TLS certificate names 127.0.0.1, ::1 and localhost); watch
 expiry: :meth:`expire_watches` (ERROR 410 in open streams; :meth:`fail_watches`: any ERROR
 event), :attr:`expired_as_http` (HTTP 410 at the start of a watch from a compacted version)
@@ -194,6 +195,7 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
         self._denied: set = set()  # (verb, group, resource[/subresource])
         self._generation = 0  # bumped by stop(): watches of an earlier run end
         self._running = False
+        self._resume = threading.Event()  # set: restart(down_for=...) comes back now
         self._watchers = 0  # watch streams open now
         self._expiries = 0  # bumped by expire_watches()/fail_watches(): open watches end ...
         self._expiry: Optional[Obj] = None  # ... with this ERROR event (None: 410 Expired)
@@ -244,6 +246,11 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
         scheme = "https" if self.tls else "http"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def listening(self) -> bool:
+        """Whether it takes connections (False once :meth:`stop` closed its socket)."""
+        return self._httpd is not None
 
     def start(self) -> "FakeKubeAPI":
         """Serve (again) on the same port; the store and its resourceVersions are kept."""
@@ -492,9 +499,14 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
             self._cond.notify_all()
             return self._watchers
 
-    def restart(self, *, lose_history: bool = False, new_watch_cache: bool = False) -> None:
+    def restart(self, *, lose_history: bool = False, new_watch_cache: bool = False,
+                down_for: float = 0.0) -> float:
         """Stop and start on the same port; with ``lose_history`` the API server comes back
         with a new etcd: objects kept, resourceVersions restarted from 1, no watch history.
+        Returns the instant (the ledger's clock) just before it listened again.
+
+        With ``down_for`` it stays away that many seconds first (an API server's restart
+        takes its time: clients meanwhile get connection refused), or until :meth:`resume`.
 
         A watch resuming from a version the new history does not reach gets what
         kube-apiserver sends: an ERROR event "Too large resource version" (code 504, cause
@@ -517,7 +529,16 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
             if new_watch_cache:
                 self._history.compact(self._rv)
                 self._cache_held = None
+        if down_for > 0:
+            self._resume.wait(down_for)  # the outage itself
+        self._resume.clear()
+        back = self.clients.clock()
         self.start()
+        return back
+
+    def resume(self) -> None:
+        """End the outage of a :meth:`restart` with ``down_for`` now."""
+        self._resume.set()
 
     def _store_update(self, kind: str, store: Dict[Key, Obj], old: Obj, new: Obj) -> Obj:
         new["metadata"]["resourceVersion"] = self._bump()
@@ -796,6 +817,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         body = self._read_body()
         generation = self.server.generation  # the run that accepted this connection
+        self.booking: Optional[kubeclients.Request] = None  # this request in the ledger
         with api._cond:
             if generation != api._generation or not api._running:
                 # accepted as the server went away: a crashed server answers nothing
@@ -809,9 +831,10 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 api._cond.wait_for(lambda: not api._blackholed or api._generation != generation)
             peer = self.connection.getpeercert() if api.tls else None
             self.user = api.auth.user_of(self.headers.get("Authorization", ""), peer)
-            self.wfile.client = api.clients.record(  # type: ignore[attr-defined]
+            self.booking = api.clients.record(
                 self.user or f"anonymous {self.headers.get('User-Agent', '')}", self.command,
                 parts.path, query, lambda path: kubeclients.stored_objects(api, path))
+            self.wfile.client = self.booking.client  # type: ignore[attr-defined]
             if self.user is None:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             with api._cond:
@@ -844,6 +867,8 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                                                  **params)
         except ApiError as err:
             self._send_json(err.status["code"], err.status, err.headers)
+        finally:
+            api.clients.served(self.booking)  # cut or failed: no longer in flight either
 
     def _route(self, path: str) -> Tuple[str, Dict[str, str]]:
         path_matched = False
@@ -888,10 +913,12 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-cache, private\r\n{extra}\r\n").encode()
+        self.server.api.clients.answered(self.booking, code)
         if getattr(self, "trickling", None):
             self._trickle(head + body, self.trickling)
-            return
+            return  # served (in the ledger) when the trickle ends: the dispatch's finally
         self.wfile.write(head + body)  # one write: see the module docstring
+        self.server.api.clients.served(self.booking, listed=True)
 
     def _trickle(self, answer: bytes, trickle: Dict[str, Any]) -> None:
         """Send ``answer`` as :meth:`FakeKubeAPI.trickle` says: late, then byte by byte."""
@@ -977,6 +1004,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         if api.expired_as_http and not stream_list and requested not in ("", "0") and \
                 int(requested) < compacted:
             raise ApiError(410, "Gone", f"too old resource version: {requested} ({compacted})")
+        api.clients.answered(self.booking, 200)
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Transfer-Encoding: chunked\r\nCache-Control: no-cache, private\r\n\r\n")
         try:
@@ -1012,6 +1040,8 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                     initial, sent = [], int(requested)
             for etype, obj in initial:
                 self._send_event(etype, obj)
+            # long-running from here on; a WatchList that goes on has delivered the state
+            api.clients.served(self.booking, listed=stream_list and bool(deadline))
             told = sent  # the newest version this watcher was told (an event or a bookmark)
             if deadline and self._storm_ends(kind, selector, type_meta, sent,
                                              bool(initial) or not bookmarks):

@@ -12,13 +12,20 @@ authenticate as, else ``anonymous <User-Agent>``), every request with its time, 
 source, and every byte written back, with its time, so that any window can be summed after
 the fact (:meth:`ClientLedger.window`). :class:`CountingWriter` wraps a connection's writer and
 books what it writes to the request being answered on it.
+
+Each request is also booked when it was served (its answer written whole; a watch once its
+initial events are out, after which it is long-running and no longer counts, as in
+kube-apiserver's max-in-flight and priority-and-fairness seats) and with the status it was
+answered, so a window also says when the client's first successful LIST was served whole
+(``first_listed``), and :meth:`ClientLedger.peak_in_flight` how many requests of a set of
+clients the server was serving at once.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 CACHE, STORAGE, WATCH, OTHER = "cache", "storage", "watch", "other"
 
@@ -41,11 +48,28 @@ def read_source(method: str, query: Dict[str, str]) -> str:
 
 
 class _Client:
-    """One client's requests (time, kind, source, objects read, query) and bytes (time, n)."""
+    """One client's requests and the bytes written back to it (time, n)."""
 
     def __init__(self) -> None:
-        self.requests: List[Tuple[float, str, str, int, Dict[str, str]]] = []
+        self.requests: List[Request] = []
         self.writes: List[Tuple[float, int]] = []
+
+
+class Request:
+    """One booked request: when it came, its kind, source, objects read and query; then the
+    status it was answered and when it was served (``listed``: a LIST or WatchList served whole
+    with its state)."""
+
+    __slots__ = ("time", "kind", "source", "fetched", "query", "client", "status", "served",
+                 "listed")
+
+    def __init__(self, time_: float, kind: str, source: str, fetched: int,
+                 query: Dict[str, str], client: _Client) -> None:
+        self.time, self.kind, self.source, self.fetched = time_, kind, source, fetched
+        self.query, self.client = query, client
+        self.status: Optional[int] = None
+        self.served: Optional[float] = None
+        self.listed = False
 
 
 class ClientLedger:
@@ -57,17 +81,38 @@ class ClientLedger:
         self._clients: Dict[str, _Client] = {}
 
     def record(self, client: str, method: str, path: str, query: Dict[str, str],
-               stored: Callable[[str], int]) -> _Client:
+               stored: Callable[[str], int]) -> Request:
         """Book one request of ``client``; ``stored(path)``: how many objects a storage read
-        of that collection fetches. Returns the client, for :class:`CountingWriter`."""
+        of that collection fetches. Returns the booking (its ``client`` is for
+        :class:`CountingWriter`; :meth:`answered` and :meth:`served` complete it)."""
         collection = method == "GET" and _is_collection(path)
         source = read_source(method, query) if collection else OTHER
         kind = request_kind(method, path, query)
         fetched = stored(path) if source == STORAGE else 0
         with self._lock:
             entry = self._clients.setdefault(client, _Client())
-            entry.requests.append((self.clock(), kind, source, fetched, query))
-        return entry
+            booked = Request(self.clock(), kind, source, fetched, query, entry)
+            entry.requests.append(booked)
+        return booked
+
+    def answered(self, request: Optional[Request], status: int) -> None:
+        """The status line ``request`` got (the first one counts)."""
+        if request is not None:
+            with self._lock:
+                if request.status is None:
+                    request.status = status
+
+    def served(self, request: Optional[Request], listed: bool = False) -> None:
+        """``request`` is no longer in flight: its answer was written, it was cut, or (a watch)
+        its initial events are out. ``listed``: it delivered a LIST's state whole (a LIST
+        answered 200, a WatchList's initial events up to their end)."""
+        if request is None:
+            return
+        with self._lock:
+            if request.served is None:
+                request.served = self.clock()
+                request.listed = listed and request.status == 200 and \
+                    request.source in (CACHE, STORAGE)
 
     def wrote(self, client: Optional[_Client], count: int) -> None:
         if client is not None and count:
@@ -82,22 +127,57 @@ class ClientLedger:
                end: float = float("inf")) -> Dict[str, Any]:
         """What ``client`` asked and got in [start, end): requests (by kind), LISTs by source,
         objects read from storage, response bytes, when the first request and the first LIST
-        came (the ledger's clock), and each request's (time, kind, query) in ``trace``."""
+        came and when the first successful LIST was served whole (``first_listed``: a LIST
+        asked in the window; the ledger's clock; per resource in ``first_listed_by_resource``),
+        and each request's (time, kind, query) in ``trace``."""
         with self._lock:
             entry = self._clients.get(client) or _Client()
-            requests = [r for r in entry.requests if start <= r[0] < end]
+            requests = [r for r in entry.requests if start <= r.time < end]
             sent = sum(n for t, n in entry.writes if start <= t < end)
+            listed = sorted((r.served, r.kind.partition(" ")[0]) for r in requests
+                            if r.listed and r.served is not None)
         by_kind: Dict[str, int] = {}
         sources = {CACHE: 0, STORAGE: 0, WATCH: 0, OTHER: 0}
-        for _t, kind, source, _fetched, _query in requests:
-            by_kind[kind] = by_kind.get(kind, 0) + 1
-            sources[source] += 1
+        for request in requests:
+            by_kind[request.kind] = by_kind.get(request.kind, 0) + 1
+            sources[request.source] += 1
         return {"requests": len(requests), "bytes": sent, "by_kind": by_kind,
                 "cache_lists": sources[CACHE], "storage_lists": sources[STORAGE],
-                "watches": sources[WATCH], "storage_objects": sum(r[3] for r in requests),
-                "first": requests[0][0] if requests else None,
-                "first_list": next((r[0] for r in requests if r[2] in (CACHE, STORAGE)), None),
-                "trace": [(t, kind, query) for t, kind, _s, _f, query in requests]}
+                "watches": sources[WATCH], "storage_objects": sum(r.fetched for r in requests),
+                "first": requests[0].time if requests else None,
+                "first_list": next((r.time for r in requests if r.source in (CACHE, STORAGE)),
+                                   None),
+                "first_listed": listed[0][0] if listed else None,
+                "first_listed_by_resource": {resource: at for at, resource in reversed(listed)},
+                "trace": [(r.time, r.kind, r.query) for r in requests]}
+
+    def listed_since(self, client: str, since: float) -> Dict[str, float]:
+        """Per resource (``pods``, ``nads``), when ``client``'s first successful LIST served
+        at or after ``since`` was served, whenever it was asked (one asked before ``since``
+        and served after it counts: a WatchList under way when an outage or a storm ended)."""
+        with self._lock:
+            entry = self._clients.get(client) or _Client()
+            listed = sorted((r.served, r.kind.partition(" ")[0]) for r in entry.requests
+                            if r.listed and r.served is not None and r.served >= since)
+        return {resource: at for at, resource in reversed(listed)}
+
+    def peak_in_flight(self, clients: Iterable[str], start: float = 0.0,
+                       end: float = float("inf")) -> int:
+        """The most requests of ``clients`` the server was serving at one instant in
+        [start, end) (a request still unserved counts until ``end``)."""
+        edges: List[Tuple[float, int]] = []
+        with self._lock:
+            for client in clients:
+                for request in (self._clients.get(client) or _Client()).requests:
+                    done = request.served if request.served is not None else float("inf")
+                    if request.time < end and done > start:
+                        edges.append((max(request.time, start), 1))
+                        edges.append((done, -1))
+        peak = now = 0
+        for _at, step in sorted(edges):  # at one instant an end (-1) sorts before a start
+            now += step
+            peak = max(peak, now)
+        return peak
 
 
 def _is_collection(path: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Tuple
 
 import pytest
@@ -193,3 +194,96 @@ def test_servers_that_do_not_stream_lists_answer_as_kube_apiserver_does(kube_api
     status, [body] = _events(kube_api, "?watch=true&resourceVersionMatch=NotOlderThan")
     assert status == 422 and "unless sendInitialEvents is provided" in body["message"]
 
+
+
+# ---- what a recovery is measured by: served requests, successful LISTs, requests in flight -------
+
+def test_the_ledger_counts_requests_in_flight_until_served():
+    now = [0.0]
+    ledger = kubeclients.ClientLedger(clock=lambda: now[0])
+    first = ledger.record("a", "GET", PODS, {"resourceVersion": "0"}, lambda _p: 0)
+    now[0] = 1.0
+    second = ledger.record("b", "GET", NADS, {"resourceVersion": "0"}, lambda _p: 0)
+    third = ledger.record("a", "GET", PODS + "/x", {}, lambda _p: 0)
+    now[0] = 2.0
+    ledger.answered(first, 200)
+    ledger.answered(first, 500)  # the first status line is the one the client got
+    ledger.served(first, listed=True)
+    ledger.answered(second, 429)
+    ledger.served(second, listed=True)  # a refusal lists nothing
+    now[0] = 3.0
+    ledger.served(first)  # served once: the first instant counts
+    assert ledger.peak_in_flight(["a", "b"]) == 3
+    assert ledger.peak_in_flight(["a"]) == 2
+    assert ledger.peak_in_flight(["a", "b"], start=2.0) == 1  # the third, never served
+    assert ledger.peak_in_flight(["a", "b"], end=1.0) == 1
+    assert ledger.peak_in_flight(["nobody"]) == 0
+    mine = ledger.window("a")
+    assert mine["first_listed"] == 2.0 and mine["first"] == 0.0
+    assert mine["first_listed_by_resource"] == {"pods": 2.0}
+    assert ledger.window("a", start=0.5)["first_listed"] is None  # asked before the window
+    assert ledger.window("b")["first_listed"] is None
+    ledger.answered(third, 200)
+    ledger.served(third, listed=True)  # 200 to a GET of one object: not a LIST
+    assert ledger.window("a", start=0.5)["first_listed"] is None
+    now[0] = 4.0
+    later = ledger.record("a", "GET", NADS, {"resourceVersion": "0"}, lambda _p: 0)
+    ledger.answered(later, 200)
+    ledger.served(later, listed=True)
+    assert ledger.window("a")["first_listed_by_resource"] == {"pods": 2.0, "nads": 4.0}
+    assert ledger.listed_since("a", 1.5) == {"pods": 2.0, "nads": 4.0}  # asked at 0, served at 2
+    assert ledger.listed_since("a", 3.0) == {"nads": 4.0}
+    assert ledger.listed_since("b", 0.0) == {} == ledger.listed_since("nobody", 0.0)
+
+
+def test_a_watch_is_in_flight_until_its_initial_events_are_out(kube_api):
+    kube_api.add_nad("default", "net1", '{"type": "bridge"}')
+    started = kube_api.clients.clock()
+    status, events = _events(kube_api, WATCH_LIST + "0")  # its server ends it after 1 s
+    assert status == 200 and [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    window = kube_api.clients.window(kube_api.user, started)
+    assert window["first_listed"] is not None
+    listed = window["first_listed"] - started
+    assert listed < kube_api.clients.clock() - started - 0.5  # served well before its end
+    sock = socket.create_connection(("127.0.0.1", kube_api.port), timeout=10)
+    try:  # a plain watch, open: served, no longer in flight, and no LIST
+        sock.sendall(f"GET {PODS}?watch=true&resourceVersion=1&timeoutSeconds=60 HTTP/1.1\r\n"
+                     f"Host: x\r\nAuthorization: Bearer {kube_api.token}\r\n\r\n".encode())
+        assert kube_api.wait_for_watchers(1)
+        wait_for(lambda: kube_api.clients.peak_in_flight(
+            [kube_api.user], kube_api.clients.clock()) == 0, 10, what="the watch served")
+        assert kube_api.clients.window(kube_api.user, started)["first_listed"] - started \
+            == listed
+    finally:
+        sock.close()
+    _get(kube_api, kube_api.token, NADS + "?resourceVersion=0")
+    assert kube_api.clients.peak_in_flight([kube_api.user], kube_api.clients.clock()) == 0
+
+
+def test_a_list_refused_or_unauthorised_is_not_a_successful_list(kube_api):
+    started = kube_api.clients.clock()
+    kube_api.fail_next("GET", PODS, 503)
+    _get(kube_api, kube_api.token, PODS + "?resourceVersion=0")
+    _get(kube_api, "no-such-token", PODS + "?resourceVersion=0")
+    assert kube_api.clients.window(kube_api.user, started)["first_listed"] is None
+    _get(kube_api, kube_api.token, PODS + "?resourceVersion=0")
+    assert kube_api.clients.window(kube_api.user, started)["first_listed"] is not None
+
+
+def test_a_restart_with_an_outage_refuses_connections_until_it_comes_back(kube_api):
+    port = kube_api.port
+    came_back = []
+    restart = threading.Thread(target=lambda: came_back.append(kube_api.restart(down_for=600)))
+    restart.start()
+    try:
+        wait_for(lambda: not kube_api.listening, 10, what="the stand-in gone")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        assert restart.is_alive()  # still away: only resume() or 600 s end it
+    finally:
+        kube_api.resume()
+        restart.join(30)
+    assert kube_api.port == port and came_back[0] <= kube_api.clients.clock()
+    body, _wrote = _get(kube_api, kube_api.token, NADS + "?resourceVersion=0")
+    assert json.loads(body)["kind"] == "NetworkAttachmentDefinitionList"
+    assert kube_api.clients.window(kube_api.user, came_back[0])["requests"] == 1
