@@ -50,6 +50,7 @@ MODULES: List[Tuple[str, str]] = [
     ("multusd/node/netns.py", "pod netns (setns thread, ioctl)"),
     ("multusd/daemon/log.py", "logging"),
     ("multusd/daemon/server.py", "server: reading and answering"),
+    ("multusd/daemon/reactor.py", "server: reading and answering"),
     ("multusd/daemon/httpreq.py", "server: reading and answering"),
     ("multusd/daemon/lanes.py", "server: queueing"),
     ("multusd/core/request.py", "request decoding and validation"),

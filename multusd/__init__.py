@@ -1,15 +1,16 @@
 """multusd: Multus CNI's thick plugin as a host service, and the CNI spec facts all its layers share.
 
-The shim (``wire/``: the standard library and :mod:`multusd.errors` only) and the engine
-(``cni/``) both need the spec's versions, what each command requires, the conversion of a
-result between versions, Multus's default ``cniDir`` (where the daemon's records and the
-shim's marks of a failed DEL meet) and the names of those marks; besides the error hierarchy,
-this package is the one module both may import, so each of these is defined here, once.
-Nothing is imported here, on purpose: the shim is imported through this package once per pod sandbox and must start fast, and the error
-hierarchy imports this package. So a result that cannot be converted is reported as a
-:class:`ResultError` carrying its CNI error code; :func:`multusd.errors.from_exception` makes
-it the error it stands for (the engine's :func:`multusd.cni.result.convert_result` and the
-shim do).
+The shim (``wire/``: the standard library and :mod:`multusd.errors` only), the engine
+(``cni/``) and the core (``core/``) need the spec's versions, what each command requires, the
+conversion of a result between versions, how a config names its ``cniDir`` (where the
+daemon's records and the marks of a failed DEL meet), where those marks are, and the clock
+their windows are counted on; besides the error hierarchy, this package is the one module all
+of them may import, so each of these is defined here, once.
+Nothing is imported here at load time, on purpose: the shim is imported through this package
+once per pod sandbox and must start fast, and the error hierarchy imports this package. So a
+result that cannot be converted is reported as a :class:`ResultError` carrying its CNI error
+code; :func:`multusd.errors.from_exception` makes it the error it stands for (the engine's
+:func:`multusd.cni.result.convert_result` and the shim do).
 
 Result conversion follows libcni's converters: a result is first read into the fields the
 spec defines for its version (unknown keys are dropped, as libcni's typed decode does), then
@@ -50,12 +51,113 @@ DEFAULT_CNI_DIR: str = "/var/lib/cni/multus"
 #: (a name no container ID has), written by the shim when the daemon cannot answer
 #: (``wire/delwindow``) and by the daemon (``core/unreleased``): who wrote a mark, the runtime's
 #: request env kept in it (to run the DEL again), and the daemon's ``deleteRetryWindow`` for
-#: the shim, in ``<UNRELEASED_DIR>/<WINDOW_FILE>``.
+#: the shim, in ``<UNRELEASED_DIR>/<WINDOW_FILE>``. When ``<cniDir>`` cannot take a mark (a
+#: full or read-only disk, a file where the directory should be), it goes to the same name in
+#: the socket's directory (``/run/multus``): see :func:`unreleased_marks_dir`.
 UNRELEASED_DIR: str = ".multusd-unreleased"
 WINDOW_FILE: str = ".settings"
 MARKED_BY_SHIM, MARKED_BY_DAEMON = "shim", "daemon"
 MARK_REQUEST_ENV: tuple = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME",
                            "CNI_ARGS", "CNI_PATH")
+#: Where the kernel says which boot this is (a new random UUID at every boot).
+BOOT_ID_FILE: str = "/proc/sys/kernel/random/boot_id"
+
+def cni_dir_of(conf: dict) -> str:
+    """The ``cniDir`` a config names (the shim's 00-multus.conf, or a request's merged config):
+    where a sandbox's records and the marks of its failed DEL are. The shim and the daemon
+    both read it here, so that they always agree.
+
+    Absent, null, "" or not a string (a config upstream would refuse): Multus's default; a
+    relative path is taken from ``/``, the working directory of the daemon under systemd (and
+    of upstream's), so that the shim, whatever its runtime's working directory, finds the
+    same place.
+    """
+    value = conf.get("cniDir") if hasattr(conf, "get") else None
+    if not isinstance(value, str) or not value or "\0" in value:
+        return DEFAULT_CNI_DIR
+    return value if value.startswith("/") else "/" + value
+
+
+def unreleased_marks_dir(directory: str) -> str:
+    """The marks' directory under ``directory``: ``<cniDir>`` (their home, beside the records)
+    or the socket's directory (``/run/multus``, for a mark ``<cniDir>`` cannot take)."""
+    return directory.rstrip("/") + "/" + UNRELEASED_DIR
+
+
+# --- the clock of a DEL's window ---------------------------------------------------------
+# A window must end when it says, whatever happens to the wall clock: a step back of N days
+# (an NTP correction, a wrong RTC at boot) must not keep DEL failing for N days. Within a boot
+# it is counted on CLOCK_BOOTTIME, which nothing steps and which counts suspended time too;
+# a mark written in another boot falls back to the wall clock, but never for more than one
+# window, and the next write of the mark counts the rest on this boot's clock again.
+
+
+def clock_now() -> tuple:
+    """``(wall clock, boot id, CLOCK_BOOTTIME)``, now; the boot id is "" where the kernel
+    does not say it (then the wall clock alone counts, bounded as across boots)."""
+    import time
+
+    try:
+        with open(BOOT_ID_FILE, "rb") as handle:
+            boot_id = handle.read(64).decode("ascii", "replace").strip()
+        boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, AttributeError):
+        boot_id, boot = "", 0.0
+    return time.time(), boot_id, boot
+
+
+def as_instant(now: object = None) -> tuple:
+    """``now`` as a :func:`clock_now` reading: None is now; a number is a wall-clock time
+    with no boot clock (what tests and an old caller pass)."""
+    if now is None:
+        return clock_now()
+    if isinstance(now, tuple):
+        return now
+    return float(now), "", 0.0
+
+
+def window_left(mark: dict, now: object = None) -> float:
+    """Seconds until the DEL window of ``mark`` ends (its JSON keys ``until``, ``window``,
+    ``bootId``, ``untilBoot``); 0 or less once it has ended. A mark that names no end has
+    ended (a window that cannot be read must not hold a drain)."""
+    wall, boot_id, boot = as_instant(now)
+    until_boot = _number(mark.get("untilBoot"))
+    if boot_id and mark.get("bootId") == boot_id and until_boot is not None:
+        return until_boot - boot
+    until = _number(mark.get("until"))
+    if until is None:
+        return 0.0
+    window = _number(mark.get("window"))
+    left = until - wall
+    return min(left, window) if window is not None and window > 0 else left
+
+
+def window_end(window: float, before: "dict | None", now: object = None) -> dict:
+    """The keys of a mark's window, ``{"until", "bootId", "untilBoot"}``: ``window`` seconds
+    from the first failure that ``before`` (the mark as written until now; None: this failure
+    is the first) records, no more than ``window`` from now, counted on this boot's clock."""
+    wall, boot_id, boot = as_instant(now)
+    left, until = window, wall + window
+    if before is not None:
+        old = _number(before.get("window"))
+        change = window - old if old else 0.0
+        left = min(window, window_left(before, now) + change)
+        until = wall + left
+        if boot_id and before.get("bootId") == boot_id and \
+                _number(before.get("untilBoot")) is not None and \
+                _number(before.get("until")) is not None:
+            until = before["until"] + change  # as first said, whatever the wall clock did
+    end = {"until": until, "bootId": boot_id}
+    if boot_id:
+        end["untilBoot"] = boot + left
+    return end
+
+
+def _number(value: object) -> "float | None":
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
 
 #: The keys of the spec's DNS object (a result's ``dns``, a network config's ``dns``).
 DNS_KEYS: tuple = ("nameservers", "domain", "search", "options")

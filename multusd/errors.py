@@ -14,6 +14,7 @@ Hierarchy::
       + InvalidNetworkConfig      7
         - ConfigError             7, carries a list of ConfigProblem
       + TryAgainLater             11
+      + NotReady                  50, STATUS: multusd cannot serve ADD now
       + PluginError               the code a delegate plugin itself returned
       + DelegateError             100, a plugin failed without a CNI error of its own
       + ForwardedError            the code of a CNI error the daemon answered the shim with
@@ -107,6 +108,13 @@ class TryAgainLater(MultusError):
     """A transient condition; the runtime should retry."""
 
     code = 11
+
+
+class NotReady(MultusError):
+    """STATUS: multusd cannot serve ADD now (CNI 1.1's "the plugin is not available");
+    the msg names what is missing."""
+
+    code = 50
 
 
 class PodNotFound(MultusError):

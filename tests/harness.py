@@ -125,12 +125,41 @@ def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", 
     return ShimOutput(proc.returncode, json.loads(text) if text else None, proc.stderr.decode())
 
 
+class HeldSocket:
+    """A listening socket held across daemons, as multusd.socket holds it under systemd: each
+    daemon started on it inherits it (LISTEN_FDS and LISTEN_PID, the real protocol), and a
+    connection made while none runs waits in its backlog for the next one."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        os.chmod(path, 0o600)
+        self.sock.listen(128)
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        """``command`` run with this socket as its fd 3 (exec'd: the launcher's pid is the
+        daemon's, as LISTEN_PID says)."""
+        launch = ("import os, sys; os.dup2(%d, 3); os.environ['LISTEN_FDS'] = '1'; "
+                  "os.environ['LISTEN_PID'] = str(os.getpid()); "
+                  "os.execvp(sys.argv[1], sys.argv[1:])" % self.sock.fileno())
+        return [PYTHON, "-S", "-c", launch, *command]
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
 class DaemonProcess:
-    """``multusd serve`` under systemd-socket-activate, in a private directory."""
+    """``multusd serve`` under systemd-socket-activate, in a private directory (or, with
+    ``hold_socket``, on a :class:`HeldSocket` that outlives it, for a daemon started again)."""
 
     def __init__(self, config: Mapping[str, Any], workdir: str | None = None,
                  env: Mapping[str, str] | None = None,
-                 command: Sequence[str] | None = None) -> None:
+                 command: Sequence[str] | None = None, hold_socket: bool = False) -> None:
         """:param command: how to run multusd (default: this interpreter's ``-m multusd``;
         the benchmark passes the packaged launcher form, ``/usr/bin/python3 -I ...``)."""
         self.command = list(command or (PYTHON, "-m", "multusd"))
@@ -151,18 +180,28 @@ class DaemonProcess:
         with open(self.config_path, "w") as handle:
             json.dump(full, handle)
         self.proc: subprocess.Popen | None = None
+        self.held = HeldSocket(self.socket_path) if hold_socket else None
 
     def start(self, activate: bool = True) -> "DaemonProcess":
-        """Listen through systemd-socket-activate; ``activate`` connects once to start it."""
+        """Listen through systemd-socket-activate (or start on the held socket);
+        ``activate`` waits for /healthz."""
         log = open(self.log_path, "ab")
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
-        # systemd-socket-activate hands the child only the variables named with -E.
-        passed = [arg for key, value in self.extra_env.items() for arg in ("-E", f"{key}={value}")]
-        self.proc = subprocess.Popen(
-            ["systemd-socket-activate", "-l", self.socket_path, *passed, *self.command,
-             "serve", "--config", self.config_path],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        serve = [*self.command, "serve", "--config", self.config_path]
+        if self.held is not None:
+            env.update(self.extra_env)
+            self.proc = subprocess.Popen(self.held.argv(serve), stdout=log,
+                                         stderr=subprocess.STDOUT, env=env,
+                                         pass_fds=(self.held.sock.fileno(),),
+                                         start_new_session=True)
+        else:
+            # systemd-socket-activate hands the child only the variables named with -E.
+            passed = [arg for key, value in self.extra_env.items()
+                      for arg in ("-E", f"{key}={value}")]
+            self.proc = subprocess.Popen(
+                ["systemd-socket-activate", "-l", self.socket_path, *passed, *serve],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         wait_for(lambda: os.path.exists(self.socket_path), 10, what="the activation socket")
         if activate:
@@ -204,6 +243,8 @@ class DaemonProcess:
 
     def cleanup(self) -> None:
         self.terminate()
+        if self.held is not None:
+            self.held.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -268,10 +309,10 @@ class Sandbox:
         return bridge_conf(name, self.bridge(), subnet, self.leases, **kw)
 
     def daemon(self, config: dict, activate: bool = True,
-               env: Mapping[str, str] | None = None) -> DaemonProcess:
+               env: Mapping[str, str] | None = None, hold_socket: bool = False) -> DaemonProcess:
         config.setdefault("binDir", self.bin_dir)
         proc = DaemonProcess(config, workdir=os.path.join(self.workdir, f"d{len(self._daemons)}"),
-                             env=env)
+                             env=env, hold_socket=hold_socket)
         self._daemons.append(proc)
         return proc.start(activate=activate)
 

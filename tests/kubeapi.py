@@ -39,7 +39,10 @@ Test controls: :meth:`add_pod`, :meth:`update_pod`, :meth:`delete_pod`, :meth:`a
 :meth:`delete_nad`, :meth:`pod`, :attr:`events`, :attr:`requests`, :meth:`stop`/:meth:`start`
 (same port; stopped, connections are refused), :meth:`fail_next` (an error status, with or
 without ``Retry-After``, or a connection cut after the request was read: RST or a close
-without an answer, a TLS EOF over TLS), :meth:`fail_connections` (the next connections cut as
+without an answer, a TLS EOF over TLS), :meth:`trickle` (the next answers to a path, or all
+of them for a while, sent slowly: the status line late, then a byte every half second, as an
+overloaded server or a congested link does; :attr:`trickled` says how each ended),
+:meth:`fail_connections` (the next connections cut as
 they are accepted, before the request and the TLS handshake), :attr:`connections_accepted`,
 :meth:`compact`, :meth:`deny` and :attr:`kubeconfig_path`; ``host="::1"`` listens on IPv6
 (the TLS certificate names 127.0.0.1, ::1 and localhost); watch
@@ -178,6 +181,11 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
         self._init_reads()
         self._init_dra()
         self._failures: List[Dict[str, Any]] = []
+        self._trickles: List[Dict[str, Any]] = []
+        self._trickle_epoch = 0  # bumped by clear_failures(): answers trickling now stop
+        self.trickles_begun = 0  # trickled answers begun so far
+        # (path, "whole" | "client gone" | "stopped") of each trickled answer, once it ended
+        self.trickled: List[Tuple[str, str]] = []
         self._connection_faults: List[str] = []  # cuts of the next accepted connections
         self.connections_accepted = 0  # TCP connections accepted (TLS: handshakes begun)
         self._nodes: set = {node}
@@ -380,8 +388,9 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
     def update_pod(self, namespace: str, name: str, *,
                    annotations: Optional[Dict[str, Optional[str]]] = None,
                    node: Optional[str] = None, phase: Optional[str] = None,
-                   labels: Optional[Dict[str, str]] = None) -> Obj:
-        """Change a pod like another client would (annotation value None removes the key)."""
+                   labels: Optional[Dict[str, str]] = None, terminating: bool = False) -> Obj:
+        """Change a pod like another client would (annotation value None removes the key);
+        ``terminating``: as a graceful delete begins (deletionTimestamp set, pod kept)."""
         with self._cond:
             old = self._pods[(namespace, name)]
             pod = copy.deepcopy(old)
@@ -396,6 +405,8 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
                 pod["status"]["phase"] = phase
             if labels is not None:
                 pod["metadata"]["labels"] = dict(labels)
+            if terminating:
+                pod["metadata"].setdefault("deletionTimestamp", _now())
             return copy.deepcopy(self._store_update("pods", self._pods, old, pod))
 
     def delete_pod(self, namespace: str, name: str) -> None:
@@ -546,6 +557,30 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
                                    "retry_after": retry_after, "drop": drop,
                                    "processed": processed, "initial_events": initial_events})
 
+    def trickle(self, method: str, path_prefix: str, *, times: Optional[int] = 1,
+                seconds: Optional[float] = None, head_after: float = 1.0,
+                interval: float = 0.5) -> None:
+        """Answer the next ``times`` matching requests (lists and GETs, not watches) slowly;
+        with ``seconds``, every matching request for that long instead.
+
+        The answer is the right one, but its status line goes out ``head_after`` seconds
+        late and then the rest one byte every ``interval`` seconds: a client that bounds
+        each read, not the whole request, waits as long as the server likes. How each one
+        ended is appended to :attr:`trickled` (``"whole"``, ``"client gone"``, or
+        ``"stopped"`` by :meth:`clear_failures` or :meth:`stop`).
+        """
+        with self._cond:
+            self._trickles.append({
+                "method": method.upper(), "prefix": path_prefix,
+                "times": None if seconds is not None else times,
+                "until": None if seconds is None else time.monotonic() + seconds,
+                "head_after": head_after, "interval": interval})
+
+    def wait_trickling(self, count: int = 1, timeout: float = 10.0) -> bool:
+        """Wait until ``count`` trickled answers have begun (a synchronisation point)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.trickles_begun >= count, timeout)
+
     def fail_connections(self, how: str, times: int = 1) -> None:
         """Cut the next ``times`` connections as they are accepted, before reading a
         request or starting TLS: ``"reset"`` (RST) or ``"close"`` (FIN; over TLS the client's
@@ -555,9 +590,13 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
             self._connection_faults.extend([how] * times)
 
     def clear_failures(self) -> None:
+        """Forget the failures queued, and stop trickling (answers trickling now are cut)."""
         with self._cond:
             self._failures.clear()
             self._connection_faults.clear()
+            self._trickles.clear()
+            self._trickle_epoch += 1
+            self._cond.notify_all()
 
     def count(self, method: Optional[str] = None, path_prefix: str = "",
               watch: Optional[bool] = None) -> int:
@@ -571,6 +610,23 @@ class FakeKubeAPI(kubecache.ReadPaths, kubedra.DraStore):
         """Wait until ``count`` watch streams are open (a test synchronisation point)."""
         with self._cond:
             return self._cond.wait_for(lambda: self._watchers >= count, timeout)
+
+    def _take_trickle(self, method: str, path: str,
+                      query: Dict[str, str]) -> Optional[Dict[str, Any]]:
+        """The trickle a request's answer gets (call with ``_cond`` held), or None."""
+        if _is_watch(query):
+            return None
+        now = time.monotonic()
+        self._trickles[:] = [t for t in self._trickles if t["until"] is None or now < t["until"]]
+        for trickle in self._trickles:
+            if trickle["method"] != method or not path.startswith(trickle["prefix"]):
+                continue
+            if trickle["times"] is not None:
+                trickle["times"] -= 1
+                if trickle["times"] <= 0:
+                    self._trickles.remove(trickle)
+            return dict(trickle, epoch=self._trickle_epoch)
+        return None
 
     def _take_failure(self, method: str, path: str,
                       query: Dict[str, str]) -> Optional[Dict[str, Any]]:
@@ -744,6 +800,7 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             api.requests.append((self.command, parts.path, query))
+            self.trickling = api._take_trickle(self.command, parts.path, query)
         try:
             with api._cond:
                 api._cond.wait_for(lambda: not api._blackholed or api._generation != generation)
@@ -828,7 +885,42 @@ class _Handler(kubedra.DraRoutes, BaseHTTPRequestHandler):
         head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-cache, private\r\n{extra}\r\n").encode()
+        if getattr(self, "trickling", None):
+            self._trickle(head + body, self.trickling)
+            return
         self.wfile.write(head + body)  # one write: see the module docstring
+
+    def _trickle(self, answer: bytes, trickle: Dict[str, Any]) -> None:
+        """Send ``answer`` as :meth:`FakeKubeAPI.trickle` says: late, then byte by byte."""
+        api = self.server.api
+        generation = self.server.generation
+        path = urlsplit(self.path).path
+
+        def stopped() -> bool:
+            return api._trickle_epoch != trickle["epoch"] or api._generation != generation \
+                or not api._running
+
+        with api._cond:
+            api.trickles_begun += 1
+            api._cond.notify_all()
+        line_end = answer.index(b"\r\n") + 2  # the status line late, then byte by byte
+        pieces = [answer[:line_end]] + [answer[i:i + 1] for i in range(line_end, len(answer))]
+        outcome = "whole"
+        try:
+            for number, piece in enumerate(pieces):
+                with api._cond:
+                    if api._cond.wait_for(stopped, trickle["head_after"] if number == 0
+                                          else trickle["interval"]):
+                        outcome = "stopped"
+                        break
+                self.wfile.write(piece)
+        except OSError:
+            outcome = "client gone"
+        if outcome != "whole":
+            self.close_connection = True
+        with api._cond:
+            api.trickled.append((path, outcome))
+            api._cond.notify_all()
 
     # ---- lists and watches ---------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ class StubNode:
 
     def __init__(self, tmp_path: Any) -> None:
         self.cni_dir = str(tmp_path / "cni")
+        self.socket_dir = str(tmp_path / "run")  # the spare marks go beside it, never /run's
         self.calls_file = str(tmp_path / "calls.jsonl")
         self.config: Optional[daemonconf.DaemonConfig] = None
         self.multus: Optional[Multus] = None
@@ -40,6 +41,7 @@ class StubNode:
 
     def configure(self, delegates: List[Dict[str, Any]], **daemon: Any) -> "StubNode":
         self.config = daemonconf.from_dict(dict({"cniDir": self.cni_dir, "binDir": STUBS,
+                                                 "socketDir": self.socket_dir,
                                                  "delegates": delegates}, **daemon))
         self.multus = Multus(self.config)
         return self

@@ -29,8 +29,8 @@ from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion
 from multusd.cni import resultcache
 from multusd.cni.resultcache import RuntimeConf
 from multusd.cni.args import format_cni_args
-from multusd.cni.invoke import (PluginObserver, build_env, exec_plugin, find_plugin,
-                                missing_plugin)
+from multusd.cni.invoke import (PluginObserver, RunningPlugins, build_env, exec_plugin,
+                                find_plugin, missing_plugin)
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.result import convert_result
 from multusd.cni.version import (is_supported, parse_version, require_supported, supports_check,
@@ -85,12 +85,15 @@ class Engine:
     """Runs the plugins of network configuration lists (ADD, DEL, CHECK, STATUS, GC)."""
 
     def __init__(self, bin_dirs: Sequence[str], default_timeout: float = 120.0, *,
-                 observer: Optional[PluginObserver] = None) -> None:
+                 observer: Optional[PluginObserver] = None,
+                 running: Optional[RunningPlugins] = None) -> None:
         """:param bin_dirs: directories searched for plugins, in order; also CNI_PATH.
         :param default_timeout: seconds a call may take when it is given no deadline.
-        :param observer: told of every plugin execution (see :data:`PluginObserver`)."""
+        :param observer: told of every plugin execution (see :data:`PluginObserver`).
+        :param running: every plugin run registers there (see :class:`RunningPlugins`)."""
         self.bin_dirs = tuple(bin_dirs)
         self.observer = observer
+        self.running = running
         self.default_timeout = default_timeout
         self.cni_path = ":".join(self.bin_dirs)
 
@@ -246,7 +249,7 @@ class Engine:
                             format_cni_args(rt.args), self.cni_path)
         LOG.debug("%s %s: plugin %s", command, conf.get("name"), path)
         return exec_plugin(path, command=command, stdin=json.dumps(conf).encode(), env=env,
-                           deadline=deadline, observer=self.observer)
+                           deadline=deadline, observer=self.observer, running=self.running)
 
     def _deadline(self, deadline: Optional[float]) -> float:
         return time.monotonic() + self.default_timeout if deadline is None else deadline

@@ -15,6 +15,8 @@ All but the first carry a ``details`` block (plugin, command, exit code, stdout,
 
 Each execution that started is reported to the caller's ``observer``, if it gave one
 (:data:`PluginObserver`: the daemon turns it into metrics); this module records nothing itself.
+A caller that must end every plugin at once (the daemon's stop) hands each run the same
+:class:`RunningPlugins`, which knows their process groups.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import re
 import selectors
 import signal
 import subprocess
+import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig, MultusError,
                       PluginError)
@@ -136,16 +139,76 @@ def build_env(command: str, container_id: str, netns: str, ifname: str, cni_args
     }
 
 
+class RunningPlugins:
+    """The plugin processes running now, and the one switch that ends them all.
+
+    Every run handed this registers its process while it runs. :meth:`end_all` kills every
+    process group registered (the plugin and what it started) and, from then on, a run does
+    not start (or, registering after the switch, is killed at once): each fails with
+    :class:`~multusd.errors.DeadlineExceeded` saying why. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: Dict[int, str] = {}  # pid (its group's ID) -> "plugin COMMAND"
+        self._killed: set = set()
+        self.ended: Optional[str] = None  # why no plugin may run any more
+
+    def add(self, proc: subprocess.Popen, what: str) -> None:
+        with self._lock:
+            if self.ended is None:
+                self._running[proc.pid] = what
+                return
+            self._killed.add(proc.pid)
+        _kill_group(proc.pid)
+
+    def discard(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._running.pop(proc.pid, None)
+            self._killed.discard(proc.pid)
+
+    def was_killed(self, proc: subprocess.Popen) -> bool:
+        with self._lock:
+            return proc.pid in self._killed
+
+    def running(self) -> List[str]:
+        """"plugin COMMAND" of every run registered now."""
+        with self._lock:
+            return sorted(self._running.values())
+
+    def end_all(self, reason: str) -> List[str]:
+        """Kill every running plugin's process group, and refuse every later run with
+        ``reason``; "plugin COMMAND" of each one killed."""
+        with self._lock:
+            self.ended = reason
+            killed = dict(self._running)
+            self._killed.update(killed)
+            self._running.clear()
+        for pid in killed:
+            _kill_group(pid)
+        return sorted(killed.values())
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # every plugin leads a process group of its own
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def exec_plugin(path: str, *, command: str, stdin: bytes, env: Mapping[str, str],
-                deadline: float, observer: Optional[PluginObserver] = None) -> Optional[dict]:
+                deadline: float, observer: Optional[PluginObserver] = None,
+                running: Optional[RunningPlugins] = None) -> Optional[dict]:
     """Run the plugin at ``path`` with ``stdin`` and ``env`` until ``deadline``.
 
     :param deadline: a :func:`time.monotonic` instant; the plugin's process group is
         killed when it passes.
     :param observer: told of the execution once it ends (not when it never started).
+    :param running: where the run is registered while it runs (see :class:`RunningPlugins`).
     :returns: the JSON object the plugin printed, or None when it printed nothing.
     :raises PluginError: the plugin's own CNI error, unchanged.
-    :raises DeadlineExceeded: the plugin was still running at the deadline (it is killed).
+    :raises DeadlineExceeded: the plugin was still running at the deadline (it is killed), or
+        ``running`` ended every plugin (it was killed, or not started).
     :raises DelegateError: non-zero exit without a CNI error, or stdout that is not JSON.
     :raises InvalidNetworkConfig: the binary is missing or cannot be executed.
     """
@@ -153,11 +216,23 @@ def exec_plugin(path: str, *, command: str, stdin: bytes, env: Mapping[str, str]
     if time.monotonic() >= deadline:
         raise run.failure(DeadlineExceeded, "was not started: the request deadline had "
                           "already passed", None, b"", b"")
+    if running is not None and running.ended is not None:
+        raise run.failure(DeadlineExceeded, f"was not started: {running.ended}", None, b"", b"")
     started = time.monotonic()
     outcome = "error"
     try:
         proc = run.start(plugin_environment(env), deadline)
-        stdout, stderr = run.communicate(proc, stdin, deadline)
+        if running is None:
+            stdout, stderr = run.communicate(proc, stdin, deadline)
+        else:
+            running.add(proc, f"{run.name} {command}")
+            try:
+                stdout, stderr = run.communicate(proc, stdin, deadline)
+                if running.was_killed(proc):
+                    raise run.failure(DeadlineExceeded, f"was killed: {running.ended}",
+                                      proc.returncode, stdout, stderr)
+            finally:
+                running.discard(proc)
         output = run.decode(proc.returncode, stdout, stderr)
         outcome = "ok"
         return output

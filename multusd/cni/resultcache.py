@@ -137,9 +137,13 @@ def delete(cache_dir: str, net_name: str, container_id: str, ifname: str) -> boo
     return store.remove(result_path(cache_dir, net_name, container_id, ifname))
 
 
-def list_entries(cache_dir: str) -> List[dict]:
+def list_entries(cache_dir: str, container_id: str = "") -> List[dict]:
     """Every readable cniCacheV1 entry under ``cache_dir`` with a network, container and
-    interface, sorted by file name (what GC walks). Unreadable files are skipped."""
+    interface, sorted by file name (what GC walks). Unreadable files are skipped.
+
+    :param container_id: only files whose name holds ``-<container_id>-`` are read (the
+        entries of one container among others', and maybe a few more: filter on the field).
+    """
     directory = os.path.join(cache_dir, RESULTS_DIR)
     try:
         names = sorted(os.listdir(directory))
@@ -149,8 +153,8 @@ def list_entries(cache_dir: str) -> List[dict]:
         raise IOFailure(f"cannot list the CNI cache {directory}: {exc.strerror}") from exc
     entries = []
     for name in names:
-        if name.startswith("."):
-            continue  # atomic_write's temp files
+        if name.startswith(".") or (container_id and f"-{container_id}-" not in name):
+            continue  # atomic_write's temp files; another container's
         entry = _load(os.path.join(directory, name))
         if (entry and entry.get("kind") == KIND and entry.get("containerId")
                 and entry.get("ifName") and entry.get("networkName")):

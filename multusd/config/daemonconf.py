@@ -6,7 +6,9 @@ executes plugins directly and uses the ``kubeconfig`` it is given), plus host ke
 ``nodeName``, ``requestTimeout``, ``workers``, ``parallelDelegates`` (an opt-in, default false:
 with true a pod's independent secondary networks are attached concurrently),
 ``deleteRetryWindow`` (how long a failing DEL is reported to the runtime before it is answered
-success and kept as unreleased), and for device
+success and kept as unreleased), ``enableDynamicNetworks`` (an opt-in, default false: with true
+multusd itself adds and removes the interfaces of a running pod whose network-selection
+annotation changes, the job of upstream's multus-dynamic-networks-controller), and for device
 plugins ``kubeletRootDir`` (/var/lib/kubelet) and ``deviceInfoDir``
 (/var/run/k8s.cni.cncf.io/devinfo). The whole file is also overlaid on every request's config,
 as upstream does (F09).
@@ -39,7 +41,7 @@ CONFGEN_KEYS = {"multusConfigFile", "multusAutoconfigDir", "multusMasterCNI", "c
 OVERLAY_KEYS = {"confDir", "clusterNetwork", "defaultNetworks", "delegates", "multusNamespace",
                 "systemNamespaces", "retryDeleteOnError", "runtimeConfig", "kubeconfig"}
 HOST_KEYS = {"nodeName", "requestTimeout", "workers", "kubeletRootDir", "deviceInfoDir",
-             "parallelDelegates", "deleteRetryWindow"}
+             "parallelDelegates", "deleteRetryWindow", "enableDynamicNetworks"}
 KNOWN_KEYS = SERVER_KEYS | CONFGEN_KEYS | OVERLAY_KEYS | HOST_KEYS
 
 
@@ -61,6 +63,7 @@ class DaemonConfig(Record):
     workers: int = 16
     parallel_delegates: bool = False
     delete_retry_window: float = DEFAULT_WINDOW
+    enable_dynamic_networks: bool = False
     warnings: tuple[str, ...] = ()
 
     @property
@@ -107,8 +110,12 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         warnings.append("retryDeleteOnError: false is not followed: multusd keeps a sandbox's "
                         "records until every delegate's DEL succeeded (what upstream does with "
                         "true), so a failed DEL is retried instead of leaking (by the runtime "
-                        "for deleteRetryWindow, then by `multusd gc`); drop a record knowingly "
+                        "for deleteRetryWindow, then by multusd itself); drop a record knowingly "
                         "with `multusd gc --forget CONTAINER_ID`")
+    if raw.get("enableDynamicNetworks") is True and not raw.get("kubeconfig"):
+        warnings.append("enableDynamicNetworks: it follows the pods' network-selection "
+                        "annotations through the API server, and there is no \"kubeconfig\": "
+                        "ignored")
     values = {
         "socket_dir": problems.absolute_path(raw, "socketDir", "/run/multus/"),
         "log_file": problems.string(raw, "logFile", ""),
@@ -124,6 +131,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         "parallel_delegates": problems.boolean(raw, "parallelDelegates", False),
         "delete_retry_window": problems.positive(raw, "deleteRetryWindow", DEFAULT_WINDOW,
                                                  float),
+        "enable_dynamic_networks": problems.boolean(raw, "enableDynamicNetworks", False),
     }
     limit = raw.get("connectionLimit")
     if limit is not None:

@@ -11,8 +11,12 @@ The rules it keeps (architecture.md, invariants 4 and 10):
   ``retryDeleteOnError``, always); a delegate's DEL error is returned, so that the runtime
   retries instead of leaking, for the sandbox's ``deleteRetryWindow``
   (:mod:`multusd.core.unreleased`); after it, DEL answers success so that the pod can
-  terminate, and the sandbox's records stay, marked unreleased, for ``multusd gc``; a DEL
-  that succeeds drops the mark.
+  terminate, and the sandbox's records stay, marked unreleased, until the daemon's own
+  retries (or ``multusd gc``) release it; a DEL that succeeds drops the mark;
+* a retry runs the DEL of the delegates still held only: the mark records which were
+  released (the scratch cache keeps upstream's format, every delegate in it);
+* records that cannot be removed once everything is released (a read-only disk) are
+  reported as a failure is, so that the drain finishes and they are dropped later.
 
 No settings are read beyond the directories: a DEL must work whatever else the config gets
 wrong.
@@ -20,7 +24,8 @@ wrong.
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+import os
+from typing import Any, List, Sequence, Tuple
 
 from multusd import store
 from multusd.cni import resultcache
@@ -37,17 +42,21 @@ from multusd.store.valueclass import Record, replace
 
 
 def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: Any,
-            parallel_delegates: bool = False, window: float) -> None:
+            parallel_delegates: bool = False, window: float, spare: str = "") -> None:
     """DEL of the sandbox ``req`` names.
 
     :param window: the daemon's ``deleteRetryWindow``.
+    :param spare: the marks' directory for when ``<cniDir>`` cannot take one
+        (:func:`~multusd.core.unreleased.spare_marks_dir`).
     :raises MultusError: a delegate's DEL failed, while the sandbox's window lasts.
     """
     if not req.container_id:
         log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
         return
-    done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
     cni_dir = cni_dir_of(req.config)
+    earlier = unreleased.read(cni_dir, req.container_id, spare=spare)
+    done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates,
+                   skip=earlier.released if earlier is not None else ())
     if done.failures:
         # kept until every delegate's DEL succeeds (upstream's retryDeleteOnError, always);
         # the error reaches the runtime for the sandbox's window, then DEL answers success
@@ -58,12 +67,20 @@ def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
                           f"{len(found)} network(s), the runtime will retry: "
                           + " / ".join(f"{f.network} ({f.ifname}): {f.error}" for f in found)
                           + missing_plugin_hint(req, done.failures),
-                          window=window, kube=kube, log=log)
+                          window=window, kube=kube, log=log, released=done.released,
+                          spare=spare)
         return
-    store.remove(done.scratch_path)
-    if unreleased.clear(cni_dir, req.container_id):
+    try:
+        store.remove(done.scratch_path)
+    except MultusError as exc:  # everything is released; only the record is left
+        unreleased.report(cni_dir, done.req, (), f"{pod_prefix(req)}: DEL released every "
+                          f"network, but its records cannot be removed: {exc.msg}",
+                          window=window, kube=kube, log=log, released=done.released,
+                          spare=spare)
+        return
+    if unreleased.clear(cni_dir, req.container_id, spare=spare):
         log.info("DEL: the sandbox's earlier DEL failures are over")
-    log.info("DEL: %d network(s) released", len(done.delegates))
+    log.info("DEL: %d network(s) released", len(done.delegates) - len(done.skipped))
 
 
 def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
@@ -95,25 +112,54 @@ def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
 
 class Release(Record):
     """What :func:`release` did: the request as run (CNI_NETNS dropped when it was no
-    namespace), the sandbox's scratch cache, its delegates and those whose DEL failed."""
+    namespace), the sandbox's scratch cache, its delegates, those skipped (released by an
+    earlier DEL) and those whose DEL failed."""
 
     req: CmdArgs
     scratch_path: str
     delegates: Tuple[Delegate, ...]
     failures: Failures
+    skipped: Tuple[Delegate, ...] = ()
+
+    @property
+    def released(self) -> Tuple[unreleased.Released, ...]:
+        """Every delegate released by now: skipped, or whose DEL succeeded."""
+        failed = {id(delegate) for delegate, _ in self.failures}
+        return tuple(unreleased.Released(network=d.name, ifname=d.ifname)
+                     for d in self.delegates if id(d) not in failed)
 
 
 def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
-            parallel_delegates: bool = False) -> Release:
+            parallel_delegates: bool = False,
+            skip: Sequence[unreleased.Released] = ()) -> Release:
     """DEL of every delegate the sandbox recorded, best-effort complete: a failed delegate
-    does not stop the others. The records are the caller's to keep or drop."""
+    does not stop the others; those in ``skip`` (released by an earlier DEL of the sandbox)
+    are not run again. The records are the caller's to keep or drop."""
     req = netns_for_del(req, log)
     path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
     delegates = delegates_for_del(req, path, log)
+    done = {(r.network, r.ifname) for r in skip}
+    held = [i for i, d in enumerate(delegates)
+            if (d.name, d.ifname) not in done or _has_result(req, d)]
+    skipped = tuple(d for i, d in enumerate(delegates) if i not in held)
+    if skipped:
+        log.info("DEL: %s released by an earlier DEL; running the DEL of %d network(s) still "
+                 "held", ", ".join(f"{d.ifname} ({d.name})" for d in skipped), len(held))
     runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
                             auxiliary_chain=auxiliary_chain_of(req.config))
     return Release(req=req, scratch_path=path, delegates=tuple(delegates),
-                   failures=runner.delete_all(delegates))
+                   failures=runner.delete_all(delegates, only=held), skipped=skipped)
+
+
+def _has_result(req: CmdArgs, delegate: Delegate) -> bool:
+    """libcni's result cache still holds ``delegate``'s attachment: it is not released,
+    whatever a mark says (libcni drops the entry when its DEL succeeds; a mark left from
+    before a new ADD of the container ID must not skip anything)."""
+    try:
+        return os.path.exists(resultcache.result_path(
+            cni_dir_of(req.config), delegate.conf_name, req.container_id, delegate.ifname))
+    except MultusError:
+        return False  # a name that cannot be cached has no entry
 
 
 def netns_for_del(req: CmdArgs, log: Any) -> CmdArgs:

@@ -1,11 +1,15 @@
 """The Multus orchestration (:class:`Multus`): each CNI request of a sandbox to its command.
 
 ADD is :mod:`multusd.core.cmdadd`'s, DEL (and ``multusd gc --forget``) is
-:mod:`multusd.core.cmddel`'s, ``/delegate`` (hot-plug) is :mod:`multusd.core.hotplug`'s; the
+:mod:`multusd.core.cmddel`'s, ``/delegate`` (hot-plug) is :mod:`multusd.core.hotplug`'s, a
+running pod's changed network selections (``enableDynamicNetworks``) are
+:mod:`multusd.core.reconcile`'s; the
 commands that attach and release nothing are here: CHECK (every attachment the scratch cache
-records, each delegate whose version has CHECK), STATUS (the Kubernetes caches synced, the
-readiness indicator file present, the cluster network's plugins ready) and GC (the cluster
-network's plugins told which attachments libcni's result cache still holds). Each command
+records, each delegate whose version has CHECK), STATUS (answered at once: the readiness
+indicator file present, the pod cache synced, the cluster network's plugins ready, else code
+50 saying what is missing) and GC (the cluster network's plugins told which attachments
+libcni's result cache still holds; it waits for the readiness file as ADD does, within the
+request's deadline). Each command
 uses the engine of its request (:meth:`Multus.engine`); ADD, DEL and CHECK run their
 delegates through a :class:`~multusd.core.runner.DelegateRunner`. No HTTP, no systemd: the
 daemon hands each parsed request in, with its deadline and logger.
@@ -13,33 +17,46 @@ daemon hands each parsed request in, with its deadline and logger.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any, List, Mapping, Tuple
+import threading
+from typing import Any, Callable, List, Mapping, Tuple
 
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine, NetworkConfigList
-from multusd.cni.invoke import PluginObserver, search_path
+from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core import cmdadd, cmddel, hotplug, scratch
+from multusd.core import cmdadd, cmddel, hotplug, reconcile, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
 from multusd.core.runner import DelegateRunner, delegate_error
 from multusd.core.settings import cni_dir_of, load_settings, require_delegates
-from multusd.errors import MultusError
+from multusd.errors import MultusError, NotReady
 from multusd.node.netns import check_namespace
+
+# CNI 1.1 STATUS codes: the plugin is not available (50), and existing containers may have
+# limited connectivity as well (51)
+NOT_AVAILABLE = (50, 51)
+
+LOG = logging.getLogger(__name__)
+WARNED_PODS = 1024  # pods a /delegate warning was logged for, remembered (then forgotten)
 
 
 class Multus:
     """The Multus semantics for one daemon; safe to call from many threads at once."""
 
     def __init__(self, config: DaemonConfig, kube: Any = None, *,
-                 plugin_observer: PluginObserver | None = None) -> None:
+                 plugin_observer: PluginObserver | None = None,
+                 running_plugins: RunningPlugins | None = None) -> None:
         self.config = config
         self.kube = kube
         self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
+        self.running_plugins = running_plugins  # and this (the daemon's stop ends them)
         self._daemon_cni_path = [p for p in os.environ.get("CNI_PATH", "").split(":") if p]
+        self._delegate_warned: set = set()
+        self._warn_lock = threading.Lock()
 
     def ready(self) -> bool:
         """Ready to serve ADD: the pod cache (if any) has listed once (stale: live GETs)."""
@@ -53,9 +70,10 @@ class Multus:
 
     def engine(self, conf: Mapping[str, Any]) -> Engine:
         """The engine of a request: its ``binDir`` (or the default ones), then the daemon's
-        CNI_PATH; every plugin run is told to the metrics."""
+        CNI_PATH; every plugin run is told to the metrics, and registered in the daemon's
+        :class:`~multusd.cni.invoke.RunningPlugins` (its stop kills what still runs)."""
         return Engine(search_path(str(conf.get("binDir") or ""), self._daemon_cni_path),
-                      observer=self.plugin_observer)
+                      observer=self.plugin_observer, running=self.running_plugins)
 
     def add(self, req: CmdArgs, deadline: float, log: Any) -> dict:
         """ADD: see :func:`multusd.core.cmdadd.cmd_add`."""
@@ -68,7 +86,8 @@ class Multus:
         engine = self.engine(req.config)
         cmddel.cmd_del(req, deadline, log, engine=engine, kube=self.kube,
                        parallel_delegates=self.config.parallel_delegates,
-                       window=self.config.delete_retry_window)
+                       window=self.config.delete_retry_window,
+                       spare=unreleased.spare_marks_dir(self.config.socket_dir))
 
     def forget(self, req: CmdArgs, deadline: float, log: Any) -> List[Tuple[Delegate, str]]:
         """``multusd gc --forget``: see :func:`multusd.core.cmddel.forget`."""
@@ -79,9 +98,34 @@ class Multus:
     def hotplug(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
                 log: Any) -> dict | None:
         """A ``/delegate`` request (hot-plug): see :mod:`multusd.core.hotplug`."""
+        if self.config.enable_dynamic_networks and req.has_pod:
+            self._warn_delegate_caller(req)
         engine = self.engine(req.config)
         return hotplug.handle_delegate(req, attributes, deadline, log, engine=engine,
                                        kube=self.kube)
+
+    def reconcile(self, pod: Any, container_id: str, deadline: float, log: Any,
+                  stopping: Callable[[], bool]) -> reconcile.Outcome:
+        """A running pod's network selections applied to its sandbox (``enableDynamicNetworks``):
+        see :mod:`multusd.core.reconcile`."""
+        engine = self.engine(self.config.raw)
+        return reconcile.reconcile(pod, container_id, self.config, deadline, log, engine=engine,
+                                   kube=self.kube, stopping=stopping)
+
+    def _warn_delegate_caller(self, req: CmdArgs) -> None:
+        """Say once per pod that something else hot-plugs while multusd does it too."""
+        pod = f"{req.pod_namespace}/{req.pod_name}"
+        with self._warn_lock:
+            if pod in self._delegate_warned:
+                return
+            if len(self._delegate_warned) >= WARNED_PODS:
+                self._delegate_warned.clear()
+            self._delegate_warned.add(pod)
+        LOG.warning("a /delegate %s request for pod %s came from another component while "
+                    "enableDynamicNetworks is on: if multus-dynamic-networks-controller runs on "
+                    "this node, it and multusd both act on the pod's network-selection changes; "
+                    "run one of them (remove the controller from this node, or set "
+                    "\"enableDynamicNetworks\": false)", req.command, pod)
 
     # -- CHECK, STATUS, GC ------------------------------------------------------------------
     def check(self, req: CmdArgs, deadline: float, log: Any) -> None:
@@ -106,13 +150,37 @@ class Multus:
                 raise delegate_error(req, delegate, exc).with_prefix("CHECK: ") from exc
 
     def status(self, req: CmdArgs, deadline: float, log: Any) -> None:
-        cmdadd.wait_for_readiness_file(req.config, deadline)
+        """STATUS (CNI 1.1), answered at once: nothing here waits for anything to appear.
+
+        Ready is success. Not ready is :class:`~multusd.errors.NotReady` (code 50) whose msg
+        names what is missing: the readiness indicator file, the pod watch's first list (when
+        Kubernetes is configured), or the cluster network itself (it cannot be loaded, or its
+        STATUS failed: its code and msg are in ours). A cluster network answering 50 or 51
+        itself (51: existing attachments may have limited connectivity too) is passed on
+        unchanged, as upstream does.
+        """
+        path = req.config.get("readinessindicatorfile")
+        if path and not os.path.exists(path):
+            raise NotReady(f"multusd cannot serve ADD yet: the readiness indicator file {path} "
+                           "(readinessindicatorfile) does not exist; the cluster network "
+                           "writes it once it is ready on this node")
         if not self.ready():
             reason = self.kube.last_error or "the first list has not completed yet"
-            raise MultusError(f"multusd cannot serve ADD yet: its pod cache from "
-                              f"{self.kube.server_url} has not synced ({reason})", code=50)
-        net = self._cluster_network(req, deadline)
-        self.engine(req.config).status(net, deadline)
+            raise NotReady(f"multusd cannot serve ADD yet: its pod watch on "
+                           f"{self.kube.server_url} has not synced ({reason})")
+        try:
+            net = self._cluster_network(req, deadline)
+        except MultusError as exc:
+            raise NotReady(f"multusd cannot serve ADD: its cluster network cannot be loaded: "
+                           f"{exc.msg}", exc.details) from exc
+        try:
+            self.engine(req.config).status(net, deadline)
+        except MultusError as exc:
+            if exc.code in NOT_AVAILABLE:
+                raise  # the plugin's own "not available": it says what is missing
+            raise NotReady(f"multusd cannot serve ADD: its cluster network {net.name!r} is not "
+                           f"ready: its STATUS failed with code {exc.code}: {exc.msg}",
+                           exc.details) from exc
 
     def gc(self, req: CmdArgs, deadline: float, log: Any) -> None:
         cmdadd.wait_for_readiness_file(req.config, deadline)

@@ -101,6 +101,24 @@ def build_delegates(settings: MultusSettings, *, pod_namespace: str, pod_name: s
     return _assign_ifnames(delegates, cni_ifname)
 
 
+def selection_delegate(settings: MultusSettings, selection: NetworkSelection, *,
+                       pod_namespace: str, pod_name: str,
+                       get_nad: Optional[NadGetter]) -> Delegate:
+    """The delegate of one selection added to a running pod (``enableDynamicNetworks``): as a
+    pod's ADD makes it (the NAD's config, cni-args, ips, mac, deviceID; namespace isolation),
+    named as the selection asks, but without ``default-route`` (the pod's other attachments
+    keep their routes) and without a device-plugin allocation (the kubelet allocates a pod's
+    devices once, before its sandbox exists).
+
+    :raises NadNotFound: the NAD does not exist.
+    :raises InvalidNetworkConfig: its config is unusable, or namespace isolation forbids it.
+    """
+    _check_namespace_isolation(settings, pod_namespace, selection)
+    delegate = _Resolver(settings, get_nad, None, f"{pod_namespace}/{pod_name}").selected(
+        selection, master=False)
+    return replace(delegate, ifname=selection.interface, gateway_request=None)
+
+
 def nad_getter(kube: Any, deadline: float) -> Optional[NadGetter]:
     """The NAD lookup of a request (bounded by its ``deadline``); None without Kubernetes."""
     if kube is None:

@@ -8,7 +8,7 @@ scratch cache (the result cache alone when it is gone, as DEL falls back to it).
 and the runtime's DEL was evidently lost (the IP leases leak until it is released). A
 sandbox whose DEL failed carries its :class:`~multusd.core.unreleased.FailedDelete`: still
 reported to the runtime, or past its window and *unreleased* (DEL answered success, the
-records kept for ``multusd gc``).
+records kept until the daemon, or ``multusd gc``, releases it).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
 from multusd.core import scratch, unreleased
 from multusd.core.dra import DraDevice
+from multusd.core.hotplugrecord import HotplugMark, Removal, read_marks
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
@@ -56,6 +57,7 @@ class Attachment(Record):
     cache_file: str = ""               # its libcni result-cache file ('' when there is none)
     result: Optional[dict] = None      # the cached result, at CURRENT_VERSION
     capability_args: Mapping[str, Any] = field(default_factory=dict)
+    hotplug: Optional[HotplugMark] = None  # added while the pod ran (enableDynamicNetworks)
 
     @property
     def ips(self) -> List[str]:
@@ -99,9 +101,12 @@ class SandboxRecord(PodIdentity, Record):
     result_files: Tuple[str, ...]
     mtime: float                       # when the sandbox's oldest record was written
     failed_delete: Optional[unreleased.FailedDelete] = None  # its DEL failed (see unreleased)
+    removed: Tuple[Removal, ...] = ()  # attachments removed while the pod ran
 
-    def is_unreleased(self, now: Optional[float] = None) -> bool:
-        """Its DEL failed past the window: answered success, its records kept for gc."""
+    def is_unreleased(self, now: Any = None) -> bool:
+        """Its DEL failed past the window: answered success, its records kept until the
+        daemon (or ``multusd gc``) releases it; ``now`` as :func:`multusd.as_instant` takes
+        it."""
         return self.failed_delete is not None and self.failed_delete.is_unreleased(now)
 
     @property
@@ -160,29 +165,31 @@ def container_ids(cni_dir: str) -> List[str]:
     return sorted(found)
 
 
-def read_sandboxes(cni_dir: str) -> List[SandboxRecord]:
-    """Every sandbox recorded under ``cni_dir``, oldest first.
+def read_sandboxes(cni_dir: str, *, spare: str = "") -> List[SandboxRecord]:
+    """Every sandbox recorded under ``cni_dir``, oldest first, with the marks of failed DELs
+    from there and from ``spare`` (:func:`~multusd.core.unreleased.spare_marks_dir`).
 
     :raises IOFailure: ``cni_dir`` or its ``results/`` cannot be listed.
     """
     entries = resultcache.list_entries(cni_dir)
-    marks = unreleased.read_all(cni_dir)
+    marks = unreleased.read_all(cni_dir, spare=spare)
     records = [_read(cni_dir, cid, entries, marks.get(cid)) for cid in container_ids(cni_dir)]
     return sorted(records, key=lambda r: (r.mtime, r.container_id))
 
 
-def read_sandbox(cni_dir: str, container_id: str) -> Optional[SandboxRecord]:
+def read_sandbox(cni_dir: str, container_id: str, *, spare: str = ""
+                 ) -> Optional[SandboxRecord]:
     """The records of one container ID, or None when nothing is recorded for it."""
     if not is_valid_name(container_id):
         return None
-    record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir),
-                   unreleased.read(cni_dir, container_id))
+    record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir, container_id),
+                   unreleased.read(cni_dir, container_id, spare=spare))
     return record if record.scratch_file or record.result_files else None
 
 
-def stale_sandboxes(cni_dir: str) -> List[SandboxRecord]:
+def stale_sandboxes(cni_dir: str, *, spare: str = "") -> List[SandboxRecord]:
     """The sandboxes whose network namespace is gone (what ``multusd gc`` releases)."""
-    return [r for r in read_sandboxes(cni_dir) if r.netns_state() == GONE]
+    return [r for r in read_sandboxes(cni_dir, spare=spare) if r.netns_state() == GONE]
 
 
 def count_stale_sandboxes(cni_dir: str) -> Optional[int]:
@@ -236,14 +243,16 @@ def _read(cni_dir: str, container_id: str, all_entries: List[dict],
     if delegates and master_ifname != "eth0":
         delegates = scratch.delegates_from_cache(data or b"", cni_ifname=master_ifname)
     by_key = {(str(e.get("networkName")), str(e.get("ifName"))): e for e in entries}
+    marks, removed = read_marks(data) if delegates else ([], ())
     attachments = []
-    for delegate in delegates:
+    for index, delegate in enumerate(delegates):
         net_name, plugins = _describe(delegate.conf, delegate.name)
         entry = by_key.pop((net_name, delegate.ifname), None)
         attachments.append(_attachment(cni_dir, delegate.name, net_name, delegate.ifname,
                                        delegate.master, plugins, delegate.conf, entry,
                                        delegate.device_id, delegate.resource_name,
-                                       delegate.dra_device))
+                                       delegate.dra_device,
+                                       marks[index] if index < len(marks) else None))
     for (net_name, ifname), entry in sorted(by_key.items(), key=lambda kv: kv[0][1]):
         # no scratch cache (or an entry it does not list): what DEL's fallback would find
         conf = resultcache.decode_config(entry)
@@ -263,7 +272,7 @@ def _read(cni_dir: str, container_id: str, all_entries: List[dict],
                          scratch_error=error, netns=netns, cni_args=cni_args,
                          attachments=tuple(attachments), result_files=result_files,
                          mtime=min((t for t in times if t), default=0.0),
-                         failed_delete=failed_delete)
+                         failed_delete=failed_delete, removed=removed)
 
 
 def _scratch_bytes(path: str) -> Tuple[Optional[bytes], str]:
@@ -311,7 +320,8 @@ def _describe(conf: bytes, source: str) -> Tuple[str, Tuple[str, ...]]:
 def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
                 master: bool, plugins: Tuple[str, ...], conf: bytes, entry: Optional[dict],
                 device_id: str = "", resource_name: str = "",
-                dra_device: Optional[DraDevice] = None) -> Attachment:
+                dra_device: Optional[DraDevice] = None,
+                hotplug: Optional[HotplugMark] = None) -> Attachment:
     result = None
     cache_file = ""
     capability_args: Dict[str, Any] = {}
@@ -329,7 +339,7 @@ def _attachment(cni_dir: str, network: str, net_name: str, ifname: str,
                       plugins=plugins, conf=conf, device_id=device_id,
                       resource_name=resource_name, dra_device=dra_device,
                       cache_file=cache_file, result=result,
-                      capability_args=capability_args)
+                      capability_args=capability_args, hotplug=hotplug)
 
 
 def _mtime(path: str) -> float:

@@ -13,7 +13,7 @@ sandbox's delegates are released (:mod:`multusd.core.parallel`'s waves, backward
 from __future__ import annotations
 
 import time
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.result import ip_addresses, is_empty
@@ -79,11 +79,13 @@ class DelegateRunner(Record):
         if delegate.device_id and info_file:
             devices.remove_device_info(info_file)
 
-    def delete_all(self, delegates: Sequence[Delegate]) -> Failures:
-        """DEL every delegate, dependents before what they depend on; every delegate gets its
-        DEL, whatever failed before. Returns the failures, in reverse ADD order."""
+    def delete_all(self, delegates: Sequence[Delegate],
+                   only: Optional[Sequence[int]] = None) -> Failures:
+        """DEL every delegate (or those at the indices ``only``), dependents before what they
+        depend on; every one gets its DEL, whatever failed before. Returns the failures, in
+        reverse ADD order."""
         failures: Failures = []
-        for wave in parallel.reverse_waves(self.waves(delegates, adding=False)):
+        for wave in parallel.reverse_waves(self.waves(delegates, adding=False), only=only):
             outcomes = parallel.run_each(self.delete, [delegates[i] for i in wave])
             failures += [(delegates[i], exc) for i, (_, exc) in zip(wave, outcomes)
                          if exc is not None]

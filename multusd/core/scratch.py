@@ -47,7 +47,12 @@ def delegates_to_cache(delegates: Sequence[Delegate]) -> bytes:
     device DRA allocated also ``draDevice`` (claim, request, driver, pool, device), which no
     field of upstream's DelegateNetConf matches, so that upstream's reader skips it.
     """
-    return ("[" + ",".join(go_json(_cache_entry(d)) for d in delegates) + "]").encode()
+    return encode_entries([cache_entry(d) for d in delegates])
+
+
+def encode_entries(entries: Sequence[Mapping[str, Any]]) -> bytes:
+    """A scratch cache of the entries (dicts as :func:`cache_entry` makes or the file holds)."""
+    return ("[" + ",".join(go_json(entry) for entry in entries) + "]").encode()
 
 
 def delegates_from_cache(data: bytes, *, top_cni_version: str = "",
@@ -114,7 +119,8 @@ def _conflist_view(data: Mapping[str, Any]) -> Dict[str, Any]:
     return view
 
 
-def _cache_entry(delegate: Delegate) -> Dict[str, Any]:
+def cache_entry(delegate: Delegate) -> Dict[str, Any]:
+    """The scratch-cache entry of one delegate (see :func:`delegates_to_cache`)."""
     data = conf_object(delegate.conf)
     entry: Dict[str, Any] = {
         "Conf": _plugin_conf_view(data),

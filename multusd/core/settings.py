@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from multusd import DEFAULT_CNI_DIR
+from multusd import cni_dir_of as cni_dir_rule
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig
 from multusd.node.devices import DEVINFO_DIR, KUBELET_DIR
@@ -86,8 +86,9 @@ def require_delegates(netconf: Mapping[str, Any]) -> None:
 
 
 def cni_dir_of(netconf: Mapping[str, Any]) -> str:
-    """``cniDir``: where the scratch and result caches (and the unreleased marks) live."""
-    return str(netconf.get("cniDir") or DEFAULT_CNI_DIR)
+    """``cniDir``: where the scratch and result caches (and the unreleased marks) live; by the
+    rule the shim applies too (:func:`multusd.cni_dir_of`)."""
+    return cni_dir_rule(netconf)
 
 
 def devinfo_dir_of(netconf: Mapping[str, Any]) -> str:

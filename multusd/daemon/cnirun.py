@@ -6,7 +6,8 @@ and hands it on as a :class:`~multusd.daemon.lanes.Job`; a worker of the lanes c
 turns every failure into a 400 with CNI error JSON, writes the answer (blocking, bounded by
 :data:`multusd.daemon.httpreq.READ_TIMEOUT`), closes the connection and gives back the bytes the request held in
 the :class:`MemoryBound` (every request read and not yet answered counts there: past the
-bound new bodies are refused "busy, retry").
+bound new bodies are refused "busy, retry"). At the daemon's stop :meth:`CniRunner.refuse`
+makes it answer every request not started yet "stopping, retry" instead of running it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from multusd.daemon import httpreq
 from multusd.daemon.lanes import Job
@@ -89,6 +90,8 @@ class CniRunner:
         self.finished = finished
         self.counts = {"ok": 0, "failed": 0}
         self._counts_lock = threading.Lock()
+        # (why, told of each job first): no job runs any more, each is answered TryAgainLater
+        self.refusal: Optional[Tuple[str, Callable[[Job], None]]] = None
 
     def counted(self) -> dict:
         with self._counts_lock:
@@ -101,16 +104,38 @@ class CniRunner:
             f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
             "raise \"workers\" in daemon-config.json or retry"))
 
+    def refuse(self, why: str, told: Callable[[Job], None]) -> None:
+        """From now on, run no job: answer each TryAgainLater ``why``, after telling ``told``
+        (the daemon's stop records a DEL it did not run)."""
+        self.refusal = (why, told)
+
+    def refused(self, job: Job) -> tuple[int, bytes]:
+        """The answer to ``job`` once :meth:`refuse` was called (counted, ``told`` told)."""
+        why, told = self.refusal
+        try:
+            told(job)
+        except Exception:  # noqa: BLE001 - the request is still answered
+            LOG.exception("recording a refused %s request failed", job.command or "CNI")
+        self.count("failed")
+        return error_answer(TryAgainLater(why))
+
     def run_job(self, job: Job) -> None:
         """On a worker thread: run one CNI request, answer it, close the connection."""
-        if time.monotonic() >= job.deadline:
+        if self.refusal is not None:
+            status, payload = self.refused(job)
+        elif time.monotonic() >= job.deadline:
             status, payload = self.too_late()
         else:
             status, payload = self.run_cni(job.path, job.body, job.deadline)
+        self.answer(job, status, payload)
+
+    def answer(self, job: Job, status: int, payload: bytes,
+               timeout: float = httpreq.READ_TIMEOUT) -> None:
+        """Write the answer of ``job`` (blocking, up to ``timeout``), close its connection."""
         sock = job.conn
         try:
             sock.setblocking(True)
-            sock.settimeout(httpreq.READ_TIMEOUT)
+            sock.settimeout(timeout)
             sock.sendall(httpreq.response(status, payload))
             self.observe_http(job.path, job.method, status)
         except OSError as exc:

@@ -1,35 +1,57 @@
-"""Unreleased sandboxes, from the daemon's side: the window published, announced, DEL retried.
+"""Unreleased sandboxes, from the daemon's side: the window published, DEL retried, announced.
 
-At start the daemon publishes its ``deleteRetryWindow`` for the shim (which needs it when
-the daemon cannot answer) and, once its pod cache has synced, announces the sandboxes the
-shim answered success for while the daemon could not run (a journal warning each, an Event
-while the pod exists). Then, every :data:`RETRY_INTERVAL`, it runs the runtime's DEL again for
-each unreleased sandbox, one at a time, exactly as the runtime sent it and through the
-daemon's own socket (the lanes keep it one at a time with the runtime's requests for that
-sandbox; deadline, logs and metrics as for any request): a cause that went away (a plugin installed
-again, an IPAM daemon back) releases what the sandbox held without the operator. A slow
-cadence, and none at start: a start is when a node's queued requests (a reboot, a drain)
-arrive, and ``multusd gc`` retries at once when asked. Marks whose sandbox has no records left
-(released by another DEL, upstream's daemon, ``gc --forget``) are dropped.
+At start the daemon publishes its ``deleteRetryWindow`` for the shim (which needs it when the
+daemon cannot answer). Then it releases by itself what is recorded as unreleased: the
+sandboxes whose DEL kept failing past their window, its own or the shim's (while the daemon
+was down or broken), in ``<cniDir>`` and in the spare marks directory beside the socket. It
+runs the runtime's DEL of each again, exactly as the runtime sent it and through the daemon's
+own socket (the lanes keep it one at a time with the runtime's requests for that sandbox;
+deadline, logs and metrics as for any request; only the delegates still held run):
+
+* at once when the daemon starts, without waiting for the pod cache (a DEL needs none), so
+  that a pod deleted while the daemon was down has its addresses back within seconds of the
+  daemon's return;
+* then each sandbox still failing on its own backoff: :data:`RETRY_FIRST` seconds, doubling
+  to :data:`RETRY_MAX`, each wait up to half as long again at random (many nodes whose IPAM
+  server was down do not come back in step); a sandbox released leaves the schedule;
+* new marks are looked for every :data:`SCAN_INTERVAL`, and when a sandbox's window ends
+  (the runtime stops retrying then): a sandbox the daemon answered success for is retried
+  within seconds.
+
+A sandbox still failing after its first retry is announced once (a journal warning, an Event
+while the pod exists, which waits up to :data:`SYNC_WAIT` for the pod cache). Marks whose
+sandbox has no records left (released by another DEL, upstream's daemon, ``gc --forget``)
+are dropped.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from multusd import clock_now
 from multusd.core import settings, unreleased
 from multusd.errors import MultusError
 from multusd.wire import api, delwindow
 
 LOG = logging.getLogger(__name__)
 
-RETRY_INTERVAL = 600.0  # 10 minutes: a few plugin runs per unreleased sandbox an hour
-SYNC_WAIT = 60.0        # how long the start's announcements wait for the pod cache (Events)
+RETRY_FIRST = 5.0     # seconds before a sandbox that failed again is retried ...
+RETRY_MAX = 300.0     # ... doubling to 5 minutes
+RETRY_JITTER = 0.5    # each wait is its step times 1 to 1.5, at random
+SCAN_INTERVAL = 30.0  # how often new marks are looked for, with nothing due before
+SYNC_WAIT = 60.0      # how long an announcement waits for the pod cache (its Event)
 
 Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
+
+
+def spare_of(config: Any) -> str:
+    """The daemon's spare marks directory (beside its socket): see
+    :func:`multusd.core.unreleased.spare_marks_dir`."""
+    return unreleased.spare_marks_dir(config.socket_dir)
 
 
 def through_socket(path: str) -> Handler:
@@ -47,26 +69,47 @@ def through_socket(path: str) -> Handler:
     return send
 
 
+class Backoff:
+    """One sandbox's waits between retries: ``first`` doubling to ``cap``, jittered."""
+
+    def __init__(self, first: float = RETRY_FIRST, cap: float = RETRY_MAX,
+                 jitter: float = RETRY_JITTER) -> None:
+        self.first, self.cap, self.jitter = first, cap, jitter
+        self.step = first
+
+    def next(self) -> float:
+        wait = self.step * (1.0 + self.jitter * random.random())
+        self.step = min(self.step * 2, self.cap)
+        return wait
+
+
 class DelRetrier:
     """The daemon's background thread for unreleased sandboxes (see the module docstring)."""
 
     def __init__(self, config: Any, multus: Any, handle: Handler, *,
-                 interval: float = RETRY_INTERVAL) -> None:
+                 first: float = RETRY_FIRST, cap: float = RETRY_MAX,
+                 scan: float = SCAN_INTERVAL, sync_wait: float = SYNC_WAIT) -> None:
         self.config = config
         self.multus = multus
         self.handle = handle  # sends a request to the daemon: (endpoint, body, deadline, id)
-        self.interval = interval
+        self.first, self.cap, self.scan, self.sync_wait = first, cap, scan, sync_wait
         self.cni_dir = settings.cni_dir_of(config.raw)
+        self.spare = spare_of(config)
+        self.retries = 0   # DELs run again, and how many released their sandbox (the notes'
+        self.released = 0  # and the tests' view of what the thread did)
+        self._due: Dict[str, Tuple[float, Backoff]] = {}  # container ID -> (when, its backoff)
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> "DelRetrier":
         try:
             unreleased.publish_window(self.cni_dir, self.config.delete_retry_window,
-                                      delwindow.DEFAULT_WINDOW)
+                                      delwindow.DEFAULT_WINDOW, spare=self.spare)
         except MultusError as exc:
             LOG.warning("cannot tell the shim the deleteRetryWindow: %s; a shim that cannot "
                         "reach multusd uses the default", exc.msg)
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="multusd-unreleased",
                                         daemon=True)
         self._thread.start()
@@ -78,43 +121,68 @@ class DelRetrier:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        waited = 0.0
-        marked = bool(unreleased.read_all(self.cni_dir))
-        while marked and not self.multus.ready() and waited < SYNC_WAIT and \
-                not self._stop.wait(0.5):  # an Event needs the pod cache
-            waited += 0.5
-        try:
-            if marked:
-                self.announce()
-        except Exception:  # noqa: BLE001 - never take the daemon down; said in the journal
-            LOG.exception("announcing the unreleased sandboxes failed")
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
             try:
-                self.retry_all()
-            except Exception:  # noqa: BLE001
+                pause = self.run_due()
+            except Exception:  # noqa: BLE001 - never take the daemon down; said in the journal
                 LOG.exception("retrying the DEL of unreleased sandboxes failed")
+                pause = self.scan
+            if self._stop.wait(pause):
+                return
 
-    def announce(self) -> int:
-        """Say once, for every unreleased sandbox not announced yet, that it is unreleased."""
-        unreleased.prune(self.cni_dir)
-        count = 0
-        for mark in unreleased.unreleased(self.cni_dir):
-            if not mark.announced:
-                unreleased.announce(self.multus.kube, mark, LOG)
-                unreleased.set_announced(self.cni_dir, mark)
-                count += 1
-        return count
+    def run_due(self) -> float:
+        """Retry each unreleased sandbox whose turn it is (each new one at once), announce
+        those still failing; the seconds until something is due again."""
+        unreleased.prune(self.cni_dir, spare=self.spare)
+        now = clock_now()
+        marks = unreleased.read_all(self.cni_dir, spare=self.spare)
+        left = [m for m in marks.values() if m.is_unreleased(now)
+                and unreleased.has_records(m.cni_dir or self.cni_dir, m.container_id)]
+        self._due = {cid: due for cid, due in self._due.items()
+                     if cid in {m.container_id for m in left}}
+        for mark in left:
+            if self._stop.is_set():
+                break
+            when, backoff = self._due.get(mark.container_id, (0.0, None))
+            if time.monotonic() < when:
+                continue
+            if self.retry(mark):
+                self._due.pop(mark.container_id, None)
+                continue
+            backoff = backoff or Backoff(self.first, self.cap)
+            self._due[mark.container_id] = (time.monotonic() + backoff.next(), backoff)
+            self._announce_if_due(mark.container_id)
+        pause = self.scan
+        if self._due:
+            pause = min(pause, min(when for when, _ in self._due.values()) - time.monotonic())
+        reporting = [m.ends_in(now) for m in marks.values() if not m.is_unreleased(now)]
+        if reporting:  # the runtime stops retrying when the window ends: the daemon goes on
+            pause = min(pause, min(reporting) + 1.0)
+        return max(0.1, pause)
 
     def retry_all(self) -> int:
-        """Run the DEL of every unreleased sandbox again; how many were released."""
-        self.announce()
+        """Run the DEL of every unreleased sandbox again, now; announce those still failing;
+        how many were released."""
+        unreleased.prune(self.cni_dir, spare=self.spare)
         released = 0
-        for mark in unreleased.unreleased(self.cni_dir):
+        for mark in unreleased.unreleased(self.cni_dir, spare=self.spare):
             if self._stop.is_set():
                 break
             if self.retry(mark):
                 released += 1
+            else:
+                self._announce_if_due(mark.container_id, wait=False)
         return released
+
+    def announce(self) -> int:
+        """Say once, for every unreleased sandbox not announced yet, that it is unreleased
+        (without waiting for the pod cache); how many were announced."""
+        count = 0
+        for mark in unreleased.unreleased(self.cni_dir, spare=self.spare):
+            if not mark.announced:
+                self._announce_if_due(mark.container_id, wait=False)
+                count += 1
+        return count
 
     def retry(self, mark: unreleased.FailedDelete) -> bool:
         """The runtime's DEL of ``mark``'s sandbox once more; True when it is released."""
@@ -125,6 +193,7 @@ class DelRetrier:
                         "release it with `multusd gc`", mark.container_id)
             return False
         deadline = time.monotonic() + self.config.request_timeout
+        self.retries += 1
         try:
             self.handle(api.CNI_ENDPOINT, api.encode_request(env, config), deadline,
                         f"unreleased-{mark.container_id[:12]}")
@@ -132,7 +201,18 @@ class DelRetrier:
             LOG.warning("unreleased sandbox %s: its DEL failed again: %s", mark.container_id,
                         exc.msg)
             return False
-        if unreleased.has_records(self.cni_dir, mark.container_id):
+        if unreleased.has_records(mark.cni_dir or self.cni_dir, mark.container_id):
             return False
+        self.released += 1
         LOG.info("unreleased sandbox %s (%s) is released now", mark.container_id, mark.pod)
         return True
+
+    def _announce_if_due(self, container_id: str, wait: bool = True) -> None:
+        """Announce the sandbox (once) when its pod cache can say whether the pod exists (for
+        the Event), or :attr:`sync_wait` after start without it (``wait``: else at once)."""
+        mark = unreleased.read(self.cni_dir, container_id, spare=self.spare)
+        if mark is None or mark.announced or not mark.is_unreleased():
+            return
+        waited = not wait or time.monotonic() - self._started >= self.sync_wait
+        if unreleased.announce(self.multus.kube, mark, LOG, without_cache=waited):
+            unreleased.set_announced(self.cni_dir, mark, spare=self.spare)

@@ -37,8 +37,10 @@ class BackgroundKube:
 
     def __init__(self, kubeconfig: str, configured_node_name: str,
                  on_failure: Callable[[], None],
-                 on_built: Callable[[], None] = lambda: None, *, pool_size: int = 0) -> None:
+                 on_built: Callable[[], None] = lambda: None, *, pool_size: int = 0,
+                 pod_listener: Optional[Callable[[Any], None]] = None) -> None:
         self.kubeconfig = kubeconfig
+        self.pod_listener = pod_listener  # handed every pod the watch delivers, from its start
         self.pool_size = pool_size  # idle API connections to keep (0: the transport's default)
         self.configured_node_name = configured_node_name
         self.failure: Optional[str] = None
@@ -63,6 +65,8 @@ class BackgroundKube:
                                          client_config.node_identity)
             LOG.info("%s", self.node.describe())
             client = KubeClient(client_config, self.node.name, node_source=self.node.source)
+            if self.pod_listener is not None:
+                client.add_pod_listener(self.pod_listener)
             client.start()
             self.client = client
         except Exception as exc:  # reported, and the daemon stops: it cannot serve ADD

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 LOG = logging.getLogger(__name__)
 FAST_COMMANDS = ("DEL", "STATUS")
@@ -65,17 +65,25 @@ def run_queue_full(cpus: int = 0) -> bool:
 
 
 class Job:
-    """One CNI request read in full, waiting for (or holding) a worker."""
+    """One CNI request read in full, waiting for (or holding) a worker.
+
+    A job with a ``task`` is the daemon's own work for a sandbox (a dynamic attachment's
+    reconciliation): no connection, the task is run instead of the request; it waits in
+    the sandbox's order like any request of it and keeps its own deadline (give it
+    ``math.inf`` here, so that the server never answers it as expired).
+    """
 
     __slots__ = ("conn", "path", "method", "body", "deadline", "command", "key", "fast",
-                 "charged")
+                 "charged", "task")
 
     def __init__(self, conn: Any, path: str, method: str, body: bytes, deadline: float,
-                 command: str = "", key: str = "", charged: int = 0) -> None:
+                 command: str = "", key: str = "", charged: int = 0,
+                 task: Optional[Callable[["Job"], None]] = None) -> None:
         self.conn, self.path, self.method, self.body = conn, path, method, body
         self.deadline, self.command, self.key = deadline, command, key
         self.fast = command in FAST_COMMANDS
         self.charged = charged  # bytes of the server's memory budget this request holds
+        self.task = task
 
 
 class Lanes:
@@ -102,6 +110,7 @@ class Lanes:
         self._keys: Dict[str, Deque[Job]] = {}  # a claimed sandbox -> its parked requests
         self._queued = 0
         self._running = 0
+        self._active: List[Job] = []  # the jobs running now
         self._closed = False
 
     # -- what the server asks ---------------------------------------------------------------
@@ -148,6 +157,17 @@ class Lanes:
             self._closed = True
             for wakeup in self._wakeup:
                 wakeup.notify_all()
+
+    def jobs(self) -> Tuple[List[Job], List[Job]]:
+        """(the jobs running now, the jobs waiting: queued or parked), for the daemon's stop."""
+        with self._lock:
+            waiting = [job for queue in self._queues for job in queue]
+            waiting += [job for parked in self._keys.values() for job in parked]
+            return list(self._active), waiting
+
+    def take_waiting(self) -> List[Job]:
+        """Remove and return every waiting job (to be answered: the daemon is exiting)."""
+        return self.take_expired(float("inf"))
 
     @property
     def queued(self) -> int:
@@ -223,15 +243,17 @@ class Lanes:
                     continue
                 self._queued -= 1
                 self._running += 1
+                self._active.append(job)
                 general = kind == _GENERAL
                 self._running_general += general
                 self._lock.release()
                 try:
-                    self._run(job)
+                    (job.task or self._run)(job)
                 except Exception:  # the server answers; a bug here must not end the thread
                     LOG.exception("a worker failed on a %s request", job.command or "CNI")
                 finally:
                     self._lock.acquire()
+                    self._active.remove(job)
                     self._running -= 1
                     self._running_general -= general
                     self._release_key(job)

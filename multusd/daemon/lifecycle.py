@@ -14,11 +14,11 @@ is imported by then: during an upgrade the old daemon serves, with the new packa
 already in place, until postinst restarts it, and it must never load one of those
 (tests/unit/daemon/test_startup_imports.py reads the code for such imports).
 
-On SIGTERM: ``/readyz`` turns 500 and STOPPING=1 is sent, requests in flight finish (DEL
-keeps being served meanwhile), then the process exits 0 within the stop timeout, without
-the interpreter's tear-down of every imported module (tens of ms with the ``kubernetes``
-package loaded): everything multusd writes is already on disk, and the log handlers are
-flushed.
+On SIGTERM: the stop of :mod:`multusd.daemon.stopping` (``/readyz`` 500, STOPPING=1, DEL
+still served, requests in flight finish until one deadline inside systemd's TimeoutStopSec,
+then what still runs is cut and recorded), then the process exits 0, without the
+interpreter's tear-down of every imported module (tens of ms with the ``kubernetes`` package
+loaded): everything multusd writes is already on disk, and the log handlers are flushed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from typing import Any, Mapping
 from multusd import __version__
 from multusd.core.request import CmdArgs, decode_body, parse
 from multusd.core.settings import cni_dir_of
-from multusd.daemon import delretry, metrics, metricsserver, systemd
+from multusd.cni.invoke import RunningPlugins
+from multusd.daemon import delretry, dynnetworks, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.multus import Multus
 from multusd.errors import MultusError
@@ -45,11 +46,9 @@ from multusd.daemon.kubestart import BackgroundKube
 from multusd.daemon.lanes import del_lane_workers
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.daemon.server import Server
+from multusd.daemon.stopping import Stop
 
 LOG = logging.getLogger(__name__)
-# After the last accepted connection: a moment for a connection accepted just before the
-# listener closed to finish (every request is bounded by requestTimeout anyway).
-FINAL_DRAIN = 5.0
 
 # Requests to the API server that may be in flight at once besides the workers' (the pod and
 # NAD watches, the event sender): with every worker, what the idle connection pool keeps.
@@ -115,8 +114,12 @@ class Daemon:
         self.metrics: metrics.DaemonMetrics | metrics.NullMetrics = metrics.NullMetrics()
         self.metrics_server = None
         self.retrier: delretry.DelRetrier | None = None
+        self.running_plugins = RunningPlugins()  # the stop kills what still runs
+        self.stop: Stop | None = None
+        self.dynamic: dynnetworks.DynamicNetworks | None = None  # enableDynamicNetworks
         self._owns_socket = False
         self._stopping = threading.Event()
+        self._stop_lock = threading.RLock()  # a signal handler may take it: reentrant
         self._started = time.time()
 
     def run(self) -> int:
@@ -133,6 +136,9 @@ class Daemon:
                              readiness=self.multus.ready, after_request=self._report_status,
                              observe_http=self.metrics.observe_http,
                              describe=self._describe)
+        if self.dynamic is not None:
+            self.dynamic.start(self.server.lanes)
+            LOG.info("dynamic networks on: a running pod's network-selection changes are applied")
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._start_watchdog()
@@ -145,7 +151,8 @@ class Daemon:
             self.config, self.multus, delretry.through_socket(listener.getsockname())).start()
         try:
             self.server.serve_forever()
-            self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
+            if self.stop is not None:
+                self.stop.finish()
         finally:
             self._close(listener)
         if self.kube is not None and self.kube.failure is not None:
@@ -156,12 +163,24 @@ class Daemon:
 
     def _make_multus(self) -> Multus:
         if self.config.kubeconfig:
+            dynamic = self.config.enable_dynamic_networks
             self.kube = BackgroundKube(self.config.kubeconfig, self.config.node_name,
                                        on_failure=self._on_kube_failure,
                                        on_built=self._report_status,
-                                       pool_size=kube_connections(self.config.workers))
+                                       pool_size=kube_connections(self.config.workers),
+                                       pod_listener=self._pod_changed if dynamic else None)
         observer = self.metrics.observe_plugin if self.metrics.enabled else None
-        return Multus(self.config, self.kube, plugin_observer=observer)
+        multus = Multus(self.config, self.kube, plugin_observer=observer,
+                        running_plugins=self.running_plugins)
+        if self.kube is not None and self.config.enable_dynamic_networks:
+            self.dynamic = dynnetworks.DynamicNetworks(
+                multus, cni_dir=cni_dir_of(self.config.raw),
+                request_timeout=self.config.request_timeout)
+        return multus
+
+    def _pod_changed(self, pod: Any) -> None:
+        if self.dynamic is not None:
+            self.dynamic.pod_changed(pod)
 
     @property
     def node(self) -> nodename.NodeName | None:
@@ -170,9 +189,7 @@ class Daemon:
 
     def _on_kube_failure(self) -> None:
         systemd.notify(f"STATUS=cannot start: {self.kube.failure}")
-        self._stopping.set()
-        self.server.ready = False
-        self.server.stop()
+        self._begin_stop(f"cannot start: {self.kube.failure}")
 
     def _start_metrics(self) -> None:
         if self.config.metrics_port is None:
@@ -193,6 +210,7 @@ class Daemon:
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
             cni_dir=cni_dir_of(self.config.raw),
+            marks_spare=delretry.spare_of(self.config),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),
@@ -200,12 +218,19 @@ class Daemon:
             nad_api_unavailable=from_client(lambda c: int(c.nad_problem() is not None)),
             nad_refusals=from_client(lambda c: c.nad_refusals),
             credential_rotations=from_client(lambda c: c.config.credentials.rotations),
-            kube_request_retries=from_client(lambda c: c.api_retries))
+            kube_request_retries=from_client(lambda c: c.api_retries),
+            dynamic_reconciliations=self.dynamic.counts if self.dynamic is not None else None)
         LOG.info("metrics on %s/metrics", self.metrics_server.url)
 
     def _close(self, listener: socket.socket) -> None:
+        if self.dynamic is not None:
+            # its steps ran in the lanes, which the stop drained or cut by its deadline: what
+            # is left is the thread between two steps (not to hold the exit past that deadline)
+            self.dynamic.stop(1.0)
         if self.retrier is not None:
-            self.retrier.stop()
+            # not joined: a retry waiting on the socket is the next daemon's, and the stop's
+            # deadline is not to be passed for it
+            self.retrier.stop(timeout=0)
         if self.metrics_server is not None:
             self.metrics_server.close()
         if self.kube is not None:
@@ -267,6 +292,8 @@ class Daemon:
                             "nadsSynced": client.nads_synced() if client is not None else False,
                             "nadProblem": {"condition": problem[0], "message": problem[1]}
                             if problem else None}
+        if self.dynamic is not None:
+            info["dynamicNetworks"] = self.dynamic.status()
         return info
 
     def _report_status(self) -> None:
@@ -288,19 +315,20 @@ class Daemon:
 
     # -- stopping ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame) -> None:
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
-        LOG.info("received %s: draining in-flight requests", signal.Signals(signum).name)
-        self.server.ready = False
-        systemd.notify("STOPPING=1")
-        threading.Thread(target=self._drain, name="multusd-drain", daemon=True).start()
+        self._begin_stop(f"received {signal.Signals(signum).name}")
 
-    def _drain(self) -> None:
-        # In-flight requests end within their deadline (requestTimeout, 110 s by default;
-        # multusd.service's TimeoutStopSec=150 leaves room for it).
-        self.server.wait_idle(self.config.request_timeout + FINAL_DRAIN)
-        self.server.stop()
+    def _begin_stop(self, why: str) -> None:
+        """The one stop (:mod:`multusd.daemon.stopping`); a second signal changes nothing."""
+        with self._stop_lock:
+            if self._stopping.is_set():
+                return
+            self._stopping.set()
+            if self.retrier is not None:
+                self.retrier.stop(timeout=0)  # no new retries; one running ends with the stop
+            if self.dynamic is not None:
+                self.dynamic.stop(0)  # none starts any more; one running stops between steps
+            self.stop = Stop(self.server, self.running_plugins, self.config, self.kube)
+            self.stop.begin(why)
 
     def _start_watchdog(self) -> None:
         interval = systemd.watchdog_interval()

@@ -18,6 +18,7 @@ Series (see :class:`DaemonMetrics`)::
     multusd_credential_rotations_total               counter, rotated credentials picked up
     multusd_kube_request_retries_total{cause}        counter, API requests sent again, by cause
     multusd_node_name_mismatch                       gauge, 1 when the watched name is wrong
+    multusd_dynamic_reconciliations_total{outcome}   counter, with enableDynamicNetworks only
     multusd_build_info{version}                      always 1
 
 Usage from the daemon (each daemon has its own registry, so tests run several in one process)::
@@ -103,7 +104,15 @@ _SAMPLED_LABELLED = (
      "error: an ERROR event or an error answer; connection: the connection failed or was "
      "cut; silence: nothing arrived within the silence bound).", "counter",
      ("resource", "cause")),
+    ("multusd_dynamic_reconciliations_total", "Running pods' changed network selections "
+     "applied (enableDynamicNetworks), by outcome (changed: interfaces added or removed; "
+     "unchanged: nothing to do or network-status only; refused: a selection that cannot be "
+     "applied, said in a Warning event; failed: retried with backoff; gone: the sandbox was "
+     "released meanwhile; stopped: the daemon stopped or the pod terminated).", "counter",
+     ("outcome",)),
 )
+# series that exist only while a source is set (an opt-in feature's): none without it
+_OPTIONAL = frozenset(("multusd_dynamic_reconciliations_total",))
 
 
 def count_scratch_entries(cni_dir: str) -> Optional[int]:
@@ -126,10 +135,10 @@ def _stale_counter(cni_dir: str) -> Callable[[], Optional[int]]:
     return lambda: count_stale_sandboxes(cni_dir)
 
 
-def _unreleased_counter(cni_dir: str) -> Callable[[], Optional[int]]:
+def _unreleased_counter(cni_dir: str, spare: str) -> Callable[[], Optional[int]]:
     from multusd.core.unreleased import count_unreleased  # only when metrics are on
 
-    return lambda: count_unreleased(cni_dir)
+    return lambda: count_unreleased(cni_dir, spare=spare)
 
 
 def handler_label(path: str) -> str:
@@ -212,7 +221,10 @@ class _Sampled:
     def describe(self) -> list:
         return [self._families[kind](name, text) for name, text, kind in _SAMPLED] + \
             [self._families[kind](name, text, labels=labels)
-             for name, text, kind, labels in _SAMPLED_LABELLED]
+             for name, text, kind, labels in _SAMPLED_LABELLED if self._shown(name)]
+
+    def _shown(self, name: str) -> bool:
+        return name not in _OPTIONAL or self._functions[name] is not None
 
     def collect(self) -> Iterator[Any]:
         for name, text, kind in _SAMPLED:
@@ -222,6 +234,8 @@ class _Sampled:
                 family.add_metric([], value)
             yield family
         for name, text, kind, labels in _SAMPLED_LABELLED:
+            if not self._shown(name):
+                continue
             family = self._families[kind](name, text, labels=labels)
             samples = self._sample(name)
             for label_values, sample in sorted((samples or {}).items()):
@@ -279,17 +293,19 @@ class DaemonMetrics:
 
     def set_sources(self, *, cached_pods: Optional[Callable[[], Optional[float]]] = None,
                     cached_nads: Optional[Callable[[], Optional[float]]] = None,
-                    cni_dir: Optional[str] = None,
+                    cni_dir: Optional[str] = None, marks_spare: str = "",
                     pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
                     node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
                     watch_relists: Optional[Callable[[], Optional[float]]] = None,
                     watch_reopens: Optional[Callable[[], Optional[Mapping]]] = None,
                     **kube: Optional[Callable[[], Optional[float]]]) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty.
+        ``marks_spare``: the marks of failed DELs that ``cni_dir`` could not take.
 
-        ``kube`` may name ``nad_api_unavailable``, ``nad_refusals``, ``credential_rotations``
-        and ``kube_request_retries`` (a dict by cause) (the series of the same name, ``_total``
-        for counters); ``watch_reopens`` returns {(resource, cause): count}.
+        ``kube`` may name ``nad_api_unavailable``, ``nad_refusals``, ``credential_rotations``,
+        ``kube_request_retries`` (a dict by cause) and ``dynamic_reconciliations`` (a dict by
+        outcome) (the series of the same name, ``_total`` for counters); ``watch_reopens``
+        returns {(resource, cause): count}.
         """
         for key, function in kube.items():
             name = f"multusd_{key}" + ("" if key == "nad_api_unavailable" else "_total")
@@ -308,7 +324,8 @@ class DaemonMetrics:
         self.sampled.set_function("multusd_stale_sandboxes",
                                   None if cni_dir is None else _stale_counter(cni_dir))
         self.sampled.set_function("multusd_unreleased_sandboxes",
-                                  None if cni_dir is None else _unreleased_counter(cni_dir))
+                                  None if cni_dir is None
+                                  else _unreleased_counter(cni_dir, marks_spare))
 
     def observe_plugin(self, plugin_type: str, command: str, seconds: float,
                        outcome: str = "ok") -> None:

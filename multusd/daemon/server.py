@@ -12,30 +12,26 @@ requests in order, one at a time), whose worker runs and answers it
 closed for a new one), waiting requests, each request's head and body, and bytes of request
 held in all (:class:`~multusd.daemon.cnirun.MemoryBound`: a declared body counts in full once
 its head is read, a chunked one as it comes; past the bound either is refused "busy, retry").
-A refused request is answered 400 with CNI error JSON, then what the client still sends is
-read away (bounded) before the close, so that it reads the answer instead of a broken pipe.
+A refused request is answered 400 with CNI error JSON (the connections themselves, their
+timers, answers and closing: :mod:`multusd.daemon.reactor`). At the daemon's stop
+(:meth:`Server.begin_stop`) ``/readyz`` answers 500 and only DEL and STATUS are still run.
 """
 
 from __future__ import annotations
 
-import errno
-import heapq
-import itertools
 import json
 import logging
 import os
 import selectors
 import socket
-import threading
 import time
-from collections import OrderedDict
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping
 
 from multusd.daemon import httpreq
-from multusd.daemon.httpreq import (LINGER, READ_TIMEOUT, READING, READY_WAIT, WRITING,
-                                    Connection)
+from multusd.daemon.httpreq import LINGER, READ_TIMEOUT, READING, READY_WAIT, Connection
 from multusd.daemon.cnirun import CniRunner, Handler, MemoryBound, error_answer
-from multusd.daemon.lanes import Job, Lanes, del_lane_workers
+from multusd.daemon.lanes import FAST_COMMANDS, Job, Lanes, del_lane_workers
+from multusd.daemon.reactor import LINGER_BYTES, LINGER_TIMEOUT, Reactor  # noqa: F401 (were here)
 from multusd.errors import DecodeFailure, MultusError, TryAgainLater
 from multusd.wire import api
 
@@ -50,14 +46,12 @@ READY_CHECK = 0.005
 PROBE_BODY = 65536  # a probe's body is read before the answer up to this size (upstream's
 #                     shim POSTs "null" to /readyz), beyond it read away after the answer
 PROBE_ROOM = 64  # connection slots CNI requests leave free (probes, idle ones, answers)
-LINGER_TIMEOUT = 5.0
 STOP_GRACE = 1.0  # at stop: how long an accepted connection may still take to send a request
-LINGER_BYTES = 16 * MAX_BODY
 MAX_BUFFERED = 64 * 1024 * 1024
 SWEEP_INTERVAL = 1.0  # how often waiting requests are checked against their deadline
 
 
-class Server:
+class Server(Reactor):
     """Serves the Multus API on a listening unix socket until :meth:`stop`."""
 
     def __init__(self, listener: socket.socket, handler: Handler, *, workers: int = 16,
@@ -69,37 +63,27 @@ class Server:
                  max_connections: int = 0, read_timeout: float = 0.0,
                  head_timeout: float = 0.0, del_workers: int = 0, max_queued: int = 0,
                  max_buffered: int = 0) -> None:
-        self.listener = listener
+        super().__init__(listener, max_connections=max_connections or max(512, 8 * workers),
+                         head_timeout=head_timeout or HEAD_TIMEOUT,
+                         read_timeout=read_timeout or READ_TIMEOUT,
+                         memory=MemoryBound(max_buffered or MAX_BUFFERED),
+                         observe_http=observe_http)
         self.handler = handler
         self.request_timeout = request_timeout
         self.readiness = readiness
         self.after_request = after_request
-        self.observe_http = observe_http  # (path, method, status) of every answer: metrics
         self.describe = describe
-        self.read_timeout = read_timeout or READ_TIMEOUT
-        self.head_timeout = head_timeout or HEAD_TIMEOUT
-        self.max_connections = max_connections or max(512, 8 * workers)
         fast_workers = del_workers or del_lane_workers(workers)
         # CNI requests, running or waiting, never hold the connection slots probes need
         room = self.max_connections - workers - fast_workers - PROBE_ROOM
-        self.memory = MemoryBound(max_buffered or MAX_BUFFERED)
         self.runner = CniRunner(handler, self.memory, request_timeout=request_timeout,
                                 observe_http=observe_http, after_request=after_request,
                                 finished=lambda job: self._closed())
         self.lanes = Lanes(self.runner.run_job, workers=workers, fast_workers=fast_workers,
                            max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
         self.ready = True
-        self._open = 0  # connections accepted and not yet closed, reactor's or a worker's
-        self._idle = threading.Condition()
-        self._conns: "OrderedDict[int, Connection]" = OrderedDict()  # the reactor's, oldest first
-        self._timers: List[tuple] = []  # (deadline, sequence, conn) heap, stale entries skipped
-        self._sequence = itertools.count()
+        self.stopping = False  # see begin_stop
         self._ready_waiters: List[tuple] = []  # (conn, hold deadline)
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector: Optional[selectors.BaseSelector] = None
-        self._accepting = False
-        self._stopped = False
-        self._family = listener.family
 
     # -- life cycle -------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -142,48 +126,29 @@ class Server:
                 os.close(self._wake_w)
                 self._wake_w = -1
 
+    def begin_stop(self) -> None:
+        """The daemon is stopping: ``/readyz`` answers 500, and of the CNI requests read from
+        now on only DEL and STATUS run; the others are answered "stopping, retry" (the next
+        daemon serves the retry). Probes are answered until :meth:`stop`."""
+        self.ready = False
+        self.stopping = True
+
     def stop(self) -> None:
         """Stop accepting; connections not yet accepted stay queued in the socket."""
         if not self._stopped:
             self._stopped = True
             self._wake()
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no connection is open; False if some still are after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._open:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
-        return True
-
-    @property
-    def in_flight(self) -> int:
-        return self._open
-
     def status(self) -> dict:
         """What ``GET /status`` answers: request counts and in flight, plus :attr:`describe`."""
-        info = {"requests": self.runner.counted(), "inFlight": max(0, self._open - 1),  # not this one
+        info = {"requests": self.runner.counted(),
+                "inFlight": max(0, self._open - 1),  # not this request itself
                 "queued": self.lanes.queued, "running": self.lanes.running,
                 "ready": bool(self.ready and self.readiness())}
         info.update(self.describe())
         return info
 
     # -- the reactor ------------------------------------------------------------------------
-    def _wake(self) -> None:
-        with self._idle:
-            self._wake_locked()
-
-    def _wake_locked(self) -> None:
-        if self._wake_w < 0:
-            return  # the reactor has ended
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # already pending
-
     def _woken(self) -> None:
         try:
             os.read(self._wake_r, 4096)
@@ -204,90 +169,16 @@ class Server:
         elif not self._accepting and self._open < self.max_connections:
             self._listen(True)
 
-    def _listen(self, on: bool) -> None:
-        if on and not self._accepting and not self._stopped:
-            self._selector.register(self.listener, selectors.EVENT_READ, self.listener)
-            self._accepting = True
-        elif not on and self._accepting:
-            self._selector.unregister(self.listener)
-            self._accepting = False
-
     def _timeout(self) -> float:
         if self._ready_waiters:
             return READY_CHECK
-        while self._timers and self._timers[0][2].deadline != self._timers[0][0]:
-            heapq.heappop(self._timers)  # a conn closed, handed on or given a new deadline
-        if not self._timers:
+        due = self._next_timer()
+        if due is None:
             return SWEEP_INTERVAL
-        return min(SWEEP_INTERVAL, max(0.0, self._timers[0][0] - time.monotonic()))
+        return min(SWEEP_INTERVAL, max(0.0, due - time.monotonic()))
 
-    def _set_deadline(self, conn: Connection, deadline: float) -> None:
-        conn.deadline = deadline
-        heapq.heappush(self._timers, (deadline, next(self._sequence), conn))
-
-    def _accept(self) -> None:
-        batch = next(self._sequence)  # connections accepted from here on are not evicted now
-        for _ in range(64):  # then let the connections already accepted be read
-            if self._open >= self.max_connections and not self._evict(batch):
-                if not any(conn.idle for conn in self._conns.values()):
-                    self._listen(False)  # until one closes: the rest wait in the backlog
-                return
-            try:
-                # _accept + a socket of the known family: socket.accept() converts the
-                # family and type to enums for every connection (~0.1 ms of GIL each)
-                sock = socket.socket(self._family, socket.SOCK_STREAM, 0,
-                                     self.listener._accept()[0])
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._evict(batch):
-                    continue
-                LOG.error("accept failed on the multusd socket: %s", exc)
-                return
-            sock.setblocking(False)
-            conn = Connection(sock, time.monotonic(), self.head_timeout, self.read_timeout)
-            conn.serial = next(self._sequence)
-            with self._idle:
-                self._open += 1
-            self._conns[conn.fd] = conn
-            self._selector.register(sock, selectors.EVENT_READ, conn)
-            self._set_deadline(conn, conn.deadline)
-
-    def _evict(self, batch: int) -> bool:
-        """Close the oldest idle connection accepted before ``batch`` for a new one; False
-        if there is none (one accepted since may have its request waiting to be read)."""
-        for conn in self._conns.values():
-            if conn.serial >= batch:
-                return False
-            if conn.idle:
-                LOG.debug("%d connections open: closing an idle one for a new one",
-                          self._open)
-                self._close(conn)
-                return True
-        return False
-
-    def _ready_io(self, conn: Connection, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE and conn.phase == WRITING:
-            self._flush(conn)
-        elif mask & selectors.EVENT_READ:
-            if conn.phase == LINGER:
-                self._discard(conn)
-            elif conn.phase == READING:
-                self._read(conn)
-
-    def _expire(self, now: float) -> None:
-        while self._timers and self._timers[0][0] <= now:
-            deadline, _, conn = heapq.heappop(self._timers)
-            if conn.deadline != deadline or self._conns.get(conn.fd) is not conn:
-                continue
-            if conn.phase == READING and conn.parser.received:
-                LOG.debug("a client did not send its request in time")
-                limit = (self.read_timeout if conn.parser.state != httpreq.HEAD
-                         else min(self.head_timeout, self.read_timeout))
-                self._answer(conn, 408, error_answer(TryAgainLater(
-                    f"the request was not received within {limit:.0f}s"))[1])
-            else:  # sent nothing, did not read its answer, or lingered long enough
-                self._close(conn)
+    def _forget(self, conn: Connection) -> None:
+        self._ready_waiters = [w for w in self._ready_waiters if w[0] is not conn]
 
     # -- reading ----------------------------------------------------------------------------
     def _read(self, conn: Connection) -> None:
@@ -390,6 +281,11 @@ class Server:
             self._ready_waiters.append((conn, time.monotonic() + READY_HOLD))
             return
         command, key = httpreq.peek_env(parser.body)
+        if self.stopping and command not in FAST_COMMANDS:
+            self.runner.count("failed")
+            return self._answer(conn, *error_answer(TryAgainLater(
+                f"multusd is stopping: {command or 'the request'} was not started; retry it "
+                "(the socket stays open: the next multusd serves it)")))
         job = Job(conn.sock, parser.path, parser.method, parser.body,
                   time.monotonic() + self.request_timeout, command, key, conn.charged)
         if not self.lanes.submit(job):
@@ -409,52 +305,6 @@ class Server:
                 self._ready_waiters.append((conn, hold))
 
     # -- answering from the reactor ---------------------------------------------------------
-    def _answer(self, conn: Connection, status: int, body: bytes,
-                content_type: str = "application/json") -> None:
-        """Answer without blocking, then close, or read away what the client still sends."""
-        if conn.phase not in (READING, READY_WAIT):
-            return
-        conn.out = httpreq.response(status, body, content_type)
-        conn.linger = not conn.eof and conn.parser.state != httpreq.DONE
-        conn.phase = WRITING
-        self.observe_http(conn.parser.path, conn.parser.method, status)
-        self._set_deadline(conn, time.monotonic() + READ_TIMEOUT)
-        self._flush(conn)
-
-    def _flush(self, conn: Connection) -> None:
-        try:
-            sent = conn.sock.send(conn.out)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            return self._close(conn)
-        conn.out = conn.out[sent:]
-        if conn.out:
-            return self._modify(conn, selectors.EVENT_WRITE)
-        if not conn.linger:
-            return self._close(conn)
-        # A refused request the client may still be sending: read it away (bounded) so its
-        # write does not fail before it reads the answer.
-        try:
-            conn.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            return self._close(conn)
-        conn.phase = LINGER
-        self.memory.refund(conn)
-        self._modify(conn, selectors.EVENT_READ)
-        self._set_deadline(conn, time.monotonic() + LINGER_TIMEOUT)
-
-    def _discard(self, conn: Connection) -> None:
-        try:
-            data = conn.sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            return self._close(conn)
-        conn.discarded += len(data)
-        if not data or conn.discarded >= LINGER_BYTES:
-            self._close(conn)
-
     def _answer_expired(self, job: Job) -> None:
         """A waiting request whose deadline passed: answered busy by the reactor."""
         sock = job.conn
@@ -467,40 +317,3 @@ class Server:
         self._selector.register(sock, selectors.EVENT_READ, conn)
         conn.events = selectors.EVENT_READ
         self._answer(conn, *self.runner.too_late())
-
-    def _modify(self, conn: Connection, events: int) -> None:
-        if events == conn.events:
-            return
-        if conn.events and events:
-            self._selector.modify(conn.sock, events, conn)
-        elif events:
-            self._selector.register(conn.sock, events, conn)
-        else:
-            self._selector.unregister(conn.sock)
-        conn.events = events
-
-    def _disown(self, conn: Connection) -> None:
-        """Hand the connection to a worker: the reactor forgets it."""
-        self._modify(conn, 0)
-        del self._conns[conn.fd]
-        conn.deadline = -1.0
-
-    def _close(self, conn: Connection) -> None:
-        if self._conns.pop(conn.fd, None) is None:
-            return
-        self._modify(conn, 0)
-        conn.deadline = -1.0
-        self._ready_waiters = [w for w in self._ready_waiters if w[0] is not conn]
-        try:
-            conn.sock.close()
-        except OSError:
-            pass
-        self.memory.refund(conn)
-        self._closed()
-
-    def _closed(self) -> None:
-        with self._idle:
-            self._open -= 1
-            self._idle.notify_all()
-            if not self._accepting and not self._stopped:
-                self._wake_locked()  # a connection slot is free: the reactor may accept

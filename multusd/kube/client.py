@@ -18,8 +18,12 @@ invariant 7), and what it asks of the API server (invariant 9):
 * a live GET that finds this node's sandbox on a pod of another ``spec.nodeName`` means the
   watched node name is wrong: it is logged once, with both names and the fix, and kept in
   :attr:`KubeClient.node_mismatch` for the metrics and the status line;
-* every lookup and write is bounded by the CNI request's deadline;
-* the network-status write and events: :mod:`multusd.kube.status`.
+* every lookup and write is bounded by the CNI request's deadline, whole: a server that
+  trickles its answer is cut at it (:mod:`multusd.kube.transport`), and the cache keeps
+  serving other requests meanwhile;
+* the network-status write and events: :mod:`multusd.kube.status`;
+* whoever registered with :meth:`KubeClient.add_pod_listener` is handed every pod the watch
+  delivers (dynamic attachments follow annotation changes that way).
 
 The JSON is read as plain dicts: a PUT of the whole pod must not drop fields a newer API
 server has and an older model lacks.
@@ -31,11 +35,12 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from multusd.errors import DeadlineExceeded, MultusError
 from multusd.kube import draclaims
 from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
+from multusd.kube.deadlines import within
 from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
                                   POD_PATH, PODS_PATH, Key, NetworkAttachmentDefinition, Obj, Pod,
                                   nad_from_object, pod_from_object)
@@ -63,8 +68,8 @@ class KubeClient:
     :param kubeconfig: path of a kubeconfig, or a :class:`ClientConfig` already loaded.
     :param node_name: this node's name; only pods scheduled here are cached.
     :param node_source: where ``node_name`` came from, for messages ("nodeName", ...).
-    :param request_timeout: connect and read timeout of each request, in seconds (a
-        request's deadline shortens it).
+    :param request_timeout: seconds each request may take at most, whole (a CNI request's
+        deadline shortens it); the time to the head of a list or watch.
     :param watch_idle: seconds a watch may stay silent before it is resumed anew (default:
         past the server's own end of it, see :mod:`multusd.kube.reflector`).
     :raises InvalidNetworkConfig: the kubeconfig cannot be loaded (the message says why,
@@ -98,6 +103,7 @@ class KubeClient:
         self._mismatch: Optional[Tuple[str, str]] = None
         self._warned_empty = False
         self._dra_slices = draclaims.SliceCache()
+        self._pod_listeners: List[Callable[[Pod], None]] = []
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -112,31 +118,34 @@ class KubeClient:
         """Requests sent again after a transient failure, by cause (:mod:`multusd.kube.retries`)."""
         return self._transport.retries.snapshot()
 
-    def _timeout(self, deadline: Optional[float], action: str) -> float:
-        """Seconds the next request may take: the client's timeout, cut to the deadline."""
+    def _deadline(self, deadline: Optional[float], action: str) -> float:
+        """When the next request must be over: the client's timeout from now, or the
+        caller's deadline if that comes first (``time.monotonic()`` instants)."""
         if deadline is None:
-            return self.request_timeout
-        left = deadline - time.monotonic()
-        if left <= 0:
+            return time.monotonic() + self.request_timeout
+        if deadline <= time.monotonic():
             raise DeadlineExceeded(f"cannot {action}: the request's deadline passed before the "
                                    f"Kubernetes API server at {self.server_url} was asked")
-        return min(self.request_timeout, left)
+        return within(self.request_timeout, deadline)
 
     def _raw(self, method: str, path: str, *, query: Query = None, body: Any = None,
-             timeout: float, read_timeout: Optional[float] = None,
-             stream: bool = False) -> Any:
-        """Send one request; return the open response (body read unless ``stream``)."""
+             deadline: Optional[float] = None, timeout: Optional[float] = None,
+             read_timeout: Optional[float] = None, stream: bool = False) -> Any:
+        """Send one request, over by ``deadline`` (or ``timeout`` seconds from now); return
+        the open response (body read unless ``stream``; a streamed one is bounded by the
+        deadline up to its head)."""
         with self._count_lock:
             self._request_count += 1
-        return self._transport.request(method, path, query=query, body=body, timeout=timeout,
-                                       read_timeout=read_timeout, stream=stream)
+        return self._transport.request(method, path, query=query, body=body, deadline=deadline,
+                                       timeout=timeout, read_timeout=read_timeout,
+                                       stream=stream)
 
     def _json(self, method: str, path: str, *, query: Query = None, body: Any = None,
               deadline: Optional[float] = None, decode: bool = True, action: str = "") -> Obj:
         """Send one request; its JSON answer (``{}`` with ``decode=False``: a write's answer is
         read off the connection, which goes back to the pool, but not parsed)."""
-        timeout = self._timeout(deadline, action or f"{method} {path}")
-        response = self._raw(method, path, query=query, body=body, timeout=timeout)
+        until = self._deadline(deadline, action or f"{method} {path}")
+        response = self._raw(method, path, query=query, body=body, deadline=until)
         try:
             return json.loads(response.data) if decode else {}
         finally:
@@ -152,8 +161,11 @@ class KubeClient:
 
     def _lister(self, path: str, query: Dict[str, Any]):
         def send(extra: Dict[str, Any], timeout: float, read_timeout: Optional[float]) -> Any:
-            return self._raw("GET", path, query={**query, **extra}, timeout=timeout,
-                             read_timeout=read_timeout, stream=True)
+            # up to its answer's head within ``timeout``; then each read of the stream within
+            # ``read_timeout`` (a watch's silence bound) or ``timeout`` (a list's)
+            return self._raw("GET", path, query={**query, **extra},
+                             deadline=time.monotonic() + timeout,
+                             read_timeout=read_timeout or timeout, stream=True)
         return send
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -165,7 +177,7 @@ class KubeClient:
         reflectors = [
             Reflector(self._state, "pods", f"pods on node {self.node_name}",
                       self._lister(PODS_PATH, {"fieldSelector": f"spec.nodeName={self.node_name}"}),
-                      pod_from_object, self._pods, self.config, self.request_timeout,
+                      self._delivered_pod, self._pods, self.config, self.request_timeout,
                       self.watch_idle),
             Reflector(self._state, "nads", "NetworkAttachmentDefinitions",
                       self._lister(NADS_PATH, {}), nad_from_object, self._nads, self.config,
@@ -177,6 +189,20 @@ class KubeClient:
         self._events.ensure_thread()
         LOG.info("watching pods on node %s and NetworkAttachmentDefinitions at %s",
                  self.node_name, self.server_url)
+
+    def add_pod_listener(self, listener: Callable[[Pod], None]) -> None:
+        """Hand ``listener`` every pod the watch delivers (listed, added, modified), on the
+        watch's thread, as it arrives; before :meth:`start`. It must not block."""
+        self._pod_listeners.append(listener)
+
+    def _delivered_pod(self, obj: Dict[str, Any]) -> Pod:
+        pod = pod_from_object(obj)
+        for listener in self._pod_listeners:
+            try:
+                listener(pod)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the watch
+                LOG.exception("a pod listener failed on %s/%s", pod.namespace, pod.name)
+        return pod
 
     def cache_sizes(self) -> Tuple[int, int]:
         """(pods, NADs) held in the watch caches (for metrics)."""

@@ -1,15 +1,18 @@
 """Client configuration from a kubeconfig, the one translation of request failures, redaction.
 
-:class:`ClientConfig` reads the kubeconfig (:mod:`multusd.kube.kubeconfig`; a credential
-plugin user through the ``kubernetes`` package's own loader) and builds the transport
+:class:`ClientConfig` reads the kubeconfig (:mod:`multusd.kube.kubeconfig`; an ``exec``
+credential plugin is run by :mod:`multusd.kube.execplugin`, an ``auth-provider`` user goes
+through the ``kubernetes`` package's own loader) and builds the transport
 (:mod:`multusd.kube.transport`) and its rotating credentials.
 Foreign exceptions (:class:`~multusd.kube.transport.ApiError`, socket, TLS and HTTP errors) are
 translated in one place, :meth:`ClientConfig.failure`: 429/5xx and connection errors (a TLS
 connection cut without an answer among them) become :class:`~multusd.errors.TryAgainLater`
-(saying how many attempts the transport made), the rest :class:`~multusd.errors.MultusError`,
-naming the API server URL and the fix. Credentials (tokens, kubeconfig contents, keys) never reach a
-log line or an error message: the loader's parse errors are reduced to their type, and every
-token seen is redacted from the API server's own messages.
+(saying how many attempts the transport made), a request cut at its deadline
+:class:`~multusd.errors.TryAgainLater` too, naming the server's ``host:port``, the rest
+:class:`~multusd.errors.MultusError`, naming the API server URL and the fix. Credentials
+(tokens, kubeconfig contents, keys) never reach a log line or an error message: the loader's
+parse errors are reduced to their type, and every token seen is redacted from the API
+server's own messages.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from typing import Any, Optional, Tuple
 
 from multusd.errors import InvalidNetworkConfig, MultusError, TryAgainLater
 from multusd.kube import retries
-from multusd.kube.credentials import Credentials, Secrets
+from multusd.kube.credentials import CredentialPluginError, Credentials, Secrets
 from multusd.kube.identity import CertificateError, node_name_from_certificate
 from multusd.kube.kubeconfig import KubeconfigError, Settings, from_configuration, load
-from multusd.kube.transport import POOL_SIZE, ApiError, IdleTimeout, Transport
+from multusd.kube.transport import POOL_SIZE, ApiError, IdleTimeout, NoAnswerInTime, Transport
 
 LOG = logging.getLogger(__name__)
 RBAC_FILE = "/usr/share/multusd/rbac.yaml"
@@ -71,8 +74,8 @@ class ClientConfig:
     def _load(self, kubeconfig: str) -> Tuple[Settings, Credentials]:
         """Settings and credentials; only a credential plugin needs the package's loader."""
         try:
-            settings = load(kubeconfig)
-            if settings is None:
+            settings = load(kubeconfig, exec_plugins=True)  # exec: run here, with a timeout
+            if settings is None:  # auth-provider
                 configuration = _load_with_credential_plugin(kubeconfig)
                 settings = from_configuration(configuration)
                 credentials = Credentials(
@@ -80,7 +83,7 @@ class ClientConfig:
                     plugin=(configuration, lambda: _load_with_credential_plugin(kubeconfig)))
             else:
                 credentials = Credentials(settings, self.secrets)
-            credentials.header()  # a plugin runs now: its failure is a start-up failure
+            credentials.header()  # a plugin runs now (bounded): its failure is a start-up one
         except KubeconfigError as exc:
             # Both loaders' messages name keys and files, not values, so they are kept.
             # Nothing is chained (from None): a traceback in the journal must not carry more.
@@ -127,6 +130,15 @@ class ClientConfig:
     def failure(self, exc: BaseException, action: str) -> MultusError:
         """The MultusError for a failed request (the one translation point of kube/)."""
         where = f"the Kubernetes API server at {self.server_url}"
+        if isinstance(exc, NoAnswerInTime):
+            return TryAgainLater(
+                f"cannot {action}: the Kubernetes API server {exc.server} did not answer in "
+                f"time: no answer within the request's time ({exc.waited:.1f}s; cut during "
+                f"{exc.stage}){_tries(exc)}; it is overloaded or the network to it is "
+                "congested: check its health and load, and that the 'server' of kubeconfig "
+                f"{self.kubeconfig!r} ({self.server_url}) is the right one")
+        if isinstance(exc, CredentialPluginError):
+            return exc.as_error(action)
         if isinstance(exc, json.JSONDecodeError):
             return MultusError(f"cannot {action}: {where} answered with something that is not "
                                "JSON; check that 'server' in kubeconfig "

@@ -14,7 +14,15 @@
 * :func:`authority` writes ``host:port`` with an IPv6 literal in brackets, for the Host header,
   a proxy's absolute URI and the CONNECT line alike;
 * :func:`peer_closed` tells an idle kept-alive connection the server has closed meanwhile
-  (readable while idle: its FIN, RST or TLS close_notify) before a request is sent on it.
+  (readable while idle: its FIN, RST or TLS close_notify) before a request is sent on it;
+* the request's deadline (:attr:`HTTPConnection.deadline`, a ``time.monotonic()`` instant
+  the transport sets before each attempt) bounds the connect, the proxy's CONNECT and the
+  TLS handshake: each starts with the socket's timeout set to what is left, each address of
+  the host is tried only while time is left (``socket.create_connection`` gives every
+  address the whole timeout), and the socket is handed to the attempt's
+  :class:`~multusd.kube.deadlines.SocketCut` before it connects, so a proxy or TLS peer
+  that trickles its bytes is cut at the instant. :attr:`HTTPConnection.stage` says which
+  step a connection is in, for the message when the deadline passes.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import http.client
 import select
 import socket
 import ssl
+import time
 from typing import Optional
+
+from multusd.kube.deadlines import SocketCut
 
 CONNECT_HEAD_LIMIT = 65536
 # TCP keep-alive: first probe after 15 s idle, then every 5 s, given up after 3 unanswered
@@ -65,15 +76,70 @@ def peer_closed(sock: socket.socket) -> bool:
         return True
 
 
+def bound(sock: socket.socket, deadline: Optional[float]) -> None:
+    """Set ``sock``'s timeout to what is left before ``deadline`` (None: leave it).
+
+    :raises socket.timeout: nothing is left (a timeout of 0 would make the socket
+        non-blocking, not bounded).
+    """
+    if deadline is None:
+        return
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise socket.timeout("timed out")
+    sock.settimeout(remaining)
+
+
+def open_tcp(host: str, port: int, *, deadline: Optional[float], timeout: Optional[float],
+             cut: Optional[SocketCut] = None) -> socket.socket:
+    """A TCP connection to ``host``:``port`` (each address in turn while time is left), with
+    keep-alive probes and without Nagle's delay; held by ``cut`` before it connects.
+
+    :raises OSError: no address answered (the last failure), or the deadline passed.
+    """
+    error: Optional[OSError] = None
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0,
+                                                              socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            if cut is not None:
+                cut.hold(sock)
+            sock.settimeout(timeout)
+            bound(sock, deadline)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            if deadline is not None and deadline <= time.monotonic():
+                break
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keepalive(sock)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    raise error if error is not None else OSError(f"no address found for {host!r}")
+
+
 class HTTPConnection(http.client.HTTPConnection):
-    """A plain connection with TCP keep-alive probes."""
+    """A plain connection with TCP keep-alive probes, bounded by :attr:`deadline`."""
+
+    #: the deadline of the attempt under way (set by the transport); None: ``timeout`` only
+    deadline: Optional[float] = None
+    #: the attempt's cut, which holds the socket as soon as it exists
+    cut: Optional[SocketCut] = None
+    #: the step under way, for a message when the deadline passes
+    stage = "connecting"
 
     def connect(self) -> None:
-        super().connect()
-        keepalive(self.sock)
+        self.stage = "connecting"
+        self.sock = open_tcp(self.host, self.port, deadline=self.deadline,
+                             timeout=self.timeout, cut=self.cut)
 
 
-class HTTPSConnection(http.client.HTTPConnection):
+class HTTPSConnection(HTTPConnection):
     """TLS over a keep-alive TCP connection, through a CONNECT tunnel to ``tunnel_to`` when
     ``host``/``port`` are a proxy's, the certificate checked against ``server_name``."""
 
@@ -90,9 +156,12 @@ class HTTPSConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         super().connect()  # TCP (set_tunnel is never called: the CONNECT is ours)
-        keepalive(self.sock)
         if self._tunnel_to:
+            self.stage = "the proxy's CONNECT"
+            bound(self.sock, self.deadline)
             open_tunnel(self.sock, self._tunnel_to, self._user_agent)
+        self.stage = "the TLS handshake"
+        bound(self.sock, self.deadline)
         self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
 
 

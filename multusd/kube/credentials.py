@@ -10,8 +10,14 @@ does, :class:`Credentials` notices it instead of failing every request until a r
 * the client certificate and key files are looked at too: when either changed (another
   file behind the symlink), :attr:`Credentials.tls_generation` goes up and the transport
   opens new connections with the new pair;
-* a credential plugin's token is the ``kubernetes`` package's: its Configuration's
-  ``refresh_api_key_hook`` runs the plugin again once the token expired; after a 401 the
+* an ``exec`` credential plugin is run here (:mod:`multusd.kube.execplugin`), never past
+  :data:`~multusd.kube.execplugin.PLUGIN_TIMEOUT` nor past the deadline of the request that
+  needs it: once for the first request, again when its credential expires and after a 401
+  (at most every :data:`PLUGIN_RELOAD_PAUSE` seconds), by one request at a time (the others
+  wait for its credential, within their own deadlines); a client certificate it prints
+  bumps :attr:`Credentials.tls_generation` when it changes;
+* an ``auth-provider`` user's token is the ``kubernetes`` package's: its Configuration's
+  ``refresh_api_key_hook`` runs the provider again once the token expired; after a 401 the
   package's loader is run again (at most every :data:`PLUGIN_RELOAD_PAUSE` seconds).
 
 After a 401, :meth:`Credentials.refresh` re-reads everything at once, so that a rotation
@@ -30,7 +36,10 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from multusd.kube import kubeconfig
+from multusd.kube import execplugin, kubeconfig
+from multusd.kube.execplugin import CredentialPluginError
+
+__all__ = ["Credentials", "CredentialPluginError", "Secrets", "REDACTED"]
 
 LOG = logging.getLogger(__name__)
 
@@ -115,6 +124,10 @@ class Credentials:
         self._tls_ids = self._tls_files()
         self.tls_generation = 0
         self.rotations = 0  # how many times a credential was found replaced
+        self._exec = settings.exec_plugin
+        self._exec_lock = threading.Lock()  # one run of the exec plugin at a time
+        self._exec_credential: Optional[execplugin.ExecCredential] = None
+        self._exec_reloaded_at = 0.0  # the first run after a 401 is not held back
         if settings.token:
             self._header = f"Bearer {settings.token}"
         elif settings.basic:
@@ -129,12 +142,29 @@ class Credentials:
     def rotates(self) -> bool:
         """Whether anything here can change (a token file, client certificate or plugin)."""
         return bool(self.settings.token_file or self.settings.cert_file or
-                    self._plugin_configuration is not None)
+                    self._plugin_configuration is not None or self._exec is not None)
 
-    def header(self) -> Optional[str]:
-        """The Authorization header value to send now (None: no credentials but TLS's)."""
+    def client_certificate(self) -> Tuple[Optional[str], Optional[str]]:
+        """The client certificate and key files to present now (the exec plugin's, if it
+        gave a pair, else the kubeconfig's); (None, None) for none."""
+        credential = self._exec_credential
+        if credential is not None and credential.cert_file:
+            return credential.cert_file, credential.key_file
+        return self.settings.cert_file, self.settings.key_file
+
+    def header(self, deadline: Optional[float] = None) -> Optional[str]:
+        """The Authorization header value to send now (None: no credentials but TLS's).
+
+        :param deadline: when the request that asks must be over; an exec plugin that has to
+            run for it is killed then (``time.monotonic()``; None: its own timeout only).
+        :raises CredentialPluginError: the exec plugin had to run and failed or timed out.
+        """
         if self.settings.token_file:
             self._read_token_file(force=False)
+        elif self._exec is not None:
+            credential = self._exec_credential
+            if credential is None or credential.expired():
+                self._run_exec(deadline, credential)
         elif self._plugin_configuration is not None:
             header = kubeconfig.configuration_token(self._plugin_configuration)
             if header != self._header:
@@ -144,11 +174,17 @@ class Credentials:
         self._check_tls()
         return self._header
 
-    def refresh(self) -> bool:
-        """After a 401: re-read every credential now; True if any of them changed."""
+    def refresh(self, deadline: Optional[float] = None) -> bool:
+        """After a 401: re-read every credential now; True if any of them changed.
+
+        :param deadline: as for :meth:`header`.
+        :raises CredentialPluginError: the exec plugin failed or timed out.
+        """
         before = (self._header, self.tls_generation)
         if self.settings.token_file:
             self._read_token_file(force=True)
+        elif self._exec is not None:
+            self._run_exec(deadline, self._exec_credential, after_401=True)
         elif self._reload_plugin is not None:
             self._reload_plugin_configuration()
         self._check_tls()
@@ -200,6 +236,46 @@ class Credentials:
             self.rotations += 1
             self.secrets.add(header, AUTHORIZATION)
             self._header = header
+
+    # ---- exec plugins run here -------------------------------------------------------------
+
+    def _run_exec(self, deadline: Optional[float], seen: Optional[execplugin.ExecCredential],
+                  after_401: bool = False) -> None:
+        """Run the exec plugin for a credential newer than ``seen``, by ``deadline``; a
+        request that finds it running waits for that run's credential instead. After a
+        401 it runs at most every :data:`PLUGIN_RELOAD_PAUSE` seconds."""
+        plugin = self._exec
+        assert plugin is not None
+        until = time.monotonic() + execplugin.PLUGIN_TIMEOUT
+        if deadline is not None:
+            until = min(until, deadline)
+        if not self._exec_lock.acquire(timeout=max(0.0, until - time.monotonic())):
+            raise CredentialPluginError(
+                f"the kubeconfig's credential plugin {plugin.name!r}, run for another request, "
+                "did not finish in time; check that it can run unattended on this node",
+                transient=True)
+        try:
+            if self._exec_credential is not seen:
+                return  # another request ran it meanwhile
+            if after_401:
+                if time.monotonic() - self._exec_reloaded_at < PLUGIN_RELOAD_PAUSE:
+                    return
+                self._exec_reloaded_at = time.monotonic()
+            if until <= time.monotonic():
+                raise CredentialPluginError(
+                    f"the kubeconfig's credential plugin {plugin.name!r} could not run: the "
+                    "request's deadline passed first", transient=True)
+            credential = execplugin.run(plugin, until, redact=self.secrets.redact)
+            self.secrets.add(credential.header, AUTHORIZATION)
+            changed = seen is not None and credential[:3] != seen[:3]  # not just its expiry
+            if seen is not None and credential[1:3] != seen[1:3]:
+                self.tls_generation += 1  # a new client certificate: new connections
+            self._exec_credential = credential
+            self._header = credential.header
+            if changed:
+                self.rotations += 1
+        finally:
+            self._exec_lock.release()
 
     # ---- client certificate --------------------------------------------------------------------
 

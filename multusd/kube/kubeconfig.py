@@ -14,8 +14,10 @@ forms, which :func:`load` reads itself, with client-go's rules:
 * file names relative to the kubeconfig's directory; a ``-data`` value wins over its file,
   unless it is empty (then the file counts, as in client-go).
 
-A user with ``exec`` or ``auth-provider`` gives None: the caller hands it to the
-``kubernetes`` package's own loader (:func:`from_configuration` reads its result back).
+A user with ``exec`` gives an :class:`ExecPlugin` that multusd runs itself, with a timeout
+(:mod:`multusd.kube.execplugin`; ``load(path, exec_plugins=True)``, what the daemon calls);
+one with ``auth-provider`` gives None: the caller hands it to the ``kubernetes`` package's
+own loader (:func:`from_configuration` reads its result back).
 ``-data`` certificates and keys become files (Python's TLS reads only files) named by the
 hash of their content in a root-only directory, so a restart reuses them instead of leaving
 another copy of the private key behind. Errors name keys and files, never values.
@@ -27,18 +29,35 @@ import base64
 import binascii
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from multusd import store
 from multusd.errors import MultusError
 from multusd.store.valueclass import Record
 
 DATA_DIR_NAME = "multusd-kubeconfig"
-_PLUGIN_KEYS = ("exec", "auth-provider")
+API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
 
 
 class KubeconfigError(ValueError):
     """The kubeconfig cannot be used; the message names keys and files, never their values."""
+
+
+class ExecPlugin(NamedTuple):
+    """What a user's ``exec`` says: the credential plugin :mod:`multusd.kube.execplugin` runs."""
+
+    command: str
+    args: Tuple[str, ...]
+    env: Tuple[Tuple[str, str], ...]
+    api_version: str
+    cwd: str
+    cluster: Optional[str] = None  # the JSON of spec.cluster, with provideClusterInfo
+    install_hint: str = ""
+
+    @property
+    def name(self) -> str:
+        """The command as the operator wrote it, for messages."""
+        return self.command
 
 
 class Settings(Record):
@@ -54,17 +73,20 @@ class Settings(Record):
     token: Optional[str] = None  # the bearer token itself (not the header)
     token_file: Optional[str] = None  # re-read when it changes
     basic: Optional[str] = None  # "user:password"
+    exec_plugin: Optional[ExecPlugin] = None  # a credential plugin multusd runs itself
 
     def __repr__(self) -> str:
         return (f"Settings(host={self.host!r}, ca_file={self.ca_file!r}, "
                 f"cert_file={self.cert_file!r}, token_file={self.token_file!r})")
 
 
-def load(path: str) -> Optional[Settings]:
+def load(path: str, *, exec_plugins: bool = False) -> Optional[Settings]:
     """The :class:`Settings` of the kubeconfig at ``path``.
 
-    :returns: None when the current user needs a credential plugin (``exec``,
-        ``auth-provider``): use the ``kubernetes`` package's loader then.
+    :param exec_plugins: an ``exec`` user gives Settings whose :attr:`Settings.exec_plugin`
+        multusd runs itself (:mod:`multusd.kube.execplugin`: with a timeout).
+    :returns: None when the current user needs a credential plugin (``auth-provider``, and
+        ``exec`` unless ``exec_plugins``): use the ``kubernetes`` package's loader then.
     :raises KubeconfigError: the kubeconfig is not usable (the message says why).
     :raises OSError: a file it names cannot be read. YAML errors come from ``yaml``.
         The parsed document is kept for the next start (:func:`read_document`).
@@ -75,8 +97,10 @@ def load(path: str) -> Optional[Settings]:
         raise KubeconfigError("it has no 'current-context'")
     context = _named(document, "contexts", document["current-context"], "context")
     user = _user(document, context)
-    if any(key in user for key in _PLUGIN_KEYS):
+    if "auth-provider" in user or ("exec" in user and not exec_plugins):
         return None
+    # the package's order: auth-provider, then token or tokenFile, then exec
+    runs_exec = "exec" in user and not user.get("token") and not user.get("tokenFile")
     cluster = _named(document, "clusters", context.get("cluster"), "cluster")
     settings: Dict[str, Any] = {"host": str(cluster.get("server") or "").rstrip("/")}
     if settings["host"].startswith("https"):
@@ -89,7 +113,9 @@ def load(path: str) -> Optional[Settings]:
         settings["verify"] = not cluster["insecure-skip-tls-verify"]
     if cluster.get("proxy-url"):
         settings["proxy_url"] = str(cluster["proxy-url"])
-    if user.get("token"):
+    if runs_exec:
+        settings["exec_plugin"] = exec_plugin(user["exec"], cluster, base)
+    elif user.get("token"):
         settings["token"] = str(user["token"]).strip()
     elif user.get("tokenFile"):
         settings["token_file"] = os.path.normpath(os.path.join(base, str(user["tokenFile"])))
@@ -97,6 +123,56 @@ def load(path: str) -> Optional[Settings]:
     elif "username" in user and "password" in user:
         settings["basic"] = f"{user['username']}:{user['password']}"
     return Settings(**settings)
+
+
+def exec_plugin(spec: Any, cluster: Dict[str, Any], base: str) -> ExecPlugin:
+    """The :class:`ExecPlugin` of a user's ``exec`` mapping (``base``: the kubeconfig's dir).
+
+    :raises KubeconfigError: it lacks ``command`` or ``apiVersion``, asks for an unknown
+        protocol version, or for an interactive plugin.
+    """
+    if not isinstance(spec, dict) or not spec.get("command"):
+        raise KubeconfigError("its user's 'exec' has no 'command'")
+    version = str(spec.get("apiVersion") or "")
+    if version not in API_VERSIONS:
+        raise KubeconfigError(f"its user's 'exec' asks for apiVersion {version!r}; multusd "
+                              f"speaks {' and '.join(API_VERSIONS)}")
+    if spec.get("interactiveMode") == "Always":
+        raise KubeconfigError("its user's 'exec' plugin needs a terminal (interactiveMode: "
+                              "Always), which a node daemon never has; use a plugin that "
+                              "runs unattended")
+    env: List[Tuple[str, str]] = []
+    for item in spec.get("env") or []:
+        if not isinstance(item, dict) or "name" not in item:
+            raise KubeconfigError("its user's 'exec' has an 'env' entry without a 'name'")
+        env.append((str(item["name"]), str(item.get("value", ""))))
+    return ExecPlugin(command=str(spec["command"]),
+                      args=tuple(str(arg) for arg in spec.get("args") or ()),
+                      env=tuple(env), api_version=version, cwd=base,
+                      cluster=_cluster_info(cluster, base) if spec.get("provideClusterInfo")
+                      else None,
+                      install_hint=str(spec.get("installHint") or "")[:300])
+
+
+def _cluster_info(cluster: Dict[str, Any], base: str) -> str:
+    """spec.cluster of KUBERNETES_EXEC_INFO: the cluster's connection facts and the
+    ``client.authentication.k8s.io/exec`` extension's config."""
+    info: Dict[str, Any] = {"server": str(cluster.get("server") or "")}
+    for key in ("tls-server-name", "insecure-skip-tls-verify", "certificate-authority-data",
+                "proxy-url", "disable-compression"):
+        if cluster.get(key) not in (None, ""):
+            info[key] = cluster[key]
+    if "certificate-authority-data" not in info and cluster.get("certificate-authority"):
+        try:
+            with open(os.path.join(base, str(cluster["certificate-authority"])), "rb") as handle:
+                info["certificate-authority-data"] = base64.b64encode(handle.read()).decode()
+        except OSError:
+            pass
+    for extension in cluster.get("extensions") or []:
+        if isinstance(extension, dict) and \
+                extension.get("name") == "client.authentication.k8s.io/exec":
+            info["config"] = extension.get("extension")
+    return json.dumps(info)
 
 
 def read_document(path: str) -> Dict[str, Any]:

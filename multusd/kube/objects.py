@@ -1,4 +1,11 @@
-"""The Pod and NetworkAttachmentDefinition views multusd reads, trimmed from the API's dicts."""
+"""Pod and NetworkAttachmentDefinition views: the fields multusd reads, and a Pod's whole object.
+
+Each view holds the fields multusd reads, taken from the API's dicts. A :class:`Pod` also keeps
+the object whole as the server sent it (``source``, compact JSON, left out of ``repr`` and
+comparisons): it is the body of the network-status PUT of ``pods/<name>/status``
+(:mod:`multusd.kube.status`), which replaces the pod's status, so a trimmed copy would erase what
+the kubelet wrote there; its resourceVersion makes the server refuse it if the pod changed since.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +42,8 @@ class ExtendedResourceClaim(Record):
 
 
 class Pod(Record):
-    """The part of a pod multusd reads; ``annotations`` is a read-only mapping."""
+    """The part of a pod multusd reads (``annotations`` is a read-only mapping), and the whole
+    object it came from (``source``)."""
 
     namespace: str
     name: str
@@ -52,6 +60,8 @@ class Pod(Record):
     # The whole object as the API server sent it (compact JSON): the body of a pods/status
     # PUT, which its resourceVersion makes fail with 409 if the pod changed since.
     source: str = field(default="", repr=False, compare=False)
+    phase: str = ""  # status.phase: Pending, Running, Succeeded, Failed, Unknown
+    deleting: bool = False  # metadata.deletionTimestamp is set: the pod is terminating
 
 
 class NetworkAttachmentDefinition(Record):
@@ -74,7 +84,7 @@ def is_static_pod(annotations: Mapping[str, str]) -> bool:
 
 
 def pod_from_object(obj: Obj) -> Pod:
-    """Trim a pod as the API returns it (a dict) to a :class:`Pod`."""
+    """The :class:`Pod` of a pod as the API returns it (a dict), which it keeps as JSON."""
     meta = obj.get("metadata") or {}
     annotations = dict(meta.get("annotations") or {})
     return Pod(namespace=meta.get("namespace", ""), name=meta.get("name", ""),
@@ -82,6 +92,8 @@ def pod_from_object(obj: Obj) -> Pod:
                is_static=is_static_pod(annotations),
                resource_version=str(meta.get("resourceVersion", "")),
                node_name=str((obj.get("spec") or {}).get("nodeName") or ""),
+               phase=str((obj.get("status") or {}).get("phase") or ""),
+               deleting=bool(meta.get("deletionTimestamp")),
                resource_claims=resource_claims_of(obj), extended_claim=extended_claim_of(obj),
                source=json.dumps(obj, separators=(",", ":")))
 

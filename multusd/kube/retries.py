@@ -29,10 +29,10 @@ was reset or hit EOF, after an artificial ``Retry-After: 1``. Here (:func:`statu
   reads the pod again and finds the annotation written. An event POST is not resent;
 * the wait: jittered exponential backoff (0.125-0.25 s, doubling to 2-4 s), never less than
   ``Retry-After`` (client-go waits a fixed 1 s after a connection error, in lockstep);
-* bounded by the caller's timeout (the rest of its CNI request's deadline): no wait that would
-  end past it, and no retry is started with less than :data:`MIN_ATTEMPT` left; the request
-  fails then with the last answer, as it would have without retries; and at most
-  :data:`MAX_RETRIES` retries, as client-go.
+* bounded by the caller's deadline (its CNI request's, a ``time.monotonic()`` instant): no
+  wait that would end past it, and no retry is started with less than :data:`MIN_ATTEMPT`
+  left; the request fails then with the last answer, as it would have without retries; and
+  at most :data:`MAX_RETRIES` retries, as client-go.
 """
 
 from __future__ import annotations
@@ -125,12 +125,13 @@ def connection_cause(exc: BaseException, phase: str, method: str) -> Optional[st
 class Attempts:
     """The retries of one request: how many so far, the next wait, the time left.
 
-    :param timeout: seconds the whole request may take, retries and waits included.
+    :param deadline: when the whole request, retries and waits included, must be over (a
+        ``time.monotonic()`` instant, or one of ``clock``).
     """
 
-    def __init__(self, timeout: float, *, max_retries: int = MAX_RETRIES,
+    def __init__(self, deadline: float, *, max_retries: int = MAX_RETRIES,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.timeout = timeout
+        self.deadline = deadline
         self.max_retries = max_retries
         self.retries = 0
         self._clock = clock
@@ -142,7 +143,8 @@ class Attempts:
         return self.retries + 1
 
     def left(self) -> float:
-        return self.timeout - (self._clock() - self.started)
+        """Seconds until the deadline (negative once it passed)."""
+        return self.deadline - self._clock()
 
     def pause(self, retry_after: Optional[float] = None) -> Optional[float]:
         """Seconds to wait before the next attempt, or None if none fits (count, deadline)."""

@@ -13,8 +13,15 @@ instructions, a third of the client's start-up) for its first ADD.
   (:func:`~multusd.kube.connections.peer_closed`) or, closed at that very moment, the
   request is sent once more on a new one (a POST only if it had not been written whole);
   one idle for :data:`IDLE_CLOSE` seconds is closed instead of reused;
-* every request has the timeout the caller gives (the rest of its CNI request's deadline):
-  for connecting, for every read, and for all its retries together;
+* every request has a deadline, a ``time.monotonic()`` instant (the caller's: its CNI
+  request's, or a timeout from now): before the connect, the proxy's CONNECT, the TLS
+  handshake, the send and the read the socket's timeout is set to what is left, and the
+  :data:`~multusd.kube.deadlines.WATCHDOG` shuts the connection down at the instant, so a
+  server that trickles its answer (status line late, then a byte now and then) fails it at
+  the deadline, never later (:class:`NoAnswerInTime`). Retries and their waits fit inside
+  it too. A streamed answer (a list or watch) is bounded so up to its head; its body is read
+  with its own per-read bound (a watch's silence bound), as it is not a request with a
+  deadline;
 * transient answers (429 and ``Retry-After``, 500/502/503/504, refused, reset, TLS EOF) are
   retried with jittered backoff inside that timeout, a POST only where the server cannot
   have processed it: :mod:`multusd.kube.retries` says what and why; streamed requests
@@ -29,9 +36,10 @@ instructions, a third of the client's start-up) for its first ADD.
   an IPv6 server (``https://[fd00::1]:6443``) is written in brackets wherever an authority
   goes (:mod:`multusd.kube.connections`);
 * a non-2xx answer raises :class:`ApiError` (status, reason, body, ``Retry-After``); a stream
-  that stays silent past its read timeout raises :class:`IdleTimeout`. Other failures are
-  ``OSError`` (refused, timed out, cut, TLS) or ``http.client.HTTPException``; each carries
-  ``attempts``, how many times it was sent;
+  that stays silent past its read timeout raises :class:`IdleTimeout`; a request whose
+  deadline passed without a whole answer raises :class:`NoAnswerInTime` (an ``OSError``: a
+  timeout). Other failures are ``OSError`` (refused, cut, TLS) or
+  ``http.client.HTTPException``; each carries ``attempts``, how many times it was sent;
   :meth:`multusd.kube.clientconfig.ClientConfig.failure` translates them all.
 """
 
@@ -49,8 +57,10 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from multusd import __version__
 from multusd.kube import retries
-from multusd.kube.connections import HTTPConnection, HTTPSConnection, authority, peer_closed
+from multusd.kube.connections import (HTTPConnection, HTTPSConnection, authority, bound,
+                                      peer_closed)
 from multusd.kube.credentials import Credentials
+from multusd.kube.deadlines import SocketCut, within
 from multusd.kube.kubeconfig import KubeconfigError, Settings
 
 LOG = logging.getLogger(__name__)
@@ -92,6 +102,22 @@ class ApiError(Exception):
 
 class IdleTimeout(Exception):
     """A streaming answer (a watch) sent nothing within its read timeout."""
+
+
+class NoAnswerInTime(socket.timeout):
+    """The API server gave no whole answer before the request's deadline (it was cut there).
+
+    :attr:`server` is its ``host:port``, :attr:`waited` the seconds the request took,
+    :attr:`stage` the step that was under way ("waiting for the answer", "the TLS
+    handshake", ...).
+    """
+
+    def __init__(self, server: str, waited: float, stage: str) -> None:
+        super().__init__(f"{server} did not answer within {waited:.1f}s ({stage})")
+        self.server = server
+        self.waited = waited
+        self.stage = stage
+        self.attempts = 1
 
 
 def path_of(template: str, **parts: str) -> str:
@@ -206,13 +232,15 @@ class Transport:
         if not settings.verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        if settings.cert_file:
-            context.load_cert_chain(settings.cert_file, settings.key_file or None)
+        cert_file, key_file = self.credentials.client_certificate()
+        if cert_file:
+            context.load_cert_chain(cert_file, key_file or None)
         return context
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+    def _connection(self, deadline: float) -> http.client.HTTPConnection:
         """An idle kept-alive connection still open, else a new one (with a replaced
-        certificate's successor when the client certificate changed)."""
+        certificate's successor when the client certificate changed); bounded by
+        ``deadline`` (:attr:`~multusd.kube.connections.HTTPConnection.deadline`)."""
         generation = self.credentials.tls_generation
         now = time.monotonic()
         with self._lock:
@@ -226,11 +254,12 @@ class Transport:
                 made_for, since, connection = self._idle.pop()
                 if made_for == generation and connection.sock is not None and \
                         now - since < IDLE_CLOSE and not peer_closed(connection.sock):
-                    connection.sock.settimeout(timeout)
+                    connection.deadline = deadline  # type: ignore[attr-defined]
                     return connection
                 connection.close()
             context = self._context
         host, port = self._proxy or (self.host, self.port)
+        timeout = max(0.001, deadline - now)  # what http.client keeps; ours is the deadline
         if self.https:
             connection: http.client.HTTPConnection = HTTPSConnection(
                 host, port, timeout=timeout, context=context,
@@ -238,6 +267,7 @@ class Transport:
                 tunnel_to=self.authority if self._proxy else None, user_agent=USER_AGENT)
         else:
             connection = HTTPConnection(host, port, timeout=timeout)
+        connection.deadline = deadline  # type: ignore[attr-defined]
         connection.tls_generation = generation  # put_back must not give it a newer one
         return connection
 
@@ -265,19 +295,29 @@ class Transport:
     # ---- requests ------------------------------------------------------------------------------
 
     def request(self, method: str, path: str, *, query: Query = None, body: Any = None,
-                timeout: float, read_timeout: Optional[float] = None,
-                stream: bool = False, retry: Optional[bool] = None) -> Response:
+                deadline: Optional[float] = None, timeout: Optional[float] = None,
+                read_timeout: Optional[float] = None, stream: bool = False,
+                retry: Optional[bool] = None) -> Response:
         """Send one request; the response (2xx), its body read unless ``stream``.
 
-        :param timeout: seconds for the whole request, retries included (the caller's
-            deadline, left); also each connect and read timeout.
-        :param read_timeout: the read timeout of a streamed body instead (a watch's idle bound).
+        :param deadline: when the whole request, retries included, must be over (a
+            ``time.monotonic()`` instant; see the module docstring).
+        :param timeout: seconds from now, when no ``deadline`` is given (or the earlier of
+            the two); one of them is required.
+        :param read_timeout: the read timeout of a streamed body (a watch's idle bound);
+            by default the time the request was given.
         :param retry: retry transient failures (:mod:`multusd.kube.retries`); by default
             yes, except for a ``stream``.
         :raises ApiError: the server answered with an error status.
-        :raises OSError: no answer (refused, timed out, cut, TLS); also
-            ``http.client.HTTPException`` for an answer that is not HTTP.
+        :raises NoAnswerInTime: no whole answer (or head of a streamed one) by the deadline.
+        :raises OSError: no answer (refused, cut, TLS); also ``http.client.HTTPException``
+            for an answer that is not HTTP.
         """
+        if deadline is None and timeout is None:
+            raise TypeError("request() needs a deadline or a timeout")
+        started = time.monotonic()
+        deadline = within(timeout, deadline) if timeout is not None else deadline
+        assert deadline is not None
         target = self.prefix + path
         if query:
             pairs = query.items() if isinstance(query, dict) else query
@@ -287,14 +327,14 @@ class Transport:
         payload = None if body is None else (
             body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode())
         retry = not stream if retry is None else retry
-        attempts = retries.Attempts(timeout)
+        attempts = retries.Attempts(deadline)
         retried_auth = resent_stale = False
         sends = 0
         while True:
-            sent = self.credentials.header(), self.credentials.tls_generation
+            sent = self.credentials.header(deadline), self.credentials.tls_generation
             sends += 1
-            outcome = self._attempt(method, target, payload, sent[0], attempts.left(),
-                                    read_body=not stream)
+            outcome = self._attempt(method, target, payload, sent[0], deadline,
+                                    read_body=not stream, started=started)
             if isinstance(outcome, _Failure):
                 error = outcome.error
                 cause = retries.connection_cause(error, outcome.phase, method)
@@ -311,8 +351,8 @@ class Transport:
             response = outcome
             # a 401 after a rotation (found now, or by another request meanwhile): once more
             if response.status == 401 and not retried_auth and (
-                    self.credentials.refresh() or
-                    (self.credentials.header(), self.credentials.tls_generation) != sent):
+                    self.credentials.refresh(deadline) or
+                    (self.credentials.header(deadline), self.credentials.tls_generation) != sent):
                 retried_auth = True
                 response.data  # noqa: B018 - read away, so the connection can be reused
                 response.release_conn()
@@ -325,8 +365,8 @@ class Transport:
                     continue
                 failure.attempts = sends
                 raise failure
-            if stream and read_timeout:
-                response.set_read_timeout(read_timeout)
+            if stream:
+                response.set_read_timeout(read_timeout or max(0.001, deadline - started))
             return response
 
     def _pause(self, attempts: retries.Attempts, cause: str, retry_after: Optional[float],
@@ -341,35 +381,61 @@ class Transport:
         return not self._closing.wait(delay)
 
     def _attempt(self, method: str, target: str, payload: Optional[bytes],
-                 authorization: Optional[str], left: float,
-                 read_body: bool) -> Union[Response, _Failure]:
-        """Send the request once; its response, or where and how it failed."""
+                 authorization: Optional[str], deadline: float, read_body: bool,
+                 started: float) -> Union[Response, _Failure]:
+        """Send the request once, cut at ``deadline``; its response (its head only unless
+        ``read_body``), or where and how it failed."""
         headers = {"Host": self.authority, "User-Agent": USER_AGENT,
                    "Accept": "application/json"}
         if authorization:
             headers["Authorization"] = authorization
         if payload is not None:
             headers["Content-Type"] = "application/json"
-        connection = self._connection(max(0.001, left))
+        connection = self._connection(deadline)
         reused = connection.sock is not None
         phase = retries.SEND if reused else retries.CONNECT
+        cut = SocketCut(deadline, describe=lambda: getattr(connection, "stage", ""))
+        connection.cut = cut  # type: ignore[attr-defined]
+        response: Optional[Response] = None
         try:
-            if not reused:
+            if reused:
+                cut.hold(connection.sock)
+            else:
                 connection.connect()
                 phase = retries.SEND
+            connection.stage = "sending the request"  # type: ignore[attr-defined]
+            bound(connection.sock, deadline)
             connection.request(method, target, body=payload, headers=headers)
             phase = retries.ANSWER
+            connection.stage = "waiting for the answer"  # type: ignore[attr-defined]
             sock = connection.sock
+            bound(sock, deadline)
             response = Response(self, connection, connection.getresponse(), sock)
             if read_body:
-                response.data  # noqa: B018 - the whole body, within the timeout
-            return response
+                connection.stage = "reading the answer"  # type: ignore[attr-defined]
+                response.data  # noqa: B018 - the whole body, within the deadline
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
+            if cut.release() or deadline <= time.monotonic():
+                exc = self._no_answer(connection, cut, started, exc)
             return _Failure(exc, phase, reused)
         except BaseException:
+            cut.release()
             connection.close()
             raise
+        finally:
+            connection.cut = None  # type: ignore[attr-defined]
+        if cut.release():  # fired as the answer came in, or cut it short: http.client
+            response.close()  # reads headers up to EOF, so a cut head may look whole
+            return _Failure(self._no_answer(connection, cut, started, None), phase, reused)
+        return response
+
+    def _no_answer(self, connection: http.client.HTTPConnection, cut: SocketCut,
+                   started: float, cause: Optional[BaseException]) -> NoAnswerInTime:
+        error = NoAnswerInTime(self.authority, time.monotonic() - started,
+                               cut.fired_during or getattr(connection, "stage", "connecting"))
+        error.__cause__ = cause
+        return error
 
 
 _CAUSE_TEXT = {"refused": "the connection was refused", "reset": "the connection was reset",

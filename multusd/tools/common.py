@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd import MARKED_BY_SHIM
+from multusd import MARKED_BY_SHIM, as_instant, clock_now
 from multusd.config import daemonconf, nodename
 from multusd.errors import ConfigError
 from multusd.wire import api
@@ -224,10 +224,14 @@ def record_json(record: Any, *, with_conf: bool = False) -> Dict[str, Any]:
             "dra": attachment.dra_device.to_cache() if attachment.dra_device else None,
             "deviceInfoFile": attachment.device_info_file,
             "resultFile": attachment.cache_file}
+        if attachment.hotplug is not None:  # added while the pod ran (enableDynamicNetworks)
+            item["hotplug"] = attachment.hotplug.to_json()
         if with_conf:
             item["config"] = _redacted_conf(attachment.conf, records)
             item["result"] = attachment.result
         doc["attachments"].append(item)
+    if record.removed:  # removed while the pod ran
+        doc["removed"] = [removal.to_json() for removal in record.removed]
     return doc
 
 
@@ -235,17 +239,17 @@ def _failed_delete_json(mark: Any) -> Optional[Dict[str, Any]]:
     """A sandbox's failed DEL (:class:`~multusd.core.unreleased.FailedDelete`) as JSON."""
     if mark is None:
         return None
-    doc = mark.to_json(time.time())
+    doc = mark.to_json(clock_now())
     doc.pop("request", None)  # the runtime's DEL, kept to run it again: not for reading
     return doc
 
 
-def failed_delete_line(record: Any, now: Optional[float] = None) -> str:
+def failed_delete_line(record: Any, now: Any = None) -> str:
     """One sentence on a sandbox whose DEL failed: since when, how often, until when, what."""
     from multusd.core import unreleased
 
     mark = record.failed_delete
-    now = time.time() if now is None else now
+    now = as_instant(now)
     who = f"{record.pod or mark.pod or '?'} {record.container_id}"
     history = (f"its DEL has failed since {unreleased.stamp(mark.first_failure)} "
                f"({mark.attempts} attempt(s)" + (", recorded by the shim: multusd did not "
@@ -254,9 +258,10 @@ def failed_delete_line(record: Any, now: Optional[float] = None) -> str:
                + f"): {mark.what_failed()}")
     if mark.is_unreleased(now):
         return (f"{who} is UNRELEASED: {history}; DEL answers success since "
-                f"{unreleased.stamp(mark.until)} so that the pod could terminate; fix the cause, "
-                f"then `multusd gc` releases it (`multusd gc --forget {record.container_id}` "
-                "drops its records instead)")
+                f"{unreleased.stamp(mark.until)} so that the pod could terminate; multusd "
+                "retries its DEL until it is released: fix the cause, and `multusd gc` "
+                f"releases it at once (`multusd gc --forget {record.container_id}` drops its "
+                "records instead)")
     return (f"{who}: {history}; reported to the runtime, which retries, until "
             f"{unreleased.stamp(mark.until)}")
 
@@ -273,9 +278,17 @@ def load_records(config: daemonconf.DaemonConfig) -> List[Any]:
     from multusd.errors import MultusError
 
     try:
-        return records.read_sandboxes(settings.cni_dir_of(config.raw))
+        return records.read_sandboxes(settings.cni_dir_of(config.raw), spare=spare_of(config))
     except MultusError as exc:
         raise ToolError(exc.msg, EXIT_PROBLEM) from None
+
+
+def spare_of(config: daemonconf.DaemonConfig) -> str:
+    """Where the daemon and the shim keep the marks ``<cniDir>`` cannot take (beside the
+    socket): every tool reads them too."""
+    from multusd.core.unreleased import spare_marks_dir
+
+    return spare_marks_dir(config.socket_dir)
 
 
 def mapping_get(data: Any, *keys: str) -> Any:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from multusd import clock_now
 from multusd.tools import common
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
@@ -357,7 +358,8 @@ class Doctor:
     def check_stale(self) -> Check:
         from multusd.core import records, settings
 
-        stale = [r for r in records.stale_sandboxes(settings.cni_dir_of(self.config.raw))
+        stale = [r for r in records.stale_sandboxes(settings.cni_dir_of(self.config.raw),
+                                                    spare=common.spare_of(self.config))
                  if r.failed_delete is None]  # those are check_unreleased's
         if not stale:
             return Check("stale", OK, "no sandbox outlived its network namespace")
@@ -372,8 +374,9 @@ class Doctor:
         """Sandboxes whose DEL failed: past deleteRetryWindow (unreleased), or still failing."""
         from multusd.core import records, settings
 
-        now = time.time()
-        failed = [r for r in records.read_sandboxes(settings.cni_dir_of(self.config.raw))
+        now = clock_now()
+        failed = [r for r in records.read_sandboxes(settings.cni_dir_of(self.config.raw),
+                                                    spare=common.spare_of(self.config))
                   if r.failed_delete is not None]
         details = [common.failed_delete_line(r, now) for r in failed]
         gone = [r for r in failed if r.is_unreleased(now)]
@@ -383,7 +386,8 @@ class Doctor:
                          "success so that their pods could terminate; what they hold "
                          "(addresses, interfaces) is still recorded",
                          "fix what each failure names (a plugin installed again, its daemon "
-                         "running), then `multusd gc` releases them", details)
+                         "running): the daemon retries them by itself, and `multusd gc` "
+                         "releases them at once", details)
         if failed:
             return Check("unreleased", WARN, f"{len(failed)} sandbox(es) whose DEL is failing "
                          "(the runtime retries it)", "fix what each failure names", details)

@@ -2,9 +2,10 @@
 release stale ones, or drop one sandbox's records.
 
 Unreleased sandboxes (:mod:`multusd.core.unreleased`: their DEL kept failing past
-``deleteRetryWindow`` and was answered success, their records kept) get their DEL again on
-every run but ``--dry-run``: the runtime asked for it already, so running it is never a
-surprise; the runtime's own request is run again as it was sent. Stale sandboxes (their
+``deleteRetryWindow`` and was answered success, their records kept; the daemon retries them by
+itself, with a backoff) get their DEL again at once on every run but ``--dry-run``: the runtime
+asked for it already, so running it is never a surprise; the runtime's own request is run
+again as it was sent (only the delegates still held run). Stale sandboxes (their
 netns is gone, no DEL failed) are listed, and released with ``--release`` by a DEL built from
 the sandbox's own records, exactly as the runtime would send it. Either goes through the
 daemon's socket when it answers (so its per-sandbox lock holds), else by the daemon's own
@@ -24,6 +25,7 @@ import sys
 import time
 from typing import Any, Dict, List, Tuple
 
+from multusd import clock_now
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
 from multusd.core import records, settings, unreleased
@@ -40,14 +42,14 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
     except common.ToolError as exc:
         print(f"multusd gc: {exc}", file=sys.stderr)
         return exc.code
-    now = time.time()
+    now = clock_now()
     left = [r for r in sandboxes if r.is_unreleased(now)]
     stale = [r for r in sandboxes if r.netns_state() == records.GONE and not r.is_unreleased(now)]
     via = ""
     if (left and not dry_run) or (release and stale):
         via = "daemon" if common.healthz(config.socket_path)[0] else "in-process"
     if not dry_run:
-        unreleased.prune(settings.cni_dir_of(config.raw))
+        unreleased.prune(settings.cni_dir_of(config.raw), spare=common.spare_of(config))
     retried = [retry_one(config, r, via) for r in left] if not dry_run else []
     outcomes = [release_one(config, r, via) for r in stale] if release else []
     unreleased_docs = _docs(left, retried)
@@ -72,7 +74,7 @@ def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int
     try:
         config = common.load_config(config_path)
         cni_dir = settings.cni_dir_of(config.raw)
-        record = records.read_sandbox(cni_dir, container_id)
+        record = records.read_sandbox(cni_dir, container_id, spare=common.spare_of(config))
     except common.ToolError as exc:
         print(f"multusd gc: {exc}", file=sys.stderr)
         return exc.code
@@ -193,7 +195,7 @@ def retry_one(config, record: records.SandboxRecord, via: str) -> Dict[str, Any]
     if records.read_sandbox(cni_dir, record.container_id) is None:
         return {"released": True, "error": ""}
     if not error:
-        again = unreleased.read(cni_dir, record.container_id)
+        again = unreleased.read(cni_dir, record.container_id, spare=common.spare_of(config))
         error = ("DEL failed again: " + again.what_failed() if again is not None else
                  "DEL succeeded but records remain")
     return {"released": False, "error": error}

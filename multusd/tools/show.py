@@ -160,7 +160,8 @@ def render(doc: Dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"{a['interface']}: network {a['network']}"
                      + (" (default)" if a["default"] else "")
-                     + (f", NAD {a['network']}" if "/" in a["network"] else ""))
+                     + (f", NAD {a['network']}" if "/" in a["network"] else "")
+                     + _hotplug_note(a.get("hotplug")))
         lines.append(f"  mac {a['mac'] or '-'}  ips {', '.join(a['ips']) or '-'}  "
                      f"gateway {', '.join(a['gateways']) or '-'}")
         lines.append(f"  plugins {', '.join(a['plugins']) or '?'}")
@@ -173,9 +174,23 @@ def render(doc: Dict[str, Any]) -> str:
         lines.append("  config " + _indent(json.dumps(a["config"], indent=2), "  "))
         if a.get("result") is not None:
             lines.append("  result " + _indent(json.dumps(a["result"], indent=2), "  "))
+    for removal in doc.get("removed") or ():
+        lines.append("")
+        lines.append(f"{removal['interface']}: network {removal['name']}, REMOVED while the pod "
+                     f"ran, at {_stamp(removal['at'])}")
     lines.append("")
     lines.append(_api_line(doc["api"]))
     return "\n".join(lines)
+
+
+def _hotplug_note(mark: Any) -> str:
+    """How an attachment made while the pod ran (``enableDynamicNetworks``) is marked."""
+    if not mark:
+        return ""
+    if mark["state"] == "added":
+        return f", ADDED while the pod ran, at {_stamp(mark['since'])}"
+    return (f", being ADDED since {_stamp(mark['since'])} (unfinished: multusd finishes or "
+            "undoes it)")
 
 
 def _dra_line(dra: Dict[str, Any]) -> str:

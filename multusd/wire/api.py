@@ -13,10 +13,16 @@ HTTP/1.1 over the unix socket ``<socketDir>/multus.sock``:
   ``multusd status``; read-only, multusd's own (upstream has no such endpoint).
 
 The client here is deliberately tiny (a raw request on a unix socket, ``Connection: close``)
-because the shim runs it once per pod sandbox and must start fast.
+because the shim runs it once per pod sandbox and must start fast. Its ``timeout`` bounds the
+whole request, not each read: before every connect, send and read the socket's timeout is
+what is left (a daemon that answers a byte at a time cannot hold it longer); ``extend`` is
+asked once, when the time is up, whether to wait longer (how the shim honours a
+``requestTimeout`` longer than the default without reading the daemon's config for every
+pod).
 """
 
 import binascii
+import time
 
 # _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
 import _socket
@@ -30,6 +36,8 @@ READY_ENDPOINT = "/readyz"
 STATUS_ENDPOINT = "/status"
 DEFAULT_SOCKET_DIR = "/run/multus/"
 SOCKET_NAME = "multus.sock"
+#: what a request that ran out of time raises (socket.timeout: TimeoutError from 3.10)
+Timeout = _socket.timeout
 
 
 def socket_path(socket_dir: str = "") -> str:
@@ -61,20 +69,68 @@ class HTTPResponse:
         self.body = body
 
 
+class _Clock:
+    """The deadline of one request, extended at most once (see the module docstring)."""
+
+    __slots__ = ("deadline", "extend")
+
+    def __init__(self, timeout: "float | None", extend) -> None:
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.extend = extend
+
+    def bound(self, conn: _socket.socket) -> None:
+        """Set ``conn``'s timeout to what is left; raise ``socket.timeout`` when nothing is."""
+        if self.deadline is None:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0 and self.extend is not None:
+            extend, self.extend = self.extend, None
+            left += extend() or 0.0
+            self.deadline = time.monotonic() + left
+        if left <= 0:
+            raise Timeout("timed out")
+        conn.settimeout(left)
+
+
 def http_request(sock_path: str, method: str, path: str, body: bytes = b"",
-                 timeout: "float | None" = None) -> HTTPResponse:
-    """One HTTP/1.1 request over a unix socket; raises OSError when the daemon is unreachable
-    or its answer is not HTTP."""
+                 timeout: "float | None" = None, extend=None) -> HTTPResponse:
+    """One HTTP/1.1 request over a unix socket, whole within ``timeout`` seconds (None: no
+    bound); ``extend()``, if given, is asked once when they are up for more seconds to wait.
+
+    :raises socket.timeout: no whole answer in time (an OSError, as the rest).
+    :raises OSError: the daemon is unreachable or its answer is not HTTP.
+    """
+    clock = _Clock(timeout, extend)
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        conn.settimeout(timeout)
+        clock.bound(conn)
         conn.connect(sock_path)
         head = (f"{method} {path} HTTP/1.1\r\nHost: dummy\r\nConnection: close\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        clock.bound(conn)
         conn.sendall(head.encode() + body)
-        return _read_response(conn)
+        return _read_response(_Reader(conn, clock))
     finally:
         conn.close()
+
+
+class _Reader:
+    """``recv`` of one connection, each within what is left of the request's time."""
+
+    __slots__ = ("conn", "clock")
+
+    def __init__(self, conn: _socket.socket, clock: _Clock) -> None:
+        self.conn = conn
+        self.clock = clock
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            self.clock.bound(self.conn)  # asks extend() once the time is up
+            try:
+                return self.conn.recv(size)
+            except Timeout:
+                if self.clock.extend is None:
+                    raise
 
 
 def post_failure(sock_path: str, endpoint: str, body: bytes, timeout: float) -> str:
@@ -91,7 +147,7 @@ def post_failure(sock_path: str, endpoint: str, body: bytes, timeout: float) -> 
     return str(msg or f"HTTP {response.status} from the daemon")
 
 
-def _read_response(conn: _socket.socket) -> HTTPResponse:
+def _read_response(conn: _Reader) -> HTTPResponse:
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
@@ -138,7 +194,7 @@ def _number(text: str, base: int, what: str) -> int:
     return value
 
 
-def _read_chunked(conn: _socket.socket, data: bytes) -> bytes:
+def _read_chunked(conn: _Reader, data: bytes) -> bytes:
     """The body of a chunked answer, read chunk by chunk to the last (size 0) chunk, its
     trailers not waited for; what arrived if the daemon closes first. (The chunks are parsed
     as they come: a read may end inside the body where the data looks like the end.)"""

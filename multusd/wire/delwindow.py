@@ -2,64 +2,72 @@
 
 A DEL that fails (multusd does not answer, or answers an error: a daemon that cannot start,
 a plugin whose DEL fails for good, upstream's daemon) is reported to the runtime, which
-retries it, only for a bounded window; then the shim answers success, so that the pod can
+retries it, only for a short window; then the shim answers success, so that the pod can
 terminate and a drain finishes. What the sandbox set up stays recorded: multusd shows it as
-*unreleased* and ``multusd gc`` releases it later.
+*unreleased* and releases it by itself once it runs (``multusd gc`` at once).
 
 The window of a sandbox is kept on disk, where the daemon finds it and a restart does not
 lose it: ``<cniDir>/.multusd-unreleased/<containerID>``, a JSON file (root only, written
-atomically) whose ``until`` is the end of the window. ``cniDir`` is the one in the shim's
-config (00-multus.conf carries daemon-config.json's, as upstream's generator writes it), else
-upstream's default /var/lib/cni/multus: beside the sandbox's records, in a directory whose
-name (a leading dot) is never a container ID, so it cannot collide with upstream's files.
+atomically) whose ``until``/``untilBoot`` end the window. ``cniDir`` is the one in the shim's
+config (00-multus.conf carries daemon-config.json's, as upstream's generator writes it), read
+by the rule the daemon uses (:func:`multusd.cni_dir_of`): beside the sandbox's records, in a
+directory whose name (a leading dot) is never a container ID, so it cannot collide with
+upstream's files. When ``<cniDir>`` cannot take the mark (a full or read-only disk, a file
+where the directory should be) it goes to the same name in the socket's directory
+(``/run/multus/.multusd-unreleased``, lost at reboot), and the shim says so on stderr and in
+the journal: the window still ends, and the daemon and the tools read both places.
 The daemon writes the same files with more detail (:mod:`multusd.core.unreleased` defines
 them and publishes its ``deleteRetryWindow`` in ``.settings`` for the shim); the shim writes
-a mark only where there is none, or its own, and reads ``until``. Keys the shim writes:
-``containerId``, ``by`` ("shim"), ``firstFailure``, ``lastFailure``, ``until``, ``window``,
-``attempts``, ``error`` and ``request`` (the runtime's CNI_* variables and config, so that
-the DEL can be run again as the runtime sent it).
+a mark only where there is none, or its own. Keys the shim writes: ``containerId``, ``by``
+("shim"), ``firstFailure``, ``lastFailure``, ``until``, ``bootId``, ``untilBoot``,
+``window``, ``attempts``, ``error``, ``cniDir`` and ``request`` (the runtime's CNI_*
+variables and config, so that the DEL can be run again as the runtime sent it).
 
-Standard library only, and imported only when a DEL failed: a DEL that succeeds costs
-nothing. Times are the wall clock (seconds since the epoch), so they survive reboots.
+Times: ``firstFailure``, ``lastFailure`` and ``until`` are the wall clock (seconds since the
+epoch, for people and across reboots); the window is counted on the boot's clock
+(``untilBoot``, CLOCK_BOOTTIME of boot ``bootId``), so that no step of the wall clock
+stretches it (:func:`multusd.window_left`). Standard library only, and imported only when a
+DEL failed: a DEL that succeeds costs nothing.
 """
 
 import os
 import time
 
-from multusd import (DEFAULT_CNI_DIR, MARK_REQUEST_ENV, MARKED_BY_SHIM, UNRELEASED_DIR,
-                     WINDOW_FILE)
+from multusd import (MARK_REQUEST_ENV, MARKED_BY_SHIM, WINDOW_FILE, as_instant,
+                     unreleased_marks_dir, window_end, window_left)
+from multusd import cni_dir_of as _cni_dir_of
 from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
 
-# Five minutes: kubelet retries a failed StopPodSandbox about every 10 s (its pod workers'
-# back-off), so a transient failure (an IPAM daemon or OVS restarting, a plugin being
-# upgraded) gets ~30 more tries; it is longer than the default terminationGracePeriod (30 s)
-# and well within the timeouts drain tools use (10 min and more).
-DEFAULT_WINDOW = 300.0
-
-
-def marks_dir(cni_dir: str = "") -> str:
-    return os.path.join(cni_dir or DEFAULT_CNI_DIR, UNRELEASED_DIR)
-
+# Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
+# after the failure (its pod workers' back-off, 10 s with up to 50% jitter), so its first
+# retry finds the window over and gets success: a pod deleted while multusd is down or broken
+# leaves the API some 10-20 s later, not minutes. A daemon restart (about a second; systemd
+# holds the requests meanwhile, and they rarely fail at all) fits in it several times over.
+# A longer window buys little: what the DEL could not release stays recorded, and the daemon
+# releases it by itself, at its start and then with a backoff, while a kubelet kept waiting
+# holds a drain, a node shutdown and a StatefulSet pod that cannot be made again.
+DEFAULT_WINDOW = 10.0
 
 def cni_dir_of(conf: dict) -> str:
-    """``cniDir`` of the shim's config, the default when unset; "" when it is not usable."""
-    value = conf.get("cniDir")
-    if value is None or value == "":
-        return DEFAULT_CNI_DIR
-    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
-        return ""
-    return value
+    """``cniDir`` of the shim's config, by the daemon's rule (:func:`multusd.cni_dir_of`)."""
+    return _cni_dir_of(conf)
 
 
 def window(directory: str) -> float:
-    """The daemon's published ``deleteRetryWindow``, else :data:`DEFAULT_WINDOW`."""
+    """The daemon's ``deleteRetryWindow`` published in the marks' ``directory``, else
+    :data:`DEFAULT_WINDOW`."""
+    value = _published_window(directory)
+    return DEFAULT_WINDOW if value is None else value
+
+
+def _published_window(directory: str) -> "float | None":
     try:
         with open(os.path.join(directory, WINDOW_FILE), "rb") as handle:
             value = quickjson.loads(handle.read()).get("deleteRetryWindow")
     except (OSError, ValueError, AttributeError):
-        return DEFAULT_WINDOW
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return DEFAULT_WINDOW
+        return None
     return float(value)
 
 
@@ -73,53 +81,80 @@ def read_mark(path: str) -> "dict | None":
     return mark if isinstance(mark, dict) else None
 
 
-def expired(mark: dict, now: "float | None" = None) -> bool:
-    """The mark's window is over: DEL answers success from now on."""
-    until = mark.get("until")
-    if isinstance(until, bool) or not isinstance(until, (int, float)):
-        return False
-    return (time.time() if now is None else now) >= until
+def expired(mark: dict, now: object = None) -> bool:
+    """The mark's window is over: DEL answers success from now on (``now``: a
+    :func:`multusd.clock_now` reading, or a wall-clock time)."""
+    return window_left(mark, now) <= 0
 
 
 def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
-                 now: "float | None" = None) -> "dict | None":
+                 now: object = None, *, socket_dir: str = "",
+                 warn: "object | None" = None) -> "dict | None":
     """Record that this DEL failed; return the sandbox's mark (None: it cannot be marked).
 
     A mark the daemon wrote is only read (the daemon counted this failure itself when it
-    answered); the shim's own mark gets one more attempt.
+    answered); the shim's own mark gets one more attempt. The mark goes to ``<cniDir>``;
+    when that fails, to ``socket_dir``'s marks directory, and ``warn`` (a callable) is told.
     """
     container_id = env.get("CNI_CONTAINERID", "")
-    directory_of = cni_dir_of(conf)
-    if not directory_of or not _is_file_name(container_id):
+    if not _is_file_name(container_id):
         return None
-    directory = marks_dir(directory_of)
-    path = os.path.join(directory, container_id)
-    now = time.time() if now is None else now
-    mark = read_mark(path)
+    now = as_instant(now)
+    cni_dir = cni_dir_of(conf)
+    places = [unreleased_marks_dir(cni_dir)]
+    if socket_dir:
+        places.append(unreleased_marks_dir(socket_dir))
+    mark, found_in = None, ""
+    for place in places:
+        mark = read_mark(os.path.join(place, container_id))
+        if mark is not None:
+            found_in = place
+            break
     if mark is not None and mark.get("by") != MARKED_BY_SHIM:
         return mark
     first = mark is None
     if first:
-        seconds = window(directory)
-        mark = {"containerId": container_id, "by": MARKED_BY_SHIM, "firstFailure": now,
-                "lastFailure": now, "until": now + seconds, "window": seconds, "attempts": 1,
-                "error": error,
+        seconds = next((w for w in map(_published_window, places) if w is not None),
+                       DEFAULT_WINDOW)
+        mark = {"containerId": container_id, "by": MARKED_BY_SHIM, "firstFailure": now[0],
+                "lastFailure": now[0], **window_end(seconds, None, now), "window": seconds,
+                "attempts": 1, "error": error, "cniDir": cni_dir,
                 "request": {"env": {k: env[k] for k in MARK_REQUEST_ENV if k in env},
                             "config": stdin.decode("utf-8", "replace")}}
     else:
         attempts = mark.get("attempts")
-        mark = dict(mark, lastFailure=now, error=error,
+        mark = dict(mark, lastFailure=now[0], error=error,
                     attempts=(attempts if isinstance(attempts, int) else 0) + 1)
-    try:  # the first failure must survive a power loss; a lost count costs nothing
-        _write(directory, container_id, quickjson.dumps(mark).encode(), durable=first)
-    except OSError:
-        return None
-    return mark
+        if mark.get("bootId") != now[1]:  # written in another boot: on this boot's clock now
+            seconds = mark.get("window")
+            mark.update(window_end(seconds if isinstance(seconds, (int, float)) and
+                                   not isinstance(seconds, bool) and seconds > 0
+                                   else DEFAULT_WINDOW, mark, now))
+    data = quickjson.dumps(mark).encode()
+    for place in places:
+        try:  # the first failure must survive a power loss; a lost count costs nothing
+            _write(place, container_id, data, durable=first)
+        except OSError as exc:
+            if place == places[-1]:
+                return None  # nowhere: the error is reported as it was, the runtime retries
+            if callable(warn):
+                warn(f"cannot keep the mark of container {container_id}'s failed DEL in "
+                     f"{place}: {exc.strerror or exc}; it is kept in {places[-1]} instead "
+                     f"(lost at reboot; the sandbox's records in {cni_dir} stay for "
+                     "multusd): make the directory writable")
+            continue
+        if found_in and found_in != place:
+            try:
+                os.unlink(os.path.join(found_in, container_id))  # one mark per sandbox
+            except OSError:
+                pass
+        return mark
+    return None
 
 
-def give_up_message(mark: dict, now: "float | None" = None) -> str:
+def give_up_message(mark: dict, now: object = None) -> str:
     """The line the shim logs when it answers a failed DEL with success."""
-    now = time.time() if now is None else now
+    now = as_instant(now)[0]
     first = mark.get("firstFailure")
     since = (f"since {_stamp(first)} ({_span(now - first)} ago)"
              if isinstance(first, (int, float)) else "repeatedly")
@@ -129,7 +164,8 @@ def give_up_message(mark: dict, now: "float | None" = None) -> str:
             f"{mark.get('attempts', '?')} attempt(s), last: {mark.get('error', '?')}; its "
             f"window ({window_text}) has passed, so DEL answers success and the pod can "
             "terminate. Its records stay: multusd shows the sandbox as unreleased (`multusd "
-            "status`) and `multusd gc` releases it once multusd and its plugins work")
+            "status`) and releases it by itself once multusd and its plugins work (`multusd "
+            "gc` at once)")
 
 
 def to_syslog(message: str) -> None:
@@ -157,7 +193,7 @@ def _write(directory: str, name: str, data: bytes, durable: bool = True) -> None
     The daemon writes through :func:`multusd.store.atomic_write`; the shim may import the
     standard library only, so these are the same steps in its own words.
     """
-    for path in (os.path.dirname(directory), directory):  # cniDir, then the marks' own
+    for path in (os.path.dirname(directory), directory):  # cniDir (or the socket's), the marks'
         try:
             os.mkdir(path, 0o700)  # never cniDir's parents: a stale /host/... path stays absent
         except FileExistsError:

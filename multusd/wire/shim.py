@@ -5,7 +5,14 @@ sandbox. It reads ``cniVersion``, ``daemonSocketDir`` and the logging keys from 
 config, answers VERSION itself, and POSTs everything else to ``/cni`` on the daemon's socket
 (wire-compatible with upstream's daemon). ADD, CHECK and GC first wait (bounded) for
 ``/readyz``; DEL only probes ``/healthz`` so that clean-up proceeds while the daemon drains,
-and so does STATUS, whose job is to say "not ready" at once.
+and so does STATUS, whose job is to say "not ready" at once: it never waits for ``/readyz``,
+and a daemon that does not answer its probe within seconds is CNI error 50, as the daemon's
+own "not ready" is.
+The call to ``/cni`` is bounded, whole: the daemon's request deadline (``requestTimeout``,
+:data:`REQUEST_TIMEOUT` unless daemon-config.json says longer, read only once that has
+passed) plus :data:`ANSWER_MARGIN` (STATUS: :data:`STATUS_TIMEOUT`); a daemon that does not
+answer by then gets a CNI error naming its socket, the time waited and what to check, not a
+runtime waiting forever.
 Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
 leaking addresses, but only for a bounded window (:mod:`multusd.wire.delwindow`): after it
 the shim answers success, so that the pod can terminate, and the sandbox stays recorded as
@@ -26,6 +33,15 @@ from multusd.wire import api, quickjson
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
 READY_TIMEOUT = 60.0
+STATUS_PROBE_TIMEOUT = 3.0  # a running daemon answers /healthz in milliseconds
+# The daemon answers every request by its deadline, requestTimeout after it read it (its
+# default, 110 s, keeps an ADD inside the kubelet's 2 minutes); the margin covers its start
+# by socket activation and writing the answer. A longer requestTimeout in daemon-config.json
+# (at its default path, where `multusd serve` reads it) is honoured, read only when needed.
+REQUEST_TIMEOUT = 110.0
+STATUS_TIMEOUT = 5.0  # STATUS answers at once: a daemon silent this long is not ready
+ANSWER_MARGIN = 10.0
+DAEMON_CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
 LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
 
 
@@ -153,12 +169,16 @@ def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
         pause = min(pause * 2, READY_POLL_INTERVAL)
 
 
-def check_alive(sock: str) -> None:
-    """One /healthz probe (DEL must not wait for readiness: the daemon may be draining)."""
+def check_alive(sock: str, timeout: float = 5.0, not_ready: bool = False) -> None:
+    """One /healthz probe (DEL must not wait for readiness: the daemon may be draining).
+
+    :param not_ready: STATUS's probe: no answer is CNI error 50 ("not available"), not 11.
+    """
     try:
-        api.http_request(sock, "GET", api.HEALTH_ENDPOINT, timeout=5.0)
+        api.http_request(sock, "GET", api.HEALTH_ENDPOINT, timeout=timeout)
     except OSError as exc:
-        raise wire.errors().TryAgainLater(
+        errors = wire.errors()
+        raise (errors.NotReady if not_ready else errors.TryAgainLater)(
             f"multusd is not reachable on {sock}: {exc.strerror or exc}; "
             f"{unreachable_hint(exc)}") from None
 
@@ -173,13 +193,38 @@ def unreachable_hint(exc: "OSError | None") -> str:
     return "check `systemctl status multusd.socket multusd`"
 
 
-def post_cni(sock: str, env: "dict[str, str]", stdin: bytes) -> bytes:
-    """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise."""
+def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
+             timeout: "float | None" = None, not_ready: bool = False) -> bytes:
+    """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise.
+
+    :param timeout: seconds the whole call may take; by default the daemon's requestTimeout
+        (:data:`REQUEST_TIMEOUT`, or the longer one of :data:`DAEMON_CONFIG`) plus
+        :data:`ANSWER_MARGIN`.
+    :param not_ready: STATUS: no answer is CNI error 50 ("not available"), not 11.
+    """
+    started = time.monotonic()
+    waited_for = [REQUEST_TIMEOUT if timeout is None else None]
+
+    def longer() -> float:  # the default has passed: does the daemon take longer?
+        configured = configured_request_timeout()
+        if configured is None or configured <= REQUEST_TIMEOUT:
+            return 0.0
+        waited_for[0] = configured
+        return configured - REQUEST_TIMEOUT
+
     try:
-        response = api.http_request(sock, "POST", api.CNI_ENDPOINT, api.encode_request(env, stdin))
+        response = api.http_request(
+            sock, "POST", api.CNI_ENDPOINT, api.encode_request(env, stdin),
+            timeout=REQUEST_TIMEOUT + ANSWER_MARGIN if timeout is None else timeout,
+            extend=longer if timeout is None else None)
     except OSError as exc:
-        raise wire.errors().TryAgainLater(f"failed to send CNI request to multusd on {sock}: "
-                            f"{exc.strerror or exc}") from None
+        errors = wire.errors()
+        failure = errors.NotReady if not_ready else errors.TryAgainLater
+        if isinstance(exc, api.Timeout):
+            raise failure(no_answer_message(sock, env.get("CNI_COMMAND", ""),
+                                            time.monotonic() - started, waited_for[0])) from None
+        raise failure(f"failed to send CNI request to multusd on {sock}: "
+                      f"{exc.strerror or exc}") from None
     if response.status == 200:
         return response.body
     try:
@@ -190,6 +235,30 @@ def post_cni(sock: str, env: "dict[str, str]", stdin: bytes) -> bytes:
         raise wire.errors().ForwardedError(error)
     text = response.body.decode("utf-8", "replace").strip()
     raise wire.errors().MultusError(f"CNI request failed with status {response.status}: '{text}'")
+
+
+def no_answer_message(sock: str, command: str, waited: float,
+                      request_timeout: "float | None") -> str:
+    """The msg of a call the daemon did not answer in time: which socket, how long, what next."""
+    why = (f" (its requestTimeout, {request_timeout:g}s, and a margin of {ANSWER_MARGIN:g}s)"
+           if request_timeout is not None else "")
+    span = f"{waited:.0f}s" if waited >= 10 else f"{waited:.1f}s"
+    return (f"multusd did not answer the {command or 'CNI'} request on {sock} within "
+            f"{span}{why}: it is stuck or overloaded; check `systemctl status "
+            "multusd.socket multusd` and `journalctl -u multusd` for that request (it may "
+            "still finish there); the runtime retries")
+
+
+def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
+    """daemon-config.json's ``requestTimeout`` (seconds), None when absent or unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            value = quickjson.loads(handle.read()).get("requestTimeout")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return float(value)
 
 
 def add_result(body: bytes, cni_version: str) -> dict:
@@ -223,13 +292,16 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
         config_version = conf.cni_version
         check_command_allowed(command, config_version)
         sock = api.socket_path(conf.socket_dir)
-        if command in ("DEL", "STATUS"):
-            # DEL must proceed while the daemon drains; STATUS must answer now ("not ready",
-            # code 50, comes from the daemon), not after a minute of waiting.
-            check_alive(sock)
+        if command == "STATUS":
+            # STATUS answers now, never after a wait for /readyz: "not ready" (code 50) comes
+            # from the daemon, or from here when the daemon does not answer at all
+            check_alive(sock, STATUS_PROBE_TIMEOUT, not_ready=True)
+        elif command == "DEL":
+            check_alive(sock)  # DEL must proceed while the daemon drains
         else:
             wait_ready(sock)
-        body = post_cni(sock, env, stdin)
+        body = post_cni(sock, env, stdin, timeout=STATUS_TIMEOUT if command == "STATUS" else None,
+                        not_ready=command == "STATUS")
         conf.log("verbose", f"{command} (shim): done for {env.get('CNI_CONTAINERID', '')}")
         if command == "ADD":
             return 0, add_result(body, conf.cni_version)
@@ -252,12 +324,15 @@ def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, err
     """Mark the sandbox whose DEL failed; True once its window is over (answer success)."""
     from multusd.wire import delwindow
 
-    mark = delwindow.note_failure(conf.raw, env, stdin, error)
+    def say(message: str) -> None:
+        conf.warn(message)
+        delwindow.to_syslog(message)
+
+    mark = delwindow.note_failure(conf.raw, env, stdin, error, socket_dir=conf.socket_dir,
+                                  warn=say)
     if mark is None or not delwindow.expired(mark):
         return False
-    message = delwindow.give_up_message(mark)
-    conf.warn(message)
-    delwindow.to_syslog(message)
+    say(delwindow.give_up_message(mark))
     return True
 
 

@@ -110,6 +110,38 @@ def test_add_without_the_readiness_file_fails_with_upstreams_hint(sandbox, stati
     assert set(netns_addresses(ns_name)) == {"lo"}
 
 
+def test_status_without_the_readiness_file_is_not_ready_at_once(sandbox, static_mode, tmp_path):
+    operator_conf, ready = static_mode
+    record = str(tmp_path / "calls.jsonl")
+    daemon = sandbox.daemon({"multusConfigFile": str(operator_conf),
+                             "readinessindicatorfile": str(ready),
+                             "delegates": [recorder(record)]})
+    out = call_shim("STATUS", daemon.shim_conf("1.1.0"))
+    assert (out.code, out.output["code"]) == (1, 50)  # before: 11, after a wait of 45 s
+    assert f"the readiness indicator file {ready} (readinessindicatorfile) does not exist" \
+        in out.output["msg"]
+    assert not ready.exists()  # answered while it was missing
+    assert not os.path.exists(record)  # the cluster network was not asked
+    ready.parent.mkdir()
+    ready.write_text("")
+    assert call_shim("STATUS", daemon.shim_conf("1.1.0")).code == 0
+    assert len(calls(record, "STATUS")) == 1
+
+
+def test_status_of_a_daemon_that_does_not_answer_is_not_ready(tmp_path):
+    import socket as pysocket
+
+    missing = call_shim("STATUS", {"cniVersion": "1.1.0", "daemonSocketDir": str(tmp_path)})
+    assert (missing.code, missing.output["code"]) == (1, 50)
+    assert f"multusd is not reachable on {tmp_path}/multus.sock" in missing.output["msg"]
+    with pysocket.socket(pysocket.AF_UNIX) as silent:  # a socket whose daemon never answers
+        silent.bind(str(tmp_path / "multus.sock"))
+        silent.listen(8)
+        out = call_shim("STATUS", {"cniVersion": "1.1.0", "daemonSocketDir": str(tmp_path)})
+    assert (out.code, out.output["code"]) == (1, 50)
+    assert "multusd is not reachable" in out.output["msg"]
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as handle:
         for line in handle:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import urllib.request
 import uuid
 
@@ -108,6 +109,53 @@ def test_an_add_waits_for_a_stopped_api_server_within_its_deadline(cluster):
     assert result["add"].code == 0, result["add"].output
     assert cluster.status(NS, "waits")[0]["interface"] == "eth0"
     assert cluster.shim("DEL", pod, ns_path, cid).code == 0
+    assert cluster.sandbox.leases_held() == []
+
+
+@pytest.mark.privileged
+@pytest.mark.cni_plugins
+def test_an_add_whose_pod_read_trickles_ends_at_its_deadline_while_other_pods_are_served(
+        cluster):
+    request_timeout = 4.0
+    slow = cluster.pod("slow", node="node-b")  # not in this node's cache: a live GET
+    fast = cluster.pod("fast")  # in the cache
+    cluster.start(requestTimeout=request_timeout)
+    # the live GET's answer: its status line after a second, then a byte every half second
+    # (whole in minutes, to a client that bounds each read and not the request)
+    cluster.kube.trickle("GET", pod_path("slow"), seconds=600)
+    _, slow_ns = cluster.sandbox.netns()
+    _, fast_ns = cluster.sandbox.netns()
+    slow_id, fast_id = uuid.uuid4().hex, uuid.uuid4().hex
+    result = {}
+
+    def add_slow() -> None:
+        started = time.monotonic()
+        result["add"] = cluster.shim("ADD", slow, slow_ns, slow_id)
+        result["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=add_slow)
+    thread.start()
+    try:
+        assert cluster.kube.wait_trickling(1, 20)
+        # meanwhile a pod from the cache is served, whole
+        add = cluster.shim("ADD", fast, fast_ns, fast_id)
+        assert add.code == 0, add.output
+        assert cluster.kube.trickled == []  # the slow answer was still trickling
+        assert cluster.status(NS, "fast")[0]["interface"] == "eth0"
+    finally:
+        thread.join(60)
+    slow_add = result["add"]
+    assert slow_add.code == 1 and slow_add.output["code"] == 11, slow_add.output
+    msg = slow_add.output["msg"]
+    assert f"127.0.0.1:{cluster.kube.port} did not answer in time" in msg, msg
+    assert "default/slow" in msg
+    # the contract: it ended by its deadline (plus a generous margin for a loaded machine),
+    # not when the server was done trickling
+    assert result["took"] < request_timeout + 20
+    wait_for(lambda: cluster.kube.trickled == [(pod_path("slow"), "client gone")], 20,
+             what="the daemon to hang up on the trickling server")
+    for pod, netns, cid in ((fast, fast_ns, fast_id), (slow, slow_ns, slow_id)):
+        assert cluster.shim("DEL", pod, netns, cid).code == 0
     assert cluster.sandbox.leases_held() == []
 
 

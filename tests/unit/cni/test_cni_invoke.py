@@ -280,3 +280,68 @@ def test_a_plugin_printing_without_end_is_killed_at_the_output_limit(tmp_path, s
         _exec(str(plugin), {"cniVersion": "1.0.0"}, timeout=60)
     assert f"printed more than 16 MiB on {stream} and was killed" in err.value.msg
     assert len(err.value.details) < 3 * invoke.DETAILS_LIMIT
+
+
+# ---- RunningPlugins: every plugin ended at once (the daemon's stop) -------------------------
+
+def test_end_all_kills_every_running_plugin_group_and_says_why(stub_bin, tmp_path):
+    running = invoke.RunningPlugins()
+    pid_file = tmp_path / "pids"
+    failures: list = []
+
+    def run() -> None:
+        try:
+            invoke.exec_plugin(os.path.join(stub_bin, "stub-hang"), command="DEL",
+                               stdin=json.dumps({"pidFile": str(pid_file)}).encode(),
+                               env=dict(ENV, CNI_COMMAND="DEL"),
+                               deadline=time.monotonic() + 3600, running=running)
+        except DeadlineExceeded as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: pid_file.exists(), 30, what="stub-hang running")
+    assert running.running() == ["stub-hang DEL"]
+    assert running.end_all("the daemon stops") == ["stub-hang DEL"]
+    thread.join(30)
+    (error,) = failures  # long before the deadline
+    assert error.code == 11
+    assert error.msg.startswith(f"plugin 'stub-hang' ({stub_bin}/stub-hang) DEL was killed: "
+                                "the daemon stops")
+    plugin_pid, child_pid = (int(p) for p in pid_file.read_text().split())
+    wait_for(lambda: _dead(plugin_pid) and _dead(child_pid), what="stub-hang and its child gone")
+    assert running.running() == []
+
+
+def test_after_end_all_no_plugin_starts(stub_bin, tmp_path):
+    running = invoke.RunningPlugins()
+    running.end_all("the daemon stops")
+    record = tmp_path / "record.jsonl"
+    with pytest.raises(DeadlineExceeded) as err:
+        invoke.exec_plugin(os.path.join(stub_bin, "stub-record"), command="ADD",
+                           stdin=json.dumps({"recordFile": str(record)}).encode(), env=ENV,
+                           deadline=time.monotonic() + 30, running=running)
+    assert err.value.msg.endswith("ADD was not started: the daemon stops")
+    assert not record.exists()
+
+
+def test_a_plugin_registered_after_end_all_is_killed_at_once(stub_bin, tmp_path):
+    """The race of a run that checked before the switch and registers after it."""
+    import subprocess
+
+    running = invoke.RunningPlugins()
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    running.end_all("the daemon stops")
+    running.add(proc, "sleep ADD")
+    assert proc.wait(30) == -9
+    assert running.was_killed(proc) and running.running() == []
+    running.discard(proc)
+    assert not running.was_killed(proc)
+
+
+def test_a_plugin_that_ends_by_itself_is_forgotten(stub_bin):
+    running = invoke.RunningPlugins()
+    assert invoke.exec_plugin(os.path.join(stub_bin, "stub-record"), command="DEL",
+                              stdin=b"{}", env=dict(ENV, CNI_COMMAND="DEL"),
+                              deadline=time.monotonic() + 30, running=running) is None
+    assert running.running() == [] and running.end_all("stop") == []

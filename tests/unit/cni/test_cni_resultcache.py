@@ -119,3 +119,11 @@ def test_delete_and_list_entries(tmp_path):
     assert resultcache.delete(cache_dir, "net1", "cid1", "eth0") is True
     assert resultcache.delete(cache_dir, "net1", "cid1", "eth0") is False
     assert [e["networkName"] for e in resultcache.list_entries(cache_dir)] == ["net2"]
+
+
+def test_the_entries_of_one_container_are_read_alone(tmp_path):
+    cache_dir = str(tmp_path)
+    for cid in ("cid1", "cid12", "xcid1"):
+        resultcache.write(cache_dir, "net1", _rt(tmp_path, container_id=cid), CONFIG, RESULT)
+    assert [e["containerId"] for e in resultcache.list_entries(cache_dir, "cid1")] == ["cid1"]
+    assert resultcache.list_entries(cache_dir, "cid9") == []

@@ -76,8 +76,8 @@ def test_retry_delete_on_error_false_is_a_warning_saying_what_multusd_does():
     assert from_dict({}).warnings == ()
 
 
-def test_delete_retry_window_is_seconds_five_minutes_by_default():
-    assert daemonconf.from_dict({}).delete_retry_window == 300.0
+def test_delete_retry_window_is_seconds_ten_by_default():
+    assert daemonconf.from_dict({}).delete_retry_window == 10.0
     assert daemonconf.from_dict({"deleteRetryWindow": 90}).delete_retry_window == 90.0
     assert daemonconf.from_dict({"deleteRetryWindow": 0.5}).delete_retry_window == 0.5
     assert daemonconf.from_dict({"deleteRetryWindow": 90}).warnings == ()  # a key of ours
@@ -86,3 +86,18 @@ def test_delete_retry_window_is_seconds_five_minutes_by_default():
             daemonconf.from_dict({"deleteRetryWindow": bad})
         assert info.value.problems[0].path == "deleteRetryWindow"
         assert "must be a number greater than 0" in info.value.msg
+
+
+def test_enable_dynamic_networks_is_an_opt_in_boolean():
+    assert daemonconf.from_dict({}).enable_dynamic_networks is False
+    on = daemonconf.from_dict({"enableDynamicNetworks": True, "kubeconfig": "/k"})
+    assert on.enable_dynamic_networks is True and on.warnings == ()
+    with pytest.raises(ConfigError, match="enableDynamicNetworks"):
+        daemonconf.from_dict({"enableDynamicNetworks": "yes"})
+
+
+def test_enable_dynamic_networks_without_a_kubeconfig_is_a_warning():
+    loaded = daemonconf.from_dict({"enableDynamicNetworks": True})
+    assert len(loaded.warnings) == 1
+    assert loaded.warnings[0].startswith("enableDynamicNetworks:")
+    assert "kubeconfig" in loaded.warnings[0] and "ignored" in loaded.warnings[0]

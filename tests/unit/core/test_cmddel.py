@@ -124,9 +124,87 @@ def test_forget_drops_every_record_whatever_failed(node, tmp_path):
     confs = [node.stub("cluster"), node.stub("stuck", failDelUnless=never, error=ERROR)]
     node.configure(confs)
     record(node, "c1", *confs)
-    unreleased.record(node.cni_dir, node.request("DEL"), (), "m", window=5, pod_gone=False)
+    unreleased.record(node.cni_dir, node.request("DEL"), (), "m", window=5)
     outcome = node.multus.forget(node.request("DEL"), time.monotonic() + 30, LOG)
     assert [(d.name, why) for d, why in outcome] == [("cluster", ""),
                                                     ("stuck", "its daemon is down")]
     assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
     assert os.listdir(os.path.join(node.cni_dir, "results")) == []
+
+
+def test_a_retry_runs_only_the_delegates_still_held(node, tmp_path):
+    fixed = str(tmp_path / "fixed")
+    confs = [node.stub("cluster"), node.stub("extra"),
+             node.stub("flaky", failDelUnless=fixed, error=ERROR)]
+    node.configure(confs, deleteRetryWindow=300)
+    record(node, "c1", *confs)
+    with pytest.raises(MultusError):
+        node.run("DEL", "c1")
+    assert len(node.calls()) == 3
+    mark = unreleased.read(node.cni_dir, "c1")
+    assert mark.released == (unreleased.Released("cluster", "eth0"),
+                             unreleased.Released("extra", "net1"))
+    # the scratch cache keeps every delegate, in upstream's format, for upstream's daemon
+    with open(scratch.cache_path(node.cni_dir, "c1"), "rb") as handle:
+        assert [d.name for d in scratch.delegates_from_cache(handle.read())] == \
+            ["cluster", "extra", "flaky"]
+
+    with pytest.raises(MultusError):
+        node.run("DEL", "c1")  # the runtime's retry
+
+    assert node.calls()[3:] == [("DEL", "flaky", "net2")]  # the cluster network's not again
+    open(fixed, "w").close()
+    node.run("DEL", "c1")
+    assert node.calls()[4:] == [("DEL", "flaky", "net2")]
+    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
+
+
+def test_a_mark_cni_dir_cannot_take_lands_beside_the_socket_and_the_error_stays(node, tmp_path):
+    fixed = str(tmp_path / "fixed")
+    confs = [node.stub("cluster"), node.stub("flaky", failDelUnless=fixed, error=ERROR)]
+    node.configure(confs, deleteRetryWindow=300)
+    record(node, "c1", *confs)
+    (tmp_path / "cni" / ".multusd-unreleased").write_text("a file in the way")
+    spare = unreleased.spare_marks_dir(node.socket_dir)
+
+    with pytest.raises(MultusError) as err:
+        node.run("DEL", "c1")
+
+    assert err.value.msg.startswith("[ns/web/u1]: DEL failed for 1 network(s)")
+    assert "This is reported until" in err.value.msg  # the window runs: the mark landed
+    mark = unreleased.read(node.cni_dir, "c1", spare=spare)
+    assert mark.place == spare and mark.released == (unreleased.Released("cluster", "eth0"),)
+    open(fixed, "w").close()
+    node.run("DEL", "c1")
+    assert node.calls()[2:] == [("DEL", "flaky", "net1")]  # read from there too
+    assert node.records() == [] and os.listdir(spare) == []
+
+
+def test_records_that_cannot_be_removed_are_reported_as_a_failure(node):
+    confs = [node.stub("cluster")]
+    node.configure(confs, deleteRetryWindow=300)
+    record(node, "c1", *confs, scratch_cache=False)
+    os.makedirs(scratch.cache_path(node.cni_dir, "c1"))  # cannot be unlinked: a directory
+
+    with pytest.raises(MultusError) as err:
+        node.run("DEL", "c1")
+
+    assert "DEL released every network, but its records cannot be removed" in err.value.msg
+    mark = unreleased.read(node.cni_dir, "c1")
+    assert mark.failures == () and mark.released == (unreleased.Released("cluster", "eth0"),)
+    os.rmdir(scratch.cache_path(node.cni_dir, "c1"))
+    node.run("DEL", "c1")
+    assert len(node.calls()) == 1 and unreleased.read(node.cni_dir, "c1") is None
+
+
+def test_a_delegate_the_result_cache_still_holds_is_run_whatever_the_mark_says(node):
+    # a mark left over (the records were dropped by upstream's daemon, then the container ID
+    # was added again) must not skip what the new ADD attached
+    confs = [node.stub("cluster"), node.stub("extra")]
+    node.configure(confs)
+    record(node, "c1", *confs)
+    unreleased.record(node.cni_dir, node.request("DEL"), (), "m", window=5,
+                      released=(unreleased.Released("cluster", "eth0"),))
+    node.run("DEL", "c1")
+    assert sorted(node.calls()) == [("DEL", "cluster", "eth0"), ("DEL", "extra", "net1")]
+    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None

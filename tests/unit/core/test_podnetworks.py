@@ -14,7 +14,8 @@ import pytest
 
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import (NadNotFound, add_device_id, build_delegates,
-                                      mark_gateway_filters)
+                                      mark_gateway_filters, selection_delegate)
+from multusd.core.selection import parse_selections
 from multusd.core.settings import load_settings
 from multusd.errors import InvalidNetworkConfig, TryAgainLater
 
@@ -232,6 +233,33 @@ def test_cni_args_and_device_id_are_injected_into_the_executed_conf(cluster):
     assert first.device_id == "0000:03:00.1" and first.resource_name == "intel.com/sriov"
     # The kubelet's allocation wins over the pod's own deviceID request.
     assert second.device_id == "0000:03:00.2"
+
+
+def test_a_selection_added_to_a_running_pod_is_its_nads_delegate_named_as_asked(cluster):
+    nads = Nads(Nad("test", "net1", MACVLAN))
+    (selection,) = parse_selections(
+        '[{"name":"net1","interface":"hot0","mac":"c2:11:22:33:44:55","ips":["10.1.1.5/24"],'
+        '"cni-args":{"a":"b"},"deviceID":"0000:03:00.7","default-route":["10.1.1.1"]}]', "test")
+    delegate = selection_delegate(load_settings(cluster), selection, pod_namespace="test",
+                                  pod_name="mypod", get_nad=nads)
+    assert (delegate.name, delegate.ifname, delegate.master) == ("test/net1", "hot0", False)
+    assert (delegate.mac_request, delegate.ip_request) == ("c2:11:22:33:44:55",
+                                                          ("10.1.1.5/24",))
+    assert delegate.device_id == "0000:03:00.7"
+    assert json.loads(delegate.conf)["args"] == {"cni": {"a": "b"}}
+    assert delegate.gateway_request is None  # the pod's other attachments keep their routes
+
+
+def test_a_selection_added_to_a_running_pod_keeps_the_namespace_and_nad_rules(cluster):
+    isolated = load_settings(dict(cluster, namespaceIsolation=True))
+    (other,) = parse_selections("kube-system/net1@hot0", "test")
+    with pytest.raises(InvalidNetworkConfig, match="namespace isolation enabled"):
+        selection_delegate(isolated, other, pod_namespace="test", pod_name="p",
+                           get_nad=Nads(Nad("kube-system", "net1", MACVLAN)))
+    (ghost,) = parse_selections("ghost@hot0", "test")
+    with pytest.raises(NadNotFound):
+        selection_delegate(load_settings(cluster), ghost, pod_namespace="test", pod_name="p",
+                           get_nad=Nads())
 
 
 def test_add_device_id_to_every_plugin_of_a_conflist():

@@ -135,3 +135,22 @@ def test_redact_hides_credential_values_at_any_depth():
         "type": "x", "password": "<redacted>",
         "ipam": {"apiToken": "<redacted>", "keyFile": "/k",
                  "list": [{"client_secret": "<redacted>"}]}}
+
+
+def test_attachments_added_and_removed_while_the_pod_ran_are_read_back(tmp_path):
+    from multusd.core.hotplugrecord import ADDED, HotplugMark, Removal, ScratchEntries
+
+    cni_dir = _sandbox(tmp_path)
+    path = os.path.join(cni_dir, "cid1")
+    with open(path, "rb") as handle:
+        entries = ScratchEntries.parse(handle.read())
+    entries.set_mark(1, HotplugMark(state=ADDED, since=5.0))
+    entries.entries[0]["multusdRemoved"] = [Removal(network="default/b", ifname="net2",
+                                                    at=6.0).to_json()]
+    store.atomic_write(path, entries.to_bytes())
+
+    [record] = records.read_sandboxes(cni_dir)
+
+    assert [a.hotplug for a in record.attachments] == [None, HotplugMark(state=ADDED, since=5.0)]
+    assert record.removed == (Removal(network="default/b", ifname="net2", at=6.0),)
+    assert records.read_sandboxes(_sandbox(tmp_path / "plain"))[0].removed == ()

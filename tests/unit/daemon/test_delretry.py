@@ -1,4 +1,4 @@
-"""multusd.daemon.delretry: the daemon's slow background DEL of unreleased sandboxes.
+"""multusd.daemon.delretry: the daemon's own DEL of unreleased sandboxes, at start and on a backoff.
 
 The retrier is handed the daemon's request handler; here that is the same decode, parse and
 dispatch to :class:`~multusd.core.multus.Multus` (no socket, no lock: one request at a time).
@@ -19,7 +19,10 @@ from multusd.core import request
 from multusd.core import scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.multus import Multus
+from multusd.daemon import delretry
 from multusd.daemon.delretry import DelRetrier
+from multusd.wire import delwindow
+from testlib import wait_for
 
 LOG = logging.LoggerAdapter(logging.getLogger("test"), {})
 RUNTIME_CONF = b'{"cniVersion":"0.4.0","name":"multus-cni-network","type":"multus-shim"}'
@@ -34,6 +37,7 @@ class Node:
         self.calls = str(tmp_path / "calls.jsonl")
         self.config = daemonconf.from_dict({"cniDir": self.cni_dir, "binDir": STUBS,
                                             "cniVersion": "0.4.0", "deleteRetryWindow": 5,
+                                            "socketDir": str(tmp_path / "run"),
                                             "delegates": [self.stub()]})
         self.multus = Multus(self.config)
         self.requests: list = []
@@ -57,7 +61,7 @@ class Node:
                "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
         unreleased.record(self.cni_dir, request.parse(env, RUNTIME_CONF, self.config),
                           (unreleased.Failure("stubnet", "eth0", "its daemon is down"),), "m",
-                          window=5, pod_gone=False, now=failed_at)
+                          window=5, now=failed_at)
 
     def dels(self) -> int:
         if not os.path.exists(self.calls):
@@ -88,26 +92,62 @@ def test_unreleased_sandboxes_get_their_del_again_until_released(tmp_path):
     assert retrier.retry_all() == 0 and node.dels() == 2
 
 
-def test_start_publishes_the_window_and_announces_what_the_shim_gave_up_on(tmp_path, caplog):
-    from multusd.wire import delwindow
-
+def test_at_start_the_window_is_published_and_what_the_shim_gave_up_on_is_released(tmp_path):
     node = Node(tmp_path)
     store.atomic_write(os.path.join(node.cni_dir, "gaveup"), b"[]")
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "gaveup", "CNI_NETNS": "",
            "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
     delwindow.note_failure({"cniDir": node.cni_dir}, env, RUNTIME_CONF, "not reachable",
                            now=time.time() - 600)
-    retrier = DelRetrier(node.config, node.multus, node.handle, interval=3600)
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600)
 
-    with caplog.at_level(logging.WARNING):
-        retrier.start()
-        from testlib import wait_for
-
-        wait_for(lambda: unreleased.read(node.cni_dir, "gaveup").announced,
-                 what="the announcement")
+    retrier.start()
+    try:
+        # at once, without waiting for a pod cache or for a retry interval
+        wait_for(lambda: unreleased.read(node.cni_dir, "gaveup") is None, 10,
+                 what="the shim's sandbox released at start")
+    finally:
         retrier.stop()
 
-    assert delwindow.window(unreleased.mark_dir(node.cni_dir)) == 5.0
-    assert any("DEL of sandbox gaveup (default/web) has failed since" in r.getMessage()
-               for r in caplog.records)
-    assert node.requests == []  # no DEL at start: the retries come every interval
+    assert delwindow.window(os.path.join(node.cni_dir, ".multusd-unreleased")) == 5.0
+    assert node.requests == [("/cni", "unreleased-gaveup")]
+    assert not os.path.exists(os.path.join(node.cni_dir, "gaveup"))
+    assert (retrier.retries, retrier.released) == (1, 1)
+
+
+def test_a_sandbox_still_failing_is_retried_on_a_backoff_and_announced_once(tmp_path, caplog):
+    node = Node(tmp_path)
+    node.sandbox("old", failed_at=time.time() - 60)
+    retrier = DelRetrier(node.config, node.multus, node.handle, first=0.2, cap=0.8,
+                         scan=3600)
+
+    with caplog.at_level(logging.WARNING):
+        pause = retrier.run_due()  # new: at once
+
+    assert node.dels() == 1 and 0 < pause <= 0.3  # the first step, not the scan
+    assert retrier.run_due() > 0 and node.dels() == 1  # not due yet: nothing runs
+    wait_for(lambda: retrier.run_due() and node.dels() == 2, 5, interval=0.05,
+             what="the second retry")
+    announced = [r for r in caplog.records if "DEL of sandbox old" in r.getMessage()]
+    assert len(announced) == 1 and unreleased.read(node.cni_dir, "old").announced
+    open(node.fixed, "w").close()  # the cause is gone
+    wait_for(lambda: retrier.run_due() and unreleased.read(node.cni_dir, "old") is None, 5,
+             interval=0.05, what="the release")
+    assert node.dels() == 3 and retrier.run_due() == 3600 and node.dels() == 3
+
+
+def test_a_window_ending_is_when_the_daemon_looks_again(tmp_path):
+    node = Node(tmp_path)
+    node.sandbox("new", failed_at=time.time())  # window of 5 s: the runtime retries it
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600)
+
+    pause = retrier.run_due()
+
+    assert node.requests == [] and 0 < pause <= 6  # its end (+1 s), not the scan
+
+
+def test_the_backoff_doubles_to_its_cap_each_wait_up_to_half_again():
+    backoff = delretry.Backoff(5.0, 300.0)
+    waits = [backoff.next() for _ in range(9)]
+    steps = [5, 10, 20, 40, 80, 160, 300, 300, 300]
+    assert all(step <= wait < 1.5 * step for wait, step in zip(waits, steps)), waits

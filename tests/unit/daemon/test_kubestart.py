@@ -51,3 +51,16 @@ def test_once_built_the_lookups_reach_the_client(kube_api):
         assert kube.get_nad(NS, "absent") is None
     finally:
         kube.stop()
+
+
+def test_a_pod_listener_is_on_the_client_before_its_first_list(kube_api):
+    kube_api.add_pod(NS, "web")
+    seen = []
+    kube = BackgroundKube(kube_api.kubeconfig_path, kube_api.node, on_failure=lambda: None,
+                          pod_listener=seen.append)
+    kube.start_building()
+    try:
+        wait_for(kube.ready, what="the pod cache's first list")
+        assert [(p.namespace, p.name) for p in seen] == [(NS, "web")]
+    finally:
+        kube.stop()

@@ -124,6 +124,29 @@ def test_jobs_past_their_deadline_are_taken_out_and_their_sandbox_moves_on():
         lanes.close()
 
 
+def test_the_jobs_running_and_waiting_and_all_waiting_taken_out_at_exit():
+    runs = Runs()
+    lanes = Lanes(runs, workers=1, fast_workers=1, max_queued=10)
+    try:
+        runs.hold["add"], runs.hold["del"] = threading.Event(), threading.Event()
+        lanes.submit(job("add", "ADD", "c1"))
+        wait_for(lambda: runs.started == ["add"], 10, what="the ADD running")
+        lanes.submit(job("del", "DEL", "c2"))
+        wait_for(lambda: runs.started == ["add", "del"], 10, what="the DEL running")
+        lanes.submit(job("queued", "CHECK", "c3"))
+        lanes.submit(job("parked", "DEL", "c1"))  # behind its sandbox's ADD
+        running, waiting = lanes.jobs()
+        assert sorted(j.conn for j in running) == ["add", "del"]
+        assert sorted(j.conn for j in waiting) == ["parked", "queued"]
+        assert sorted(j.conn for j in lanes.take_waiting()) == ["parked", "queued"]
+        assert lanes.queued == 0 and lanes.jobs()[1] == []
+        release(runs)
+        wait_for(lambda: lanes.jobs() == ([], []), 10, what="the running jobs done")
+        assert sorted(runs.done) == ["add", "del"]  # what was taken out never ran
+    finally:
+        lanes.close()
+
+
 def test_threads_are_started_as_needed_and_reused():
     runs = Runs()
     lanes = Lanes(runs, workers=4, fast_workers=2, max_queued=100)
@@ -240,3 +263,24 @@ def test_once_closed_a_request_held_back_for_cpu_still_runs():
         lanes.close()
     wait_for(lambda: not any(t.is_alive() for t in runs.threads), 10,
              what="the workers to end once closed")
+
+
+def test_a_task_of_the_daemons_own_waits_its_sandboxs_turn_and_runs_instead_of_a_request():
+    runs = Runs()
+    lanes = Lanes(runs, workers=2, fast_workers=1, max_queued=10)
+    ran = []
+    try:
+        runs.hold["add"] = threading.Event()
+        assert lanes.submit(job("add", key="c1"))
+        wait_for(lambda: runs.started == ["add"], 10, what="the ADD running")
+        task = Job(None, "", "", b"", float("inf"), "RECONCILE", "c1",
+                   task=lambda j: ran.append(("task", list(runs.done))))
+        assert lanes.submit(task)
+        assert lanes.submit(job("del", "DEL", key="c1", deadline=float("inf")))
+        assert lanes.take_expired(1e13) == []  # it keeps its own deadline: never answered
+        release(runs)
+        wait_for(lambda: runs.done == ["add", "del"], 10, what="the DEL after the task")
+    finally:
+        lanes.close()
+    assert ran == [("task", ["add"])]  # after the ADD, before the DEL; never given to run
+    assert None not in runs.started

@@ -419,3 +419,15 @@ def test_stale_sandboxes_gauge_counts_records_whose_netns_is_gone(tmp_path):
     assert sample(daemon.render(), "multusd_stale_sandboxes") == "1.0"
     daemon.set_sources()
     assert "\nmultusd_stale_sandboxes " not in daemon.render()  # no source, no sample
+
+
+def test_dynamic_reconciliations_exist_only_with_their_source():
+    daemon = DaemonMetrics()
+    assert "multusd_dynamic_reconciliations_total" not in daemon.render()  # the key is off
+    counts = {"changed": 2, "failed": 1, "unchanged": 0}
+    daemon.set_sources(dynamic_reconciliations=lambda: counts)
+    name = "multusd_dynamic_reconciliations_total"
+    assert value(daemon, name, outcome="changed") == 2
+    assert value(daemon, name, outcome="failed") == 1
+    assert value(daemon, name, outcome="unchanged") == 0
+    assert_valid_exposition(daemon.render())

@@ -217,6 +217,39 @@ def test_readyz_follows_readiness_and_a_stopping_daemon(served):
     assert node.call("GET", api.READY_ENDPOINT).status == 500
 
 
+def test_once_stopping_only_del_and_status_run_and_probes_are_answered(served):
+    node = served()
+    node.handler.outcome = None
+    node.server.begin_stop()
+    assert node.call("GET", api.READY_ENDPOINT).status == 500
+    assert node.call("GET", api.HEALTH_ENDPOINT).status == 200
+    for command in ("DEL", "STATUS"):
+        assert node.call("POST", api.CNI_ENDPOINT, cni_body(command)).status == 200
+    for endpoint, command in ((api.CNI_ENDPOINT, "ADD"), (api.CNI_ENDPOINT, "CHECK"),
+                              (api.CNI_ENDPOINT, "GC"), (api.DELEGATE_ENDPOINT, "ADD")):
+        response = node.call("POST", endpoint, cni_body(command))
+        assert response.status == 400
+        error = cni_error(response.body)
+        assert error["code"] == 11
+        assert error["msg"] == (f"multusd is stopping: {command} was not started; retry it "
+                                "(the socket stays open: the next multusd serves it)")
+    assert len(node.handler.calls) == 2  # the DEL and the STATUS
+    assert node.server.runner.counted() == {"ok": 2, "failed": 4}
+
+
+def test_once_refusing_no_request_runs_and_each_is_told_first(served):
+    node = served()
+    told = []
+    node.server.runner.refuse("stopping now; retry", told.append)
+    response = node.call("POST", api.CNI_ENDPOINT, cni_body("DEL", "c7"))
+    assert response.status == 400
+    assert (cni_error(response.body)["code"], cni_error(response.body)["msg"]) == \
+        (11, "stopping now; retry")
+    assert node.handler.calls == []
+    (job,) = told
+    assert (job.path, job.command, job.key) == (api.CNI_ENDPOINT, "DEL", "c7")
+
+
 def test_a_probe_with_a_large_body_is_answered_at_once(served):
     node = served()
     status, _, _ = node.raw(b"POST /healthz HTTP/1.1\r\nContent-Length: %d\r\n\r\n"

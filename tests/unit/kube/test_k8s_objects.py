@@ -1,4 +1,5 @@
-"""Unit tests of multusd.kube that need no API server: trimming, static pods, kubeconfig errors."""
+"""Unit tests of multusd.kube that need no API server: the views of objects (the fields read,
+a pod's whole object kept), static pods, kubeconfig errors."""
 
 from __future__ import annotations
 
@@ -43,6 +44,24 @@ def test_pod_is_trimmed_to_what_multusd_reads():
     assert pod.node_name == "node-a"
     with pytest.raises(TypeError):
         pod.annotations[NETWORK_STATUS_ANNOTATION] = "[]"  # read-only view
+
+
+def test_a_pod_keeps_its_whole_object_for_the_status_put_out_of_repr_and_equality():
+    obj = full_pod()
+    pod = pod_from_object(obj)
+    assert json.loads(pod.source) == obj  # status, spec and managedFields included
+    assert " source=" not in repr(pod) and "managedFields" not in repr(pod)
+    other = dict(obj, status={"phase": "Running", "podIP": "10.9.9.9"})
+    assert pod_from_object(other) == pod  # the fields multusd reads decide equality
+
+
+def test_pod_phase_and_whether_it_is_terminating():
+    pod = pod_from_object(full_pod())
+    assert (pod.phase, pod.deleting) == ("Running", False)
+    obj = full_pod()
+    obj["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    del obj["status"]
+    assert (pod_from_object(obj).phase, pod_from_object(obj).deleting) == ("", True)
 
 
 def test_pod_without_annotations():

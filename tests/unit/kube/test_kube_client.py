@@ -326,6 +326,25 @@ def test_nad_condition_names_the_fix():
     assert nad_condition(None, None)[0] == "unavailable" and nad_condition(None, None)[1]
 
 
+def test_a_pod_listener_is_handed_every_pod_the_watch_delivers(kube_api, make_client, caplog):
+    kube_api.add_pod(NS, "web", annotations={"a": "1"})
+    client = make_client(kube_api, start=False)
+    seen: List[Pod] = []
+    client.add_pod_listener(lambda pod: seen.append(pod))
+    client.add_pod_listener(lambda pod: 1 / 0)  # a broken listener stops nothing
+    client.start()
+    assert client.wait_synced(10)
+    kube_api.update_pod(NS, "web", annotations={"a": "2"}, phase="Running")
+    wait_for(lambda: len(seen) == 2, 10, what="the change delivered")
+    assert [(p.name, p.annotations["a"], p.phase) for p in seen] == [("web", "1", "Pending"),
+                                                                    ("web", "2", "Running")]
+    wait_for(lambda: client.cached_pod(NS, "web").phase == "Running", 10, what="the cache")
+    assert "a pod listener failed on default/web" in caplog.text
+    kube_api.add_pod(NS, "other", node="elsewhere")
+    assert client.get_pod(NS, "other") is not None  # a live GET is no delivery of the watch
+    assert len(seen) == 2
+
+
 # ---- lifecycle -------------------------------------------------------------------------------
 
 def test_start_twice_starts_one_pair_of_watches(kube_api, make_client):
@@ -373,3 +392,33 @@ def test_dra_devices_are_searched_on_the_pods_node_else_this_one(kube_api, make_
     devices = client.pod_dra_devices(pod, deadline=time.monotonic() + 10)
     assert [d.device_id for d in devices] == [f"{scheduled or 'node-a'}-vf-0"]
     assert client.dra_slice_lists == 1
+
+
+# ---- a slow server ----------------------------------------------------------------------------
+
+def test_a_trickled_live_get_ends_at_the_deadline_and_holds_no_cached_lookup(kube_api,
+                                                                            make_client):
+    kube_api.add_pod(NS, "cached")
+    kube_api.add_pod(NS, "elsewhere", node="node-b")  # not in this node's cache
+    client = make_client(kube_api)
+    kube_api.trickle("GET", pod_path("elsewhere"), seconds=600)
+    outcome = {}
+
+    def slow() -> None:
+        try:
+            client.get_pod(NS, "elsewhere", deadline=time.monotonic() + 3.0)
+        except MultusError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    try:
+        assert kube_api.wait_trickling(1, 10)
+        assert client.get_pod(NS, "cached") is not None  # served while the GET trickles
+        assert kube_api.trickled == []
+    finally:
+        thread.join(30)
+    error = outcome["error"]
+    assert isinstance(error, TryAgainLater)
+    assert f"127.0.0.1:{kube_api.port} did not answer in time" in error.msg
+    assert "get pod default/elsewhere" in error.msg

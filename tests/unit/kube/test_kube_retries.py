@@ -74,7 +74,7 @@ def test_a_post_is_resent_only_if_it_was_not_written_whole(phase, method):
 
 
 def test_backoff_doubles_with_jitter_up_to_its_maximum():
-    attempts = Attempts(1000.0, clock=Clock())
+    attempts = Attempts(Clock().now + 1000.0, clock=Clock())
     delays = [attempts.pause() for _ in range(retries.MAX_RETRIES)]
     for n, delay in enumerate(delays):
         step = min(retries.BACKOFF_MAX, retries.BACKOFF_FIRST * 2 ** n)
@@ -84,7 +84,7 @@ def test_backoff_doubles_with_jitter_up_to_its_maximum():
 
 
 def test_retry_after_is_honoured_and_jittered_upwards():
-    attempts = Attempts(1000.0, clock=Clock())
+    attempts = Attempts(Clock().now + 1000.0, clock=Clock())
     for _ in range(20):
         assert 3.0 <= attempts.pause(3.0) <= 3.0 * (1 + retries.RETRY_AFTER_JITTER)
         attempts.retries = 0
@@ -92,7 +92,7 @@ def test_retry_after_is_honoured_and_jittered_upwards():
 
 def test_no_wait_ends_past_the_deadline():
     clock = Clock()
-    attempts = Attempts(2.0, clock=clock)
+    attempts = Attempts(clock.now + 2.0, clock=clock)  # a deadline: an instant of the clock
     assert attempts.pause(5.0) is None  # Retry-After past the deadline: give up now
     assert attempts.retries == 0
     total = 0.0
@@ -104,6 +104,15 @@ def test_no_wait_ends_past_the_deadline():
         total += delay
         assert attempts.left() >= retries.MIN_ATTEMPT
     assert total <= 2.0 - retries.MIN_ATTEMPT
+
+
+def test_attempts_count_down_to_an_instant_not_from_their_start():
+    clock = Clock()
+    attempts = Attempts(clock.now + 3.0, clock=clock)
+    clock.now += 1.0
+    assert attempts.left() == 2.0
+    clock.now += 5.0
+    assert attempts.left() == -3.0 and attempts.pause() is None
 
 
 def test_retry_counts_are_kept_by_cause():

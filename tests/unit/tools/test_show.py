@@ -216,3 +216,29 @@ def test_show_exits_1_when_the_api_disagrees_and_says_how(attached, kube_api, ca
         "network-status has IPs [], the node ['10.1.0.5']" in text
     assert "eth0: network cluster (default)" in text
     assert "  mac 0a:00:00:00:00:05  ips 10.1.0.5/24" in text
+
+
+def test_attachments_added_and_removed_while_the_pod_ran_are_marked(make_node, capsys):
+    from multusd import store
+    from multusd.core.hotplugrecord import ADDED, HotplugMark, Removal, ScratchEntries
+
+    node = make_node()
+    node.attach("c0ffee11")
+    plain = common.record_json(sandboxes(node)[0])
+    assert "removed" not in plain and all("hotplug" not in a for a in plain["attachments"])
+    path = sandboxes(node)[0].scratch_file
+    with open(path, "rb") as handle:
+        entries = ScratchEntries.parse(handle.read())
+    entries.set_mark(1, HotplugMark(state=ADDED, since=1700000000.0))
+    entries.entries[0]["multusdRemoved"] = [
+        Removal(network="ns/old", ifname="net7", at=1700000100.0).to_json()]
+    store.atomic_write(path, entries.to_bytes())
+
+    doc = common.record_json(sandboxes(node)[0])
+    assert doc["attachments"][1]["hotplug"] == {"state": "added", "since": 1700000000.0}
+    assert "hotplug" not in doc["attachments"][0]
+    assert doc["removed"] == [{"name": "ns/old", "interface": "net7", "at": 1700000100.0}]
+    show.run(node.config_path, "c0ffee11", use_api=False)
+    text = capsys.readouterr().out
+    assert "net1: network extra, ADDED while the pod ran, at 2023-11-14" in text
+    assert "net7: network ns/old, REMOVED while the pod ran, at 2023-11-14" in text

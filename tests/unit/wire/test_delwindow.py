@@ -26,7 +26,7 @@ def mark_file(tmp_path, cid: str = "c0ffee") -> str:
 def test_the_first_failure_starts_the_default_window_in_a_root_only_mark(tmp_path):
     mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "not reachable", now=1000.0)
 
-    assert mark["until"] == 1000.0 + delwindow.DEFAULT_WINDOW == 1300.0
+    assert mark["until"] == 1000.0 + delwindow.DEFAULT_WINDOW == 1010.0
     assert (mark["by"], mark["attempts"], mark["error"]) == ("shim", 1, "not reachable")
     # the runtime's request, to run it again: CNI_* only, never the rest of its environment
     assert mark["request"] == {"env": {k: v for k, v in ENV.items() if k.startswith("CNI_")},
@@ -36,14 +36,14 @@ def test_the_first_failure_starts_the_default_window_in_a_root_only_mark(tmp_pat
     assert stat.S_IMODE(os.stat(mark_file(tmp_path)).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(mark_file(tmp_path))).st_mode) == 0o700
     assert sorted(os.listdir(os.path.dirname(mark_file(tmp_path)))) == ["c0ffee"]  # no temp
-    assert not delwindow.expired(mark, now=1299.9) and delwindow.expired(mark, now=1300.0)
+    assert not delwindow.expired(mark, now=1009.9) and delwindow.expired(mark, now=1010.0)
 
 
 def test_later_failures_keep_the_first_and_count(tmp_path):
     delwindow.note_failure(conf(tmp_path), ENV, STDIN, "first", now=1000.0)
-    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "second", now=1010.0)
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "second", now=1005.0)
 
-    assert (mark["firstFailure"], mark["lastFailure"], mark["until"]) == (1000.0, 1010.0, 1300.0)
+    assert (mark["firstFailure"], mark["lastFailure"], mark["until"]) == (1000.0, 1005.0, 1010.0)
     assert (mark["attempts"], mark["error"]) == (2, "second")
 
 
@@ -75,25 +75,83 @@ def test_a_mark_the_daemon_wrote_is_only_read(tmp_path):
     assert delwindow.expired(daemons, now=70.0)
 
 
-def test_nothing_is_marked_where_no_safe_file_name_or_directory_is(tmp_path):
+def test_nothing_is_marked_for_a_container_id_that_names_no_file(tmp_path):
     for cid in ("", "../escape", ".hidden", "a/b", "x" * 300):
         assert delwindow.note_failure(conf(tmp_path), dict(ENV, CNI_CONTAINERID=cid), STDIN,
-                                      "x") is None
-    assert delwindow.note_failure({"cniDir": "relative/dir"}, ENV, STDIN, "x") is None
-    assert delwindow.note_failure({"cniDir": 7}, ENV, STDIN, "x") is None
-    assert not os.path.exists(tmp_path / "cni")
+                                      "x", socket_dir=str(tmp_path / "run")) is None
+    assert not os.path.exists(tmp_path / "cni") and not os.path.exists(tmp_path / "run")
+
+
+def test_the_cni_dir_is_the_daemons_rule():
     assert delwindow.cni_dir_of({}) == delwindow.cni_dir_of({"cniDir": ""}) == \
-        "/var/lib/cni/multus"
+        delwindow.cni_dir_of({"cniDir": 7}) == "/var/lib/cni/multus"
+    assert delwindow.cni_dir_of({"cniDir": "relative/dir"}) == "/relative/dir"
+    assert delwindow.cni_dir_of({"cniDir": "/srv/cni"}) == "/srv/cni"
 
 
-def test_an_unwritable_directory_leaves_the_error_as_it_was(tmp_path):
-    (tmp_path / "cni").write_text("a file where the directory should be")
-    assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x") is None
-    # a cniDir whose parent does not exist (upstream's in-pod /host/... path left in the
-    # config) is not made: the error is reported as before
+def test_a_file_where_the_marks_directory_should_be_sends_the_mark_beside_the_socket(tmp_path):
+    (tmp_path / "cni").mkdir()
+    (tmp_path / "cni" / multusd.UNRELEASED_DIR).write_text("in the way")
+    said = []
+
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "not reachable", now=1000.0,
+                                  socket_dir=str(tmp_path / "run"), warn=said.append)
+
+    spare = tmp_path / "run" / multusd.UNRELEASED_DIR / "c0ffee"
+    assert mark is not None and delwindow.read_mark(str(spare)) == mark
+    assert mark["cniDir"] == str(tmp_path / "cni")  # where the records are
+    assert stat.S_IMODE(os.stat(spare.parent).st_mode) == 0o700
+    assert len(said) == 1 and f"it is kept in {spare.parent} instead" in said[0]
+    assert "Not a directory" in said[0]
+    # the window still ends, and the next failures find the mark there
+    again = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=1010.0,
+                                   socket_dir=str(tmp_path / "run"), warn=said.append)
+    assert again["attempts"] == 2 and delwindow.expired(again, now=1010.0)
+    # once cniDir takes marks again, the mark moves home: one mark per sandbox
+    (tmp_path / "cni" / multusd.UNRELEASED_DIR).unlink()
+    home = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=1011.0,
+                                  socket_dir=str(tmp_path / "run"))
+    assert home["attempts"] == 3 and delwindow.read_mark(mark_file(tmp_path)) == home
+    assert not spare.exists()
+
+
+def test_a_mark_that_lands_nowhere_leaves_the_error_as_it_was(tmp_path):
+    (tmp_path / "cni").write_text("a file where cniDir should be")
+    (tmp_path / "run").write_text("and one where the socket's directory should be")
+    assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x",
+                                  socket_dir=str(tmp_path / "run")) is None
+    assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x") is None  # no socket dir
+
+
+def test_a_stale_cni_dir_is_not_made_but_the_mark_still_lands(tmp_path):
+    # upstream's in-pod /host/... path left in the config: its parents are never made
     stale = {"cniDir": str(tmp_path / "host" / "var" / "lib" / "cni" / "multus")}
-    assert delwindow.note_failure(stale, ENV, STDIN, "x") is None
-    assert not (tmp_path / "host").exists()
+    mark = delwindow.note_failure(stale, ENV, STDIN, "x", socket_dir=str(tmp_path / "run"))
+    assert mark is not None and not (tmp_path / "host").exists()
+    assert (tmp_path / "run" / multusd.UNRELEASED_DIR / "c0ffee").exists()
+
+
+BOOT = "3d0f7a52-0000-4000-8000-000000000001"
+
+
+def test_the_window_is_counted_on_the_boot_clock(tmp_path):
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=(1000.0, BOOT, 7.0))
+    assert (mark["bootId"], mark["untilBoot"], mark["until"]) == (BOOT, 17.0, 1010.0)
+    day = 86400.0
+    assert not delwindow.expired(mark, now=(1000.0 - day, BOOT, 16.9))  # wall clock set back
+    assert delwindow.expired(mark, now=(1000.0 - day, BOOT, 17.0))
+    # a mark from another boot, the wall clock a day behind: one window at most from now
+    other = "3d0f7a52-0000-4000-8000-000000000002"
+    later = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=(1000.0 - day, other, 2.0))
+    assert (later["bootId"], later["untilBoot"]) == (other, 12.0)
+    assert delwindow.expired(later, now=(0.0, other, 12.0))
+
+
+def test_the_clock_reads_this_boot():
+    wall, boot_id, boot = multusd.clock_now()
+    with open("/proc/sys/kernel/random/boot_id") as handle:
+        assert boot_id == handle.read().strip()
+    assert boot > 0 and wall > 1.6e9
 
 
 def test_the_give_up_line_says_what_happened_and_what_to_do(tmp_path):
@@ -102,6 +160,6 @@ def test_the_give_up_line_says_what_happened_and_what_to_do(tmp_path):
     line = delwindow.give_up_message(mark, now=1400.0)
     assert "DEL of container c0ffee has failed since 1970-01-01T00:16:40Z (6m40s ago)" in line
     assert "1 attempt(s), last: multusd is not reachable" in line
-    assert "window (5m00s) has passed, so DEL answers success" in line
+    assert "window (10s) has passed, so DEL answers success" in line
     assert "`multusd status`" in line and "`multusd gc`" in line
     delwindow.to_syslog(line)  # never raises, with or without /dev/log

@@ -1,0 +1,144 @@
+"""The daemon's stop with requests that hang: it ends inside systemd's TimeoutStopSec, what it
+cut is recorded, and the next daemon on the same socket serves what waited and releases it.
+
+The real daemon on a socket held across daemons (as multusd.socket holds it), the real shim,
+real bridge + host-local delegates beside ``stub-hold`` (tests/stubs), which holds a sandbox's
+DEL (or ADD) for as long as a file names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+from harness import REPO, call_shim
+from multusd.core import unreleased
+from multusd.daemon.stopping import STOP_TIMEOUT
+from multusd.wire import api
+from testlib import wait_for
+
+pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
+
+
+def unit_stop_timeout() -> float:
+    """TimeoutStopSec= of the packaged multusd.service: when systemd SIGKILLs a stop."""
+    with open(os.path.join(REPO, "systemd", "multusd.service")) as handle:
+        return float(re.search(r"^TimeoutStopSec=(\d+)$", handle.read(), re.M).group(1))
+
+
+def pod(cid: str, name: str) -> dict:
+    return {"container_id": cid, "pod": ("default", name), "uid": f"uid-{name}"}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def in_thread(call) -> tuple:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandbox, tmp_path):
+    hold_dir = tmp_path / "hold"
+    hold_dir.mkdir()
+    record = str(tmp_path / "calls.jsonl")
+    vendor = {"cniVersion": "0.3.1", "name": "vendor", "type": "stub-hold",
+              "holdDir": str(hold_dir), "holdOn": ["ADD", "DEL"], "recordFile": record}
+    daemon = sandbox.daemon({"delegates": [sandbox.net("cluster", "10.76.0.0/24"), vendor],
+                             "deleteRetryWindow": 300}, hold_socket=True)
+    conf = daemon.shim_conf()
+    hung_del, quick_del, hung_add = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
+    namespaces = {cid: sandbox.netns()[1] for cid in (hung_del, quick_del, hung_add)}
+    for cid, name in ((hung_del, "hung-del"), (quick_del, "quick-del")):
+        added = call_shim("ADD", conf, netns=namespaces[cid], **pod(cid, name))
+        assert added.code == 0, added.output
+    assert len(sandbox.leases_held()) == 2
+
+    (hold_dir / hung_del).touch()  # its DEL hangs in the vendor plugin
+    (hold_dir / hung_add).touch()  # and so does this sandbox's ADD
+    first_del, first_del_out = in_thread(lambda: call_shim(
+        "DEL", conf, netns=namespaces[hung_del], **pod(hung_del, "hung-del")))
+    add, add_out = in_thread(lambda: call_shim(
+        "ADD", conf, netns=namespaces[hung_add], **pod(hung_add, "hung-add")))
+    pids = {cid: hold_dir / f"{cid}.{command}.pids"
+            for cid, command in ((hung_del, "DEL"), (hung_add, "ADD"))}
+    wait_for(lambda: all(path.exists() for path in pids.values()), 30,
+             what="the DEL and the ADD to hang in their plugin")
+    plugins = [int(pid) for path in pids.values() for pid in path.read_text().split()]
+
+    signalled = time.monotonic()
+    daemon.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: api.http_request(daemon.socket_path, "GET", "/readyz",
+                                      timeout=5).status == 500, 10, what="/readyz 500")
+    assert api.http_request(daemon.socket_path, "GET", "/healthz", timeout=5).status == 200
+    # a DEL arriving during the stop is served
+    served = call_shim("DEL", conf, netns=namespaces[quick_del], **pod(quick_del, "quick-del"))
+    assert served.code == 0, served.output
+    assert len(sandbox.leases_held()) == 2  # quick-del's went; hung-del's and hung-add's stay
+    # the kubelet's retry of the hung DEL waits behind it
+    retry, retry_out = in_thread(lambda: call_shim(
+        "DEL", conf, netns=namespaces[hung_del], **pod(hung_del, "hung-del")))
+
+    # systemd SIGKILLs a stop at TimeoutStopSec: the daemon exits before, and cleanly
+    assert daemon.proc.wait(unit_stop_timeout()) == 0
+    stop_seconds = time.monotonic() - signalled
+    for thread in (first_del, add, retry):
+        thread.join(30)
+    print(f"\nstop with a hung DEL and a hung ADD: {stop_seconds:.1f}s "
+          f"(budget {STOP_TIMEOUT:.0f}s, TimeoutStopSec {unit_stop_timeout():.0f}s)")
+    assert "stop: 2 request(s) still running" in daemon.log()
+    wait_for(lambda: not any(alive(pid) for pid in plugins), 10,
+             what="the hung plugins and their children killed")
+
+    # what was cut: the runtime was told, and it is recorded
+    for out in (first_del_out[0], add_out[0], retry_out[0]):
+        assert out.code == 1, out.output
+    assert "was killed: multusd stopped it at its stop deadline" in first_del_out[0].output["msg"]
+    assert "was killed: multusd stopped it" in add_out[0].output["msg"]
+    assert "multusd is stopping" in retry_out[0].output["msg"]
+    assert retry_out[0].output["code"] == 11
+    mark = unreleased.read(daemon.cni_dir, hung_del)
+    assert mark is not None and mark.by == "daemon", mark
+    failed = {f.network: f.error for f in mark.failures}  # the first DEL's, kept by the retry's
+    assert set(failed) == {"vendor", "cluster"}
+    assert "was killed: multusd stopped it at its stop deadline" in failed["vendor"]
+    assert "was not started: multusd stopped it" in failed["cluster"]
+    assert mark.error.startswith("multusd is stopping")  # the retry's, refused at the cut
+    for cid in (hung_del, hung_add):
+        assert unreleased.has_records(daemon.cni_dir, cid)  # nothing forgotten
+    assert len(sandbox.leases_held()) == 2
+
+    # the cause goes away; a DEL sent while no daemon runs waits in the socket ...
+    for cid in (hung_del, hung_add):
+        os.unlink(hold_dir / cid)
+    body = api.encode_request(dict(
+        {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": hung_del, "CNI_NETNS": namespaces[hung_del],
+         "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"},
+        CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=hung-del;K8S_POD_UID=uid-hung-del"),
+        json.dumps(conf).encode())
+    queued, queued_out = in_thread(lambda: api.http_request(
+        daemon.socket_path, "POST", api.CNI_ENDPOINT, body, timeout=60))
+    # ... and the next daemon on the same socket serves it and releases what was cut
+    daemon.start(activate=False)
+    queued.join(60)
+    assert queued_out and queued_out[0].status == 200, queued_out
+    assert unreleased.read(daemon.cni_dir, hung_del) is None
+    assert not unreleased.has_records(daemon.cni_dir, hung_del)
+    deleted = call_shim("DEL", conf, netns=namespaces[hung_add], **pod(hung_add, "hung-add"))
+    assert deleted.code == 0, deleted.output  # the runtime's DEL after the failed ADD
+    assert not unreleased.has_records(daemon.cni_dir, hung_add)
+    assert sandbox.leases_held() == []
