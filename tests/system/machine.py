@@ -36,8 +36,9 @@ class MachineError(AssertionError):
 class Machine:
     """One booted container: ``start()`` boots it, ``stop()`` powers it off, deletes its files."""
 
-    def __init__(self, root_tarball: str, workdir: str) -> None:
+    def __init__(self, root_tarball: str, workdir: str, suite: str = "bookworm") -> None:
         self.root_tarball = root_tarball
+        self.suite = suite  # the Debian release of the root
         self.workdir = workdir
         self.root = os.path.join(workdir, "root")
         self.console_log = os.path.join(workdir, "console.log")

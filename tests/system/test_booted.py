@@ -1,4 +1,4 @@
-"""The .deb in a booted Debian 12 systemd (systemd-nspawn), with real delegate plugins.
+"""The .deb in booted Debian 12 and 13 systemd (systemd-nspawn), with real delegate plugins.
 
 One container for the whole module; the tests run in order, each on the state the previous one
 left: install, first request, restart under load, upgrade under load (apt install, then an
@@ -91,9 +91,13 @@ def test_1_install_leaves_the_socket_listening_and_the_service_idle(installed, p
                      *(f"/usr/lib/systemd/system/{unit}" for unit in UNITS), check=False)
     assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
     assert box.run("multusd", "--version").stdout.strip() == f"multusd {packages['version']}"
-    # byte-compiled on the target (postinst), not shipped
-    assert any(name.endswith(".pyc") for name in
-               os.listdir(box.path("/usr/lib/multusd/multusd/__pycache__")))
+    # byte-compiled on the target by postinst's py3compile (not shipped), for its python3
+    tag = box.run("python3", "-c", "import sys; print(sys.implementation.cache_tag)").stdout
+    assert f"__main__.{tag.strip()}.pyc" in \
+        os.listdir(box.path("/usr/lib/multusd/multusd/__pycache__"))
+    # nothing differs from what the package shipped
+    verify = box.run("dpkg", "--verify", "multusd", check=False)
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
     # the shim runs on its own (VERSION is answered without the daemon)
     version = box.run("/opt/cni/bin/multus-shim", env={"CNI_COMMAND": "VERSION"},
                       input='{"cniVersion": "0.3.1"}')
@@ -389,3 +393,8 @@ def test_6_purge_deletes_config_and_state(installed):
     assert not os.path.exists(box.path(CONFIG))
     assert not os.path.exists(box.path("/var/lib/cni/multus"))
     assert box.run("dpkg-query", "-W", "multusd", check=False).returncode != 0
+    # no file of the package's, nor any it made, is left (but the tests' own and the journal)
+    left = box.run("find", "/etc", "/usr", "/opt", "/var", "/run", "-xdev", "-name", "*multus*",
+                   "-not", "-path", f"{WORK}/*", "-not", "-path", "/var/log/journal/*",
+                   "-not", "-path", "/root/*", check=False).stdout.split()
+    assert left == [], left

@@ -1,4 +1,4 @@
-"""The packages on a node that changes hands: a booted Debian 12 systemd (systemd-nspawn).
+"""The .deb on a node that changes hands: booted Debian 12 and 13 systemd (systemd-nspawn).
 
 One container for the module; the tests run in order on the state the previous one left:
 a daemon that cannot start never takes the socket down, nor keeps a pod's DEL failing past
@@ -7,7 +7,7 @@ gets success; the daemon releases the sandbox by itself once it runs again); a r
 a DEL costs no leak; the socket file comes back when
 something deletes it (unless another daemon now serves it); removing the .deb keeps the pods'
 records and another installer's files; purge keeps the records while a sandbox is recorded; a
-reinstall releases that sandbox; erasing the .rpm keeps the records too. The stand-in for
+reinstall releases that sandbox (the .rpm's turn: test_booted_rpm.py). The stand-in for
 upstream's multus-daemon does what it does to the socket (empties /run/multus, binds its own
 socket 0600, unlinks it on exit); the real one needs an API server the container cannot reach.
 """
@@ -23,14 +23,13 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from machine import Machine
-from nodeops import (CONFIG, EDITED_CONFIG, GENERATED, PRIMARY, SHIM_CONF, SOCKET, WORK,
-                     active_state, netns_addrs, shim, shim_env, show)
+from nodeops import (CONFIG, EDITED_CONFIG, GENERATED, SHIM_CONF, SOCKET, WORK, active_state,
+                     configure, netns_addrs, shim, shim_env, show)
 from testlib import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
 CNI_DIR = "/var/lib/cni/multus"
-PRIMARY_PATH = "/etc/cni/net.d/10-mdtest.conflist"
 # What upstream's multus-daemon does to its socket directory, and nothing else.
 FAKE_UPSTREAM = '''
 import os, shutil, socket, sys
@@ -51,12 +50,6 @@ while not os.path.exists(stop):
 os.unlink(path)   # Go's UnixListener.Close unlinks the file it bound
 server.close()
 '''
-
-
-def configure(box: Machine) -> None:
-    box.put(CONFIG, json.dumps(EDITED_CONFIG, indent=4) + "\n")
-    box.put(PRIMARY_PATH, json.dumps(PRIMARY, indent=4) + "\n")
-    wait_for(lambda: os.path.exists(box.path(GENERATED)), 60, what=GENERATED)
 
 
 def install_deb(box: Machine, deb: str) -> None:
@@ -415,29 +408,3 @@ def test_5_moving_back_releases_the_kept_sandbox_and_purge_then_deletes_the_reco
     box.run("rm", "-f", "/opt/cni/bin/multus-shim")
     assert not os.path.exists(box.path(CNI_DIR)), "no sandbox recorded: purge deletes them"
     box.run("rm", "-f", GENERATED)
-
-
-def test_6_erasing_the_rpm_keeps_the_pods_records(node, packages):
-    box = node
-    if box.run("sh", "-c", "command -v rpm", check=False).returncode != 0:
-        pytest.skip("no rpm in the container root (tests/system/debroot.py installs it)")
-    rpm = "/root/" + os.path.basename(packages["rpm"])
-    box.copy_in(packages["rpm"], rpm)
-    # Debian's own python3 packages satisfy the dependencies rpm cannot see (--nodeps)
-    done = box.run("rpm", "-i", "--nodeps", "--force-debian", rpm, check=False, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert box.run("cmp", "/usr/lib/multusd/bin/multus-shim", "/opt/cni/bin/multus-shim",
-                   check=False).returncode == 0, "%posttrans did not install the shim"
-    assert active_state(box, "multusd.socket") == "active"
-    configure(box)
-    added = shim(box, "ADD", "cid-rpm", "pod-keep", "/run/netns/pod-keep")
-    assert added.returncode == 0, added.stdout + added.stderr
-
-    done = box.run("rpm", "-e", "multusd", check=False, timeout=300)
-
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert os.path.exists(box.path(f"{CNI_DIR}/cid-rpm")), "erase deleted a pod's records"
-    assert not os.path.exists(box.path("/opt/cni/bin/multus-shim"))
-    assert not os.path.exists(box.path(GENERATED))
-    assert not os.path.exists(box.path("/var/lib/multusd"))
-    assert active_state(box, "multusd.socket") in ("inactive", "unknown")

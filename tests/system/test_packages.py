@@ -99,6 +99,9 @@ def test_deb_scripts_restart_the_service_never_the_socket(packages, tmp_path):
     assert "/var/lib/cni/multus" not in remove_branch and "CNI_DIR" not in remove_branch
     assert 'rm -rf "$CNI_DIR"' in postrm.split("purge)")[-1]
     assert "rm -rf /run/multusd-kubeconfig-0" in postrm
+    # Debian's convention for a private directory's byte-code, as dh_python3 writes it
+    assert "py3compile -p multusd /usr/lib/multusd" in postinst
+    assert "py3clean -p multusd" in prerm
     for name in ("postinst", "prerm", "postrm"):
         run("sh", "-n", str(tmp_path / name))
 
@@ -141,20 +144,53 @@ def test_rpm_file_list_and_noreplace_config(packages):
     assert flags[CONFIG] == "cn", "daemon-config.json must be %config(noreplace)"
 
 
-def test_rpm_scriptlets(packages):
+def test_rpm_scriptlets_follow_the_systemd_macros(packages):
+    """%systemd_post (preset on first install), %systemd_preun (disable --now on erase),
+    %systemd_postun_with_restart (try-restart on upgrade), as Fedora's macros expand them."""
     scripts = rpm_query(packages["rpm"], "--scripts")
     post = scripts.split("postinstall scriptlet")[1].split("scriptlet")[0]
-    assert "enable --now multusd.socket multusd-socket-guard.path multusd-config.path" in post
-    assert "try-restart multusd.service" in post
-    assert "multusd.socket" not in post.split("else", 1)[1], "upgrade must not touch the socket"
+    first_install = post.split('if [ "$1" -eq 1 ]; then', 1)[1].split("fi", 1)[0]
+    assert "systemctl --no-reload preset $UNITS" in first_install
+    assert "systemctl enable" not in post and "enable --now" not in post, \
+        "a preset decides what is enabled"
+    assert "systemctl try-restart" not in post, "an upgrade restarts in %postun"
     preun = scripts.split("preuninstall scriptlet")[1].split("scriptlet")[0]
-    assert "multusd generate-config --remove" in preun
-    assert "multusd socket-check --remove-dead" in preun
-    assert '[ "$1" -eq 0 ]' in preun, "removal steps must not run on upgrade"
+    erase = preun.split('if [ "$1" -eq 0 ]; then', 1)[1]
+    assert erase.count("systemctl --no-reload disable --now") == 2
+    for unit in UNITS:
+        assert unit in erase, unit
+    assert "multusd generate-config --remove" in erase
+    assert "multusd socket-check --remove-dead" in erase
     postun = scripts.split("postuninstall scriptlet")[1].split("scriptlet")[0]
+    upgrade = postun.split('if [ "$1" -ge 1 ]; then', 1)[1].split("fi", 1)[0]
+    assert upgrade.strip() == "systemctl try-restart multusd.service >/dev/null 2>&1 || :"
+    assert "multusd.socket" not in postun, "an upgrade never touches the socket"
     assert "rm -rf /var/lib/cni/multus" not in postun, "erase keeps the pods' records"
     posttrans = scripts.split("posttrans scriptlet")[1].split("scriptlet")[0]
     assert "/opt/cni/bin/$name" in posttrans
+
+
+def test_rpm_ships_a_preset_and_its_byte_code(packages, tmp_path):
+    rpm = packages["rpm"]
+    files = rpm_query(rpm, "-l").split()
+    preset = "/usr/lib/systemd/system-preset/80-multusd.preset"
+    assert preset in files
+    sources = [f for f in files if f.startswith("/usr/lib/multusd/") and f.endswith(".py")]
+    for source in sources:
+        folder, name = os.path.split(source)
+        assert [f for f in files if f.startswith(f"{folder}/__pycache__/{name[:-3]}.cpython-")
+                and f.endswith(".pyc")], f"no byte-code for {source}"
+    run("sh", "-c", f"cd {tmp_path} && rpm2cpio {rpm} | cpio -idm --quiet")
+    enabled = [line.split()[1] for line in (tmp_path / preset.lstrip("/")).read_text()
+               .splitlines() if line.startswith("enable ")]
+    assert sorted(enabled) == sorted(u for u in UNITS if u not in (
+        "multusd.service", "multusd-socket-guard.service"))
+    # the byte-code is checked against the source's hash (an mtime set by rpm cannot make it
+    # stale), and names the installed path in tracebacks
+    pyc = tmp_path / "usr/lib/multusd/multusd/__pycache__"
+    first = sorted(pyc.iterdir())[0].read_bytes()
+    assert int.from_bytes(first[4:8], "little") == 0b11, "not a checked hash-based .pyc"
+    assert b"/usr/lib/multusd/multusd/" in first
 
 
 def test_rpm_installs_into_a_root(packages, tmp_path):

@@ -21,6 +21,7 @@ from multusd.core import unreleased
 from multusd.daemon.server import Server
 from multusd.errors import MultusError
 from multusd.tools import common, gc
+from testlib import wait_for
 from toolnode import ToolNode, netns_gone
 
 pytestmark = pytest.mark.privileged
@@ -164,6 +165,10 @@ def make_unreleased(node: ToolNode, cid: str) -> str:
         node.delete(cid, netns)
     except MultusError:
         pass  # reported to the runtime while the window lasts
+    # the window (1 ms) has passed before the test asks: on a fast python it may not have yet
+    mark = unreleased.read(node.cni_dir, cid)
+    assert mark is not None
+    wait_for(lambda: mark.is_unreleased(), 5, what="the DEL window to pass")
     return netns
 
 
