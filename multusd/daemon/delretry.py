@@ -13,7 +13,8 @@ deadline, logs and metrics as for any request; only the delegates still held run
   daemon's return;
 * then each sandbox still failing on its own backoff: :data:`RETRY_FIRST` seconds, doubling
   to :data:`RETRY_MAX`, each wait up to half as long again at random (many nodes whose IPAM
-  server was down do not come back in step); a sandbox released leaves the schedule;
+  server was down do not come back in step; the house's one backoff value,
+  :class:`~multusd.kube.retries.BackoffPolicy`); a sandbox released leaves the schedule;
 * new marks are looked for every :data:`SCAN_INTERVAL`, and when a sandbox's window ends
   (the runtime stops retrying then): a sandbox the daemon answered success for is retried
   within seconds.
@@ -27,7 +28,7 @@ are dropped.
 from __future__ import annotations
 
 import logging
-import random
+import math
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -35,6 +36,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from multusd import clock_now
 from multusd.core import settings, unreleased
 from multusd.errors import MultusError
+from multusd.kube.retries import BackoffPolicy, Delays
 from multusd.wire import api, delwindow
 
 LOG = logging.getLogger(__name__)
@@ -69,20 +71,6 @@ def through_socket(path: str) -> Handler:
     return send
 
 
-class Backoff:
-    """One sandbox's waits between retries: ``first`` doubling to ``cap``, jittered."""
-
-    def __init__(self, first: float = RETRY_FIRST, cap: float = RETRY_MAX,
-                 jitter: float = RETRY_JITTER) -> None:
-        self.first, self.cap, self.jitter = first, cap, jitter
-        self.step = first
-
-    def next(self) -> float:
-        wait = self.step * (1.0 + self.jitter * random.random())
-        self.step = min(self.step * 2, self.cap)
-        return wait
-
-
 class DelRetrier:
     """The daemon's background thread for unreleased sandboxes (see the module docstring)."""
 
@@ -92,12 +80,13 @@ class DelRetrier:
         self.config = config
         self.multus = multus
         self.handle = handle  # sends a request to the daemon: (endpoint, body, deadline, id)
-        self.first, self.cap, self.scan, self.sync_wait = first, cap, scan, sync_wait
+        self.curve = BackoffPolicy(initial=first, cap=cap, jitter=RETRY_JITTER, calm=math.inf)
+        self.scan, self.sync_wait = scan, sync_wait
         self.cni_dir = settings.cni_dir_of(config.raw)
         self.spare = spare_of(config)
         self.retries = 0   # DELs run again, and how many released their sandbox (the notes'
         self.released = 0  # and the tests' view of what the thread did)
-        self._due: Dict[str, Tuple[float, Backoff]] = {}  # container ID -> (when, its backoff)
+        self._due: Dict[str, Tuple[float, Delays]] = {}  # container ID -> (when, its backoff)
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -149,7 +138,7 @@ class DelRetrier:
             if self.retry(mark):
                 self._due.pop(mark.container_id, None)
                 continue
-            backoff = backoff or Backoff(self.first, self.cap)
+            backoff = backoff or self.curve.delays()
             self._due[mark.container_id] = (time.monotonic() + backoff.next(), backoff)
             self._announce_if_due(mark.container_id)
         pause = self.scan

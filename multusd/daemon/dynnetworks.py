@@ -19,8 +19,9 @@ looks at each pod that changed:
 
 A failed reconciliation is retried on :class:`RetryPolicy` (per pod, jittered exponential,
 bounded: after :attr:`RetryPolicy.attempts` failures it waits for the next change of the
-annotation, or a restart). The policy is this module's own: the API server's one backoff
-(kube/) paces requests to the API server, this one paces plugin runs of one pod.
+annotation, or a restart). Its curve is a value of the API server's backoff type
+(:class:`~multusd.kube.retries.BackoffPolicy`), with its own numbers: it paces the plugin runs
+of one pod, not requests to the API server.
 Reconciliations are counted by outcome (``multusd_dynamic_reconciliations_total``).
 """
 
@@ -39,6 +40,7 @@ from multusd.core.selection import NETWORKS_ANNOTATION
 from multusd.daemon.lanes import Job, Lanes
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.errors import MultusError
+from multusd.kube.retries import BackoffPolicy
 from multusd.store.valueclass import Record
 
 LOG = logging.getLogger(__name__)
@@ -49,23 +51,23 @@ Signature = Tuple[str, Optional[str]]
 FORGET_AFTER = 60.0  # a pod the watch cache no longer holds is forgotten this long after
 
 
-class RetryPolicy(Record):
-    """When a pod whose reconciliation failed is tried again: ``initial`` s after the first
-    failure, ``factor`` times longer after each next one up to ``cap``, each wait stretched by
-    up to ``jitter`` of itself at random; no more after ``attempts`` failures in a row."""
+#: a pod's failed reconciliation, again after 1 s doubling to 60 s, jittered (the house's one
+#: backoff value); a success ends the run, so calm plays no part
+RECONCILE_RETRY = BackoffPolicy(initial=1.0, cap=60.0, factor=2.0, jitter=1.0, calm=math.inf)
 
-    initial: float = 1.0
-    factor: float = 2.0
-    cap: float = 60.0
-    jitter: float = 1.0
+
+class RetryPolicy(Record):
+    """When a pod whose reconciliation failed is tried again: on ``curve`` after each failure
+    in a row, no more after ``attempts`` of them."""
+
+    curve: BackoffPolicy = RECONCILE_RETRY
     attempts: int = 8
 
     def delay(self, failures: int, rand: Callable[[], float] = random.random) -> Optional[float]:
         """Seconds to wait after the ``failures``-th failure in a row; None: give up."""
         if failures >= self.attempts:
             return None
-        step = min(self.initial * self.factor ** max(0, failures - 1), self.cap)
-        return step * (1.0 + self.jitter * rand())
+        return self.curve.wait(max(0, failures - 1), rand=rand)
 
 
 class _PodState:

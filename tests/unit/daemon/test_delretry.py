@@ -146,8 +146,8 @@ def test_a_window_ending_is_when_the_daemon_looks_again(tmp_path):
     assert node.requests == [] and 0 < pause <= 6  # its end (+1 s), not the scan
 
 
-def test_the_backoff_doubles_to_its_cap_each_wait_up_to_half_again():
-    backoff = delretry.Backoff(5.0, 300.0)
+def test_the_backoff_doubles_to_its_cap_each_wait_up_to_half_again(tmp_path):
+    backoff = DelRetrier(Node(tmp_path).config, None, None).curve.delays()
     waits = [backoff.next() for _ in range(9)]
     steps = [5, 10, 20, 40, 80, 160, 300, 300, 300]
     assert all(step <= wait < 1.5 * step for wait, step in zip(waits, steps)), waits

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from multusd.daemon.dynnetworks import DynamicNetworks, RetryPolicy
+from multusd.kube.retries import BackoffPolicy
 from multusd.daemon.lanes import Job, Lanes
 from multusd.kube.objects import pod_from_object
 
@@ -35,7 +36,7 @@ def lanes():
 @pytest.fixture
 def dynamic(node, lanes):
     made = DynamicNetworks(node.multus, cni_dir=node.cni_dir, request_timeout=30,
-                           policy=RetryPolicy(initial=0.01, cap=0.02, jitter=0.0, attempts=3))
+                           policy=RetryPolicy(curve=BackoffPolicy(0.01, 0.02, jitter=0.0), attempts=3))
     made.start(lanes)
     yield made
     made.stop()
