@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from multusd.errors import TryAgainLater
+from multusd.errors import NotReady, TryAgainLater
 from multusd.wire import api, shim
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\nConnection: close\r\n\r\n{\"Result\": null}"
@@ -83,6 +83,20 @@ def test_a_daemon_that_does_not_answer_is_a_cni_error_naming_its_socket(daemon):
     msg = caught.value.msg
     assert f"multusd did not answer the ADD request on {silent.path} within" in msg
     assert "systemctl status multusd.socket multusd" in msg and "journalctl -u multusd" in msg
+
+
+def test_a_status_the_daemon_does_not_answer_is_not_ready_code_50(daemon):
+    silent = daemon()
+    with pytest.raises(NotReady) as caught:
+        shim.post_cni(silent.path, {"CNI_COMMAND": "STATUS"}, b"{}", timeout=0.3,
+                      not_ready=True)
+    assert caught.value.code == 50
+    assert f"multusd did not answer the STATUS request on {silent.path} within" in \
+        caught.value.msg
+
+
+def test_a_status_waits_seconds_for_its_answer_never_the_request_timeout():
+    assert shim.STATUS_TIMEOUT <= 5.0 < shim.REQUEST_TIMEOUT
 
 
 def test_a_daemon_that_answers_a_byte_at_a_time_is_cut_at_the_timeout_not_per_read(daemon):
