@@ -15,7 +15,7 @@ KUBERNETES_NEWEST := 37.0.2
 NEWEST  := .venv-newest
 NEWEST_STAMP := $(NEWEST)/.installed
 
-.PHONY: all setup setup-newest run test test-newest test-trixie bench soak burst fleet \
+.PHONY: all setup setup-newest run test test-debian test-newest test-trixie bench soak burst fleet \
 	fleet-recovery packages clean
 
 all: test
@@ -53,10 +53,13 @@ run: setup
 
 # -rs: every skipped test says why (a booted Debian 13 run skips only when the archive that
 # would build its root cannot be reached)
+# every suite: test-debian streamed, test-newest and test-trixie beside it (scripts/test-all)
 test: setup setup-newest
+	./scripts/test-all
+
+# unit, integration and booted package tests on this Debian 12's python3 and packages
+test-debian: setup
 	$(PYTHON) -m pytest -q -rs -p no:cacheprovider $(PYTEST_ARGS) tests
-	$(MAKE) --no-print-directory test-newest
-	$(MAKE) --no-print-directory test-trixie
 
 # the Kubernetes tests again on the newest client (the booted package tests use Debian's)
 test-newest: setup-newest
