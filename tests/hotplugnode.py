@@ -5,7 +5,6 @@ stand-in API server (NADs, pods, network-status, events), one sandbox attached b
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 
@@ -16,7 +15,7 @@ from multusd.kube.client import KubeClient
 from multusd.kube.objects import pod_from_object
 
 from harness import STUBS
-from stubnode import LOG, RUNTIME_CONF
+from stubnode import LOG, RUNTIME_CONF, stub_calls
 from testlib import wait_for
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
@@ -84,12 +83,7 @@ class Node:
                                      stopping)
 
     def calls(self) -> list:
-        if not os.path.exists(self.calls_file):
-            return []
-        with open(self.calls_file) as handle:
-            lines = [json.loads(line) for line in handle]
-        return [(c["command"], c["stdin"]["name"], c["env"].get("CNI_IFNAME", ""))
-                for c in lines if c["command"] != "VERSION"]
+        return stub_calls(self.calls_file)
 
     def scratch(self) -> bytes:
         return scratch.read_cache(scratch.cache_path(self.cni_dir, self.cid)) or b""

@@ -24,6 +24,17 @@ RUNTIME_CONF = {"cniVersion": "1.0.0", "name": "multus-cni-network", "type": "mu
 POD_ARGS = "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_UID=u1"
 
 
+def stub_calls(calls_file: str) -> List[tuple]:
+    """(command, network name, CNI_IFNAME) of every call the stub plugins logged to
+    ``calls_file``, in order, VERSION left out."""
+    if not os.path.exists(calls_file):
+        return []
+    with open(calls_file) as handle:
+        lines = [json.loads(line) for line in handle]
+    return [(c["command"], c["stdin"]["name"], c["env"].get("CNI_IFNAME", ""))
+            for c in lines if c["command"] != "VERSION"]
+
+
 class StubNode:
     """``delegates`` (stub configs from :meth:`stub`) as the daemon's ``delegates`` list."""
 
@@ -59,12 +70,7 @@ class StubNode:
 
     def calls(self) -> List[tuple]:
         """(command, network name, CNI_IFNAME) of every stub call, in order."""
-        if not os.path.exists(self.calls_file):
-            return []
-        with open(self.calls_file) as handle:
-            lines = [json.loads(line) for line in handle]
-        return [(c["command"], c["stdin"]["name"], c["env"].get("CNI_IFNAME", ""))
-                for c in lines if c["command"] != "VERSION"]
+        return stub_calls(self.calls_file)
 
     def call_env(self, index: int) -> Dict[str, str]:
         with open(self.calls_file) as handle:
