@@ -62,6 +62,7 @@ MARK_REQUEST_ENV: tuple = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_I
 #: Where the kernel says which boot this is (a new random UUID at every boot).
 BOOT_ID_FILE: str = "/proc/sys/kernel/random/boot_id"
 
+
 def cni_dir_of(conf: dict) -> str:
     """The ``cniDir`` a config names (the shim's 00-multus.conf, or a request's merged config):
     where a sandbox's records and the marks of its failed DEL are. The shim and the daemon
@@ -121,13 +122,13 @@ def window_left(mark: dict, now: object = None) -> float:
     ``bootId``, ``untilBoot``); 0 or less once it has ended. A mark that names no end has
     ended (a window that cannot be read must not hold a drain)."""
     wall, boot_id, boot = as_instant(now)
-    until_boot = _number(mark.get("untilBoot"))
+    until_boot = number_of(mark.get("untilBoot"))
     if boot_id and mark.get("bootId") == boot_id and until_boot is not None:
         return until_boot - boot
-    until = _number(mark.get("until"))
+    until = number_of(mark.get("until"))
     if until is None:
         return 0.0
-    window = _number(mark.get("window"))
+    window = number_of(mark.get("window"))
     left = until - wall
     return min(left, window) if window is not None and window > 0 else left
 
@@ -139,13 +140,13 @@ def window_end(window: float, before: "dict | None", now: object = None) -> dict
     wall, boot_id, boot = as_instant(now)
     left, until = window, wall + window
     if before is not None:
-        old = _number(before.get("window"))
+        old = number_of(before.get("window"))
         change = window - old if old else 0.0
         left = min(window, window_left(before, now) + change)
         until = wall + left
         if boot_id and before.get("bootId") == boot_id and \
-                _number(before.get("untilBoot")) is not None and \
-                _number(before.get("until")) is not None:
+                number_of(before.get("untilBoot")) is not None and \
+                number_of(before.get("until")) is not None:
             until = before["until"] + change  # as first said, whatever the wall clock did
     end = {"until": until, "bootId": boot_id}
     if boot_id:
@@ -153,10 +154,17 @@ def window_end(window: float, before: "dict | None", now: object = None) -> dict
     return end
 
 
-def _number(value: object) -> "float | None":
+def number_of(value: object) -> "float | None":
+    """A JSON number as a float (a bool is no number); None for anything else."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+def seconds_of(value: object) -> "float | None":
+    """A JSON number of seconds, positive (a window, a timeout a config names); else None."""
+    number = number_of(value)
+    return number if number is not None and number > 0 else None
 
 
 #: The keys of the spec's DNS object (a result's ``dns``, a network config's ``dns``).

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from multusd import cni_dir_of as cni_dir_rule
+from multusd import cni_dir_of  # noqa: F401 - cniDir: the shim's rule too, defined once
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig
 from multusd.node.devices import DEVINFO_DIR, KUBELET_DIR
@@ -83,12 +83,6 @@ def require_delegates(netconf: Mapping[str, Any]) -> None:
     if not netconf.get("clusterNetwork") and not netconf.get("delegates"):
         raise InvalidNetworkConfig(f"{NO_NETWORKS}: set \"clusterNetwork\" (or \"delegates\") "
                                    "in daemon-config.json or the runtime's CNI config")
-
-
-def cni_dir_of(netconf: Mapping[str, Any]) -> str:
-    """``cniDir``: where the scratch and result caches (and the unreleased marks) live; by the
-    rule the shim applies too (:func:`multusd.cni_dir_of`)."""
-    return cni_dir_rule(netconf)
 
 
 def devinfo_dir_of(netconf: Mapping[str, Any]) -> str:

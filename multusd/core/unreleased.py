@@ -38,7 +38,8 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd import (MARK_REQUEST_ENV, MARKED_BY_DAEMON, MARKED_BY_SHIM, WINDOW_FILE,
-                     as_instant, store, unreleased_marks_dir, window_end, window_left)
+                     as_instant, number_of, store, unreleased_marks_dir, window_end,
+                     window_left)
 from multusd.cni.args import parse_cni_args
 from multusd.cni.resultcache import RESULTS_DIR
 from multusd.cni.names import is_valid_name
@@ -458,10 +459,8 @@ def _unlink(place: str, container_id: str) -> None:
 
 def _number(data: Mapping[str, Any], key: str, default: Optional[float] = 0.0
             ) -> Optional[float]:
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default
-    return float(value)
+    value = number_of(data.get(key))
+    return default if value is None else value
 
 
 def _pairs(data: Mapping[str, Any], key: str) -> List[Mapping[str, Any]]:

@@ -33,9 +33,8 @@ DEL failed: a DEL that succeeds costs nothing.
 import os
 import time
 
-from multusd import (MARK_REQUEST_ENV, MARKED_BY_SHIM, WINDOW_FILE, as_instant,
-                     unreleased_marks_dir, window_end, window_left)
-from multusd import cni_dir_of as _cni_dir_of
+from multusd import (MARK_REQUEST_ENV, MARKED_BY_SHIM, WINDOW_FILE, as_instant, cni_dir_of,
+                     seconds_of, unreleased_marks_dir, window_end, window_left)
 from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
 
 # Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
@@ -47,10 +46,6 @@ from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms o
 # releases it by itself, at its start and then with a backoff, while a kubelet kept waiting
 # holds a drain, a node shutdown and a StatefulSet pod that cannot be made again.
 DEFAULT_WINDOW = 10.0
-
-def cni_dir_of(conf: dict) -> str:
-    """``cniDir`` of the shim's config, by the daemon's rule (:func:`multusd.cni_dir_of`)."""
-    return _cni_dir_of(conf)
 
 
 def window(directory: str) -> float:
@@ -66,9 +61,7 @@ def _published_window(directory: str) -> "float | None":
             value = quickjson.loads(handle.read()).get("deleteRetryWindow")
     except (OSError, ValueError, AttributeError):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return float(value)
+    return seconds_of(value)
 
 
 def read_mark(path: str) -> "dict | None":
@@ -126,10 +119,8 @@ def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
         mark = dict(mark, lastFailure=now[0], error=error,
                     attempts=(attempts if isinstance(attempts, int) else 0) + 1)
         if mark.get("bootId") != now[1]:  # written in another boot: on this boot's clock now
-            seconds = mark.get("window")
-            mark.update(window_end(seconds if isinstance(seconds, (int, float)) and
-                                   not isinstance(seconds, bool) and seconds > 0
-                                   else DEFAULT_WINDOW, mark, now))
+            mark.update(window_end(seconds_of(mark.get("window")) or DEFAULT_WINDOW, mark,
+                                   now))
     data = quickjson.dumps(mark).encode()
     for place in places:
         try:  # the first failure must survive a power loss; a lost count costs nothing

@@ -27,7 +27,7 @@ import time
 import posix
 
 from multusd import (COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, ResultError,
-                     __version__, convert, wire)
+                     __version__, convert, seconds_of, wire)
 from multusd.wire import api, quickjson
 
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
@@ -256,9 +256,7 @@ def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
             value = quickjson.loads(handle.read()).get("requestTimeout")
     except (OSError, ValueError, AttributeError):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return float(value)
+    return seconds_of(value)
 
 
 def add_result(body: bytes, cni_version: str) -> dict:
