@@ -2,8 +2,9 @@
 
 A round of :class:`multusd.kube.reflector.Reflector` is one sync (a WatchList, or a LIST and
 the watch from its version) or one watch, followed until it ends. It fails unless it was a
-watch that the server ended after it lived (client-go: a watch that ends within a second
-without an event is an error too, :data:`YOUNG`). Whatever came before a failure in the
+watch that the server ended after it lived (:data:`YOUNG`: one it ended within
+:data:`multusd.kube.reflector.YOUNG_WATCH`, news or not, is a failure; client-go counts only
+one that ended within a second without an event). Whatever came before a failure in the
 stream (news, a whole WatchList), every failure steps the reflector's one backoff
 (:data:`multusd.kube.retries.API_SERVER`): what it was decides only what the next round asks
 for (:func:`plan`, pure) and the label it is counted under, never how long it waits
@@ -31,7 +32,7 @@ ANSWERED = "answered"  # an HTTP error answer: 429, 5xx, 401, 403, 404 ...
 EVENT = "event"  # an ERROR event other than an expiry (500 "etcdserver: leader changed" ...)
 EXPIRED = "expired"  # 410: the version asked for has left the server's history
 TOO_LARGE = "too-large"  # the server's history is behind the version asked for
-YOUNG = "young"  # a watch that ended within YOUNG_WATCH of its answer without news
+YOUNG = "young"  # a watch the server ended within YOUNG_WATCH of its answer
 UNFINISHED = "unfinished"  # a WatchList ended before the bookmark that ends its initial events
 SILENT = "silent"  # a stream silent past its bound (a dead peer, a stalled WatchList)
 NO_WATCH_LIST = "no-watch-list"  # the server does not stream lists (refused, or ignored)

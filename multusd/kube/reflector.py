@@ -61,8 +61,10 @@ relist. Every end of a watch is counted by cause (:data:`REOPEN_CAUSES`).
 or one watch (:meth:`Reflector.round`); it fails unless it was a watch the server ended after
 it lived (:mod:`multusd.kube.failures`): an ERROR event whatever the stream delivered before
 it, a 410 on a watch or a relist, a refused or cut connection, an error answer (429, 5xx,
-403 ...), a WatchList the server refuses, a watch that ends within :data:`YOUNG_WATCH` of its
-answer without news. Each failure waits on the reflector's one
+403 ...), a WatchList the server refuses, a watch the server ends within :data:`YOUNG_WATCH` of
+its answer, news or not (client-go counts only one that ended within a second without news;
+a server or proxy that ends every watch right after an event would then be asked again as
+fast as it answers). Each failure waits on the reflector's one
 :class:`~multusd.kube.retries.Delays` of :data:`~multusd.kube.retries.API_SERVER` (0.8 s
 doubling to 30 s, each wait in ``[d, 2d)``, never less than the server's Retry-After); answers
 do not reset it, two minutes without a failure do. What failed decides only what the next round
@@ -100,7 +102,9 @@ LOG = logging.getLogger(__name__)
 WATCH_TIMEOUT_SECONDS = (240, 300)  # the server ends a watch after this (random, as client-go)
 WATCH_SILENCE_MARGIN = 30.0  # a stream silent this long past its timeoutSeconds is dead
 LIST_PAGE = 500  # client-go's pager size
-YOUNG_WATCH = 1.0  # a watch that ends sooner without news ended "at once" (client-go's rule)
+# a watch the server ends sooner ended early: a failure (a healthy one lives its 240-300 s,
+# a proxy that cuts them at a minute still gets them reopened at once); at most a few a minute
+YOUNG_WATCH = 15.0
 # why a watch ended and another was opened (the label of multusd_watch_reopens_total)
 REOPEN_CAUSES = ("ended", "expired", "error", "connection", "silence")
 # a WatchList's end bookmark comes within this of the stream's start or of its last ADDED event
@@ -153,7 +157,6 @@ class Reflector:
         self.initial_events = 0  # events of the last WatchList before its end bookmark
         self._watching = False  # a watch was asked for in this round
         self._opened: Optional[float] = None  # when it got its answer
-        self._news = False  # it delivered an event or bookmark
         self._woken: Optional[int] = None  # the run of failures a reader's wake-up cut short
 
     # ---- the loop: what next (round, failures.plan), how long (one call) -----------------------
@@ -170,14 +173,14 @@ class Reflector:
     def round(self) -> Outcome:
         """One sync or one watch, followed until it ends; never raises. A failure sets what
         the next round asks for (:func:`multusd.kube.failures.plan`), not how long it waits."""
-        self._opened, self._news, self._watching = None, False, False
+        self._opened, self._watching = None, False
         try:
             cause = self._sync() if self.need_list else self._watch()
         except Exception as exc:  # noqa: BLE001 - the watch thread must not die
             return self._failed(exc)
-        if self._opened is not None and not self._news and \
+        if cause == "ended" and self._opened is not None and \
                 time.monotonic() - self._opened < YOUNG_WATCH:
-            return self._failed(None, failures.YOUNG)  # a server that ends every watch at once
+            return self._failed(None, failures.YOUNG)  # a server that ends every watch early
         self._count_reopen(cause)
         return Outcome(None, cause, True)
 
@@ -199,7 +202,7 @@ class Reflector:
                      "consistently" if step.consistent else "again at that version")
         elif kind in (failures.YOUNG, failures.UNFINISHED, failures.SILENT):
             LOG.info("the %s %s; asking again", self.kind, {
-                failures.YOUNG: "watch ended at once without news",
+                failures.YOUNG: f"watch was ended by the server within {YOUNG_WATCH:g}s",
                 failures.UNFINISHED: "WatchList ended before its initial events did",
                 failures.SILENT: "stream sent nothing within its time"}[kind])
         elif exc is not None and kind != failures.NO_WATCH_LIST:
@@ -378,7 +381,7 @@ class Reflector:
                      allowWatchBookmarks=True, timeoutSeconds=timeout_seconds)
         silence = self._silence_bound(timeout_seconds)
         self._watching = True
-        self._opened, self._news = None, False
+        self._opened = None
         try:
             response = self.send(query, self.request_timeout,
                                  self.list_end_wait if initial else silence)
@@ -436,7 +439,6 @@ class Reflector:
                 raise NoWatchList(f"{self.what}: answered in the stream "
                                   f"{obj.get('code')} {obj.get('message')}")
             self._apply(event)  # raises, as any ERROR event
-        self._news = True
         meta = obj.get("metadata") or {}
         if etype == "BOOKMARK" and (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == \
                 "true":
@@ -480,7 +482,6 @@ class Reflector:
             error.retry_after = retry_after_seconds(  # type: ignore[attr-defined]
                 (obj.get("details") or {}).get("retryAfterSeconds"))
             raise error
-        self._news = True
         new_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         if etype == "BOOKMARK":
             self.version = new_version or self.version

@@ -94,6 +94,9 @@ KINDS: Dict[str, Callable[[Dict[str, str]], Answer]] = {
         ("events", SYNCED + [event("ERROR", TOO_LARGE)]) if watch_list(q) else
         ("events", [event("ERROR", TOO_LARGE)]) if watch(q) else ("list", nad_list(7))),
     "young-end": lambda q: ("events", SYNCED if watch_list(q) else []),
+    # a server (or proxy) that ends every watch right after its first event: news, then the end
+    "early-end": lambda q: ("events", SYNCED if watch_list(q) else [event("BOOKMARK", {
+        "kind": "NetworkAttachmentDefinition", "metadata": {"resourceVersion": "6"}})]),
     "unfinished": lambda q: ("events", [event("ADDED", nad("a", 4))]),
     "no-watch-list": lambda q: (
         ("status", status(422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: "
@@ -107,6 +110,7 @@ EXPECTED = {  # the kinds of failure each server makes a round end in
     "500": {failures.ANSWERED}, "event-500": {failures.EVENT},
     "event-410": {failures.EXPIRED}, "410-at-relist": {failures.EXPIRED},
     "too-large": {failures.TOO_LARGE}, "young-end": {failures.YOUNG},
+    "early-end": {failures.YOUNG},
     "unfinished": {failures.UNFINISHED},
     "no-watch-list": {failures.NO_WATCH_LIST, failures.ANSWERED},
     "malformed": {failures.MALFORMED},
