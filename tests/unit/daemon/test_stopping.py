@@ -132,7 +132,7 @@ def test_an_idle_stop_tells_systemd_its_budget_and_ends_at_once(node, tmp_path, 
 
 def test_while_draining_a_del_is_served_and_an_add_refused(node):
     node.gates["slow"] = threading.Event()
-    node.send("slow", "ADD", "slow")
+    slow = node.send("slow", "ADD", "slow")
     wait_for(lambda: node.started == ["slow"], 10, what="the ADD running")
     stop = node.stop(budget=3600.0)
     stop.begin("received SIGTERM")
@@ -143,6 +143,7 @@ def test_while_draining_a_del_is_served_and_an_add_refused(node):
     assert node.started == ["slow", "other"]
     node.gates["slow"].set()  # the running request finishes: the stop ends without a cut
     node.thread.join(30)
+    slow.join(30)  # the answer was sent before the server ended; its reader may still be parsing
     stop.finish()
     assert node.answers["slow"].status == 200 and not stop.cut_done
 
