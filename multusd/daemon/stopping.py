@@ -24,7 +24,9 @@ deadline (``requestTimeout``, 110 s): a hung plugin must not hold a restart for 
    recorded the same way (:func:`multusd.core.unreleased.record`), so that nothing it was
    to release is forgotten, whichever shim sent it (upstream's never retries a DEL).
 3. **The exit**, at the deadline at the latest: a DEL still running then (held outside any
-   plugin) is recorded too, the requests still waiting are answered, and the process ends.
+   plugin) is recorded too, the requests still waiting are answered (a dynamic networks
+   reconciliation still waiting is dropped: the next daemon's first pod list looks at the pod
+   again), and the process ends.
 """
 
 from __future__ import annotations
@@ -157,6 +159,8 @@ class Stop:
         for job in running:
             self.record(job, "multusd stopped at its stop deadline while this DEL ran")
         for job in self.server.lanes.take_waiting():
+            if job.task is not None:
+                continue  # the daemon's own work (a reconciliation): no client to answer
             self.record(job, why)
             self.server.runner.answer(job, *error_answer(TryAgainLater(why)),
                                       timeout=ANSWER_TIMEOUT)

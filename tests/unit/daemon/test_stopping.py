@@ -219,3 +219,22 @@ def test_record_ignores_what_is_not_a_sandbox_del(node):
     for path, command in ((api.CNI_ENDPOINT, "ADD"), (api.DELEGATE_ENDPOINT, "DEL")):
         stop.record(Job(None, path, "POST", body(command, "c9"), 0.0, command, "c9"), "why")
     assert stop.recorded == [] and unreleased.read_all(node.cni_dir) == {}
+
+
+def test_a_reconciliation_still_waiting_at_the_exit_is_dropped_not_answered(node):
+    import math
+
+    from multusd.daemon.lanes import Job
+
+    node.gates["stuck"] = threading.Event()
+    node.send("stuck", "DEL", "stuck")
+    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    ran: List[Job] = []
+    task = Job(None, "", "", b"", math.inf, "RECONCILE", "stuck", task=ran.append)
+    assert node.server.lanes.submit(task)  # parked behind its sandbox's DEL: no connection
+    stop = node.stop(budget=1.0, cut_grace=0.5)
+    stop.begin("received SIGTERM")
+    node.thread.join(30)
+    stop.finish()  # answers what waits: a task has no client to answer
+    assert stop.recorded == ["stuck"] and ran == []
+    assert node.server.lanes.jobs()[1] == []
