@@ -127,8 +127,8 @@ class DelRetrier:
         marks = unreleased.read_all(self.cni_dir, spare=self.spare)
         left = [m for m in marks.values() if m.is_unreleased(now)
                 and unreleased.has_records(m.cni_dir or self.cni_dir, m.container_id)]
-        self._due = {cid: due for cid, due in self._due.items()
-                     if cid in {m.container_id for m in left}}
+        still = {m.container_id for m in left}
+        self._due = {cid: due for cid, due in self._due.items() if cid in still}
         for mark in left:
             if self._stop.is_set():
                 break
@@ -162,16 +162,6 @@ class DelRetrier:
             else:
                 self._announce_if_due(mark.container_id, wait=False)
         return released
-
-    def announce(self) -> int:
-        """Say once, for every unreleased sandbox not announced yet, that it is unreleased
-        (without waiting for the pod cache); how many were announced."""
-        count = 0
-        for mark in unreleased.unreleased(self.cni_dir, spare=self.spare):
-            if not mark.announced:
-                self._announce_if_due(mark.container_id, wait=False)
-                count += 1
-        return count
 
     def retry(self, mark: unreleased.FailedDelete) -> bool:
         """The runtime's DEL of ``mark``'s sandbox once more; True when it is released."""
