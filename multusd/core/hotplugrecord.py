@@ -23,7 +23,6 @@ names an unnamed secondary ``net<position>``, and its position changes.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd.core import scratch
@@ -101,16 +100,7 @@ class ScratchEntries:
     @classmethod
     def parse(cls, data: bytes) -> "ScratchEntries":
         """:raises DecodeFailure: ``data`` is not a JSON list of objects."""
-        try:
-            items = json.loads(data)
-        except ValueError:
-            raise DecodeFailure("the multus scratch cache is not valid JSON") from None
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            raise DecodeFailure("the multus scratch cache is not a JSON list of delegate objects")
-        return cls(items)
-
-    def __len__(self) -> int:
-        return len(self.entries)
+        return cls(scratch.cache_entries(data))
 
     def marks(self) -> List[Optional[HotplugMark]]:
         return [mark_of(entry) for entry in self.entries]

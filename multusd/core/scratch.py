@@ -55,6 +55,20 @@ def encode_entries(entries: Sequence[Mapping[str, Any]]) -> bytes:
     return ("[" + ",".join(go_json(entry) for entry in entries) + "]").encode()
 
 
+def cache_entries(data: bytes) -> List[Dict[str, Any]]:
+    """The entries of a scratch cache's bytes, as the file holds them.
+
+    :raises DecodeFailure: ``data`` is not a JSON list of objects.
+    """
+    try:
+        items = json.loads(data)
+    except ValueError as exc:
+        raise DecodeFailure(f"the multus scratch cache is not valid JSON: {exc}") from None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise DecodeFailure("the multus scratch cache is not a JSON list of delegate objects")
+    return items
+
+
 def delegates_from_cache(data: bytes, *, top_cni_version: str = "",
                          cni_ifname: str = "eth0") -> List[Delegate]:
     """The delegates recorded by :func:`delegates_to_cache` or by upstream Multus.
@@ -64,14 +78,8 @@ def delegates_from_cache(data: bytes, *, top_cni_version: str = "",
 
     :raises DecodeFailure: when ``data`` is not a cache file.
     """
-    try:
-        items = json.loads(data)
-    except ValueError as exc:
-        raise DecodeFailure(f"the multus scratch cache is not valid JSON: {exc}") from None
-    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise DecodeFailure("the multus scratch cache is not a JSON list of delegate objects")
     delegates = []
-    for index, item in enumerate(items):
+    for index, item in enumerate(cache_entries(data)):
         delegate = _delegate_from_cache_entry(item, index, top_cni_version)
         delegates.append(replace(delegate, ifname=ifname_for(delegate, cni_ifname, index)))
     return delegates
