@@ -143,14 +143,15 @@ class DynamicNetworks:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """No more reconciliations; wait up to ``timeout`` s for the running ones to stop
-        (they stop between two steps)."""
+        """No more reconciliations; wait up to ``timeout`` s in all for the running ones to
+        stop (they stop between two steps) and for the thread to end."""
+        deadline = time.monotonic() + timeout
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._running == 0, timeout)
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def counts(self) -> Dict[str, int]:
         """Reconciliations so far, by outcome (:data:`multusd.core.reconcile.OUTCOMES`)."""
