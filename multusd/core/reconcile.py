@@ -360,13 +360,14 @@ def needs_reconciling(pod: Any, container_id: str, daemon: DaemonConfig, log: An
         pod.annotations.get(NETWORK_STATUS_ANNOTATION) != status_of(record)
 
 
-
-def sandbox_of(pod: Any, entries: List[dict], cni_dir: str) -> Optional[str]:
+def sandbox_of(pod: Any, entries: List[dict], cni_dir: str, *, spare: str = ""
+               ) -> Optional[str]:
     """The container ID of the pod's sandbox, as the node's records name it; None if none.
 
     ``entries``: libcni's result cache (:func:`multusd.cni.resultcache.list_entries`). A
     sandbox of the pod's namespace, name and UID (any UID for a static pod: its mirror's
-    differs), with a scratch cache, no failed DEL and its network namespace present; of
+    differs), with a scratch cache, no failed DEL (its mark in ``<cniDir>`` or in ``spare``,
+    :func:`~multusd.core.unreleased.spare_marks_dir`) and its network namespace present; of
     several (a sandbox being replaced), the one recorded last.
     """
     netns_of = {}
@@ -388,7 +389,7 @@ def sandbox_of(pod: Any, entries: List[dict], cni_dir: str) -> Optional[str]:
             mtime = os.stat(path).st_mtime
         except OSError:
             continue
-        if unreleased.read(cni_dir, container_id) is None and \
+        if unreleased.read(cni_dir, container_id, spare=spare) is None and \
                 records.netns_state(netns) == records.PRESENT:
             found.append((mtime, container_id))
     return max(found)[1] if found else None

@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from multusd.cni import resultcache
-from multusd.core import reconcile
+from multusd.core import reconcile, unreleased
 from multusd.core.selection import NETWORKS_ANNOTATION
 from multusd.daemon.lanes import Job, Lanes
 from multusd.daemon.log import RequestLogger, request_fields
@@ -248,7 +248,9 @@ class DynamicNetworks:
 
     def _look(self, key: Key, pod: Any, entries: List[dict]) -> None:
         """Find the pod's sandbox, and queue its reconciliation if there is work."""
-        container_id = reconcile.sandbox_of(pod, entries, self.cni_dir)
+        container_id = reconcile.sandbox_of(
+            pod, entries, self.cni_dir,
+            spare=unreleased.spare_marks_dir(self.multus.config.socket_dir))
         if container_id is None:
             self._settle(key, pod, None)  # not attached by multusd (host network, ...)
             return

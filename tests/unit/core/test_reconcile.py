@@ -10,7 +10,7 @@ import os
 import pytest
 
 from multusd.cni import resultcache
-from multusd.core import reconcile, scratch
+from multusd.core import reconcile, scratch, unreleased
 from multusd.core.hotplugrecord import ADDED, ADDING, read_marks
 from multusd.kube.objects import pod_from_object
 
@@ -235,3 +235,14 @@ def test_the_sandbox_of_a_pod_is_the_one_its_records_name(node):
     assert reconcile.sandbox_of(renamed, entries, node.cni_dir) is None
     run("ip", "netns", "del", os.path.basename(node.netns))
     assert reconcile.sandbox_of(pod, entries, node.cni_dir) is None  # its netns is gone
+
+
+def test_a_sandbox_whose_failed_del_is_marked_in_the_spare_directory_is_none(node, tmp_path):
+    node.attach()
+    entries = resultcache.list_entries(node.cni_dir)
+    spare = unreleased.spare_marks_dir(str(tmp_path / "run"))
+    assert reconcile.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) == node.cid
+    os.makedirs(spare)
+    with open(os.path.join(spare, node.cid), "w") as handle:  # <cniDir> could not take it
+        json.dump({"containerId": node.cid, "firstFailure": 1.0}, handle)
+    assert reconcile.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) is None
