@@ -50,12 +50,6 @@ SYNC_WAIT = 60.0      # how long an announcement waits for the pod cache (its Ev
 Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
 
 
-def spare_of(config: Any) -> str:
-    """The daemon's spare marks directory (beside its socket): see
-    :func:`multusd.core.unreleased.spare_marks_dir`."""
-    return unreleased.spare_marks_dir(config.socket_dir)
-
-
 def through_socket(path: str) -> Handler:
     """A handler that sends the retrier's requests to the daemon's socket at ``path``, where
     the lanes keep each one at a time with the runtime's requests for its sandbox."""
@@ -83,7 +77,7 @@ class DelRetrier:
         self.curve = BackoffPolicy(initial=first, cap=cap, jitter=RETRY_JITTER, calm=math.inf)
         self.scan, self.sync_wait = scan, sync_wait
         self.cni_dir = settings.cni_dir_of(config.raw)
-        self.spare = spare_of(config)
+        self.spare = unreleased.spare_marks_dir(config.socket_dir)
         self.retries = 0   # DELs run again, and how many released their sandbox (the notes'
         self.released = 0  # and the tests' view of what the thread did)
         self._due: Dict[str, Tuple[float, Delays]] = {}  # container ID -> (when, its backoff)
