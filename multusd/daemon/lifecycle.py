@@ -328,7 +328,7 @@ class Daemon:
                 self.retrier.stop(timeout=0)  # no new retries; one running ends with the stop
             if self.dynamic is not None:
                 self.dynamic.stop(0)  # none starts any more; one running stops between steps
-            self.stop = Stop(self.server, self.running_plugins, self.config, self.kube)
+            self.stop = Stop(self.server, self.running_plugins, self.config)
             self.stop.begin(why)
 
     def _start_watchdog(self) -> None:

@@ -58,13 +58,12 @@ class Stop:
     """One stop of the daemon (see the module docstring); :meth:`begin` on the signal,
     :meth:`finish` on the main thread once the server's reactor has ended."""
 
-    def __init__(self, server: Any, running: RunningPlugins, config: Any, kube: Any,
+    def __init__(self, server: Any, running: RunningPlugins, config: Any,
                  budget: float = STOP_TIMEOUT, cut_grace: float = CUT_GRACE,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.server = server
         self.running = running
         self.config = config
-        self.kube = kube
         self.clock = clock
         self.budget = budget
         self.cut_grace = cut_grace

@@ -98,7 +98,7 @@ class Node:
         return error["code"], error["msg"]
 
     def stop(self, **options: Any) -> Stop:
-        return Stop(self.server, self.running, self.config, None, **options)
+        return Stop(self.server, self.running, self.config, **options)
 
     def close(self) -> None:
         for gate in self.gates.values():
