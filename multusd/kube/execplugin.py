@@ -174,10 +174,11 @@ def _expiry(value: Any) -> Optional[float]:
     if not isinstance(value, str) or not value:
         return None
     text = value.strip().replace("Z", "+00:00").replace("z", "+00:00")
-    if "." in text:  # fractions finer than microseconds (3.9's fromisoformat takes 3 or 6)
+    if "." in text:  # any fraction as 6 digits (3.9's fromisoformat takes 3 or 6 only)
         head, _, rest = text.partition(".")
-        digits = "".join(ch for ch in rest if ch.isdigit())
-        text = f"{head}.{(digits + '000000')[:6]}{rest[len(digits):]}"
+        offset = rest.lstrip("0123456789")  # the digits end where the offset begins
+        digits = rest[:len(rest) - len(offset)]
+        text = f"{head}.{(digits + '000000')[:6]}{offset}"
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
