@@ -164,10 +164,10 @@ class KubeClient:
     def _lister(self, path: str, query: Dict[str, Any]):
         def send(extra: Dict[str, Any], timeout: float, read_timeout: Optional[float]) -> Any:
             # up to its answer's head within ``timeout``; then each read of the stream within
-            # ``read_timeout`` (a watch's silence bound) or ``timeout`` (a list's)
-            return self._raw("GET", path, query={**query, **extra},
-                             deadline=time.monotonic() + timeout,
-                             read_timeout=read_timeout or timeout, stream=True)
+            # ``read_timeout`` (a watch's silence bound), else ``timeout`` (a list's: the
+            # transport's default)
+            return self._raw("GET", path, query={**query, **extra}, timeout=timeout,
+                             read_timeout=read_timeout, stream=True)
         return send
 
     # ---- lifecycle -----------------------------------------------------------------------------
