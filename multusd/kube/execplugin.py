@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, NamedTuple, Optional
@@ -77,8 +78,6 @@ def run(plugin: ExecPlugin, deadline: float, *,
         started, failed, or printed no usable ExecCredential; the message names the command
         and says what to check, never what it printed on stdout.
     """
-    import subprocess
-
     info: Dict[str, Any] = {"apiVersion": plugin.api_version, "kind": "ExecCredential",
                             "spec": {"interactive": False}}
     if plugin.cluster is not None:
