@@ -71,7 +71,7 @@ class KubeClient:
     :param node_name: this node's name; only pods scheduled here are cached.
     :param node_source: where ``node_name`` came from, for messages ("nodeName", ...).
     :param request_timeout: seconds each request may take at most, whole (a CNI request's
-        deadline shortens it); the time to the head of a list or watch.
+        deadline shortens it); the time to the head of a watch (of a list: at least 30 s).
     :param watch_idle: seconds a watch may stay silent before it is resumed anew (default:
         past the server's own end of it, see :mod:`multusd.kube.reflector`).
     :raises InvalidNetworkConfig: the kubeconfig cannot be loaded (the message says why,
