@@ -319,7 +319,7 @@ class KubeClient:
                 return None
             return pod
 
-        def within(seconds: float) -> float:
+        def waitable(seconds: float) -> float:  # seconds, not a deadline
             return seconds if deadline is None else \
                 max(0.0, min(seconds, deadline - time.monotonic() - 0.1))
 
@@ -327,17 +327,17 @@ class KubeClient:
             pod = cached()
             if pod is None and self._threads and wait > 0:
                 self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
-                                    within(wait))
+                                    waitable(wait))
                 pod = cached()
             cache_empty = not self._pods and self._state.synced["pods"]
         if pod is not None:
             return pod
         LOG.debug("pod %s/%s not in the cache; asking the API server", namespace, name)
         pod = self._read_pod(namespace, name, deadline)
-        if pod is None and self._threads and within(not_found_wait) > 0:
+        if pod is None and self._threads and waitable(not_found_wait) > 0:
             with self._cond:
                 self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
-                                    within(not_found_wait))
+                                    waitable(not_found_wait))
                 pod = cached()
             if pod is not None:
                 return pod
