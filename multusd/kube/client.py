@@ -71,7 +71,7 @@ class KubeClient:
     :param node_name: this node's name; only pods scheduled here are cached.
     :param node_source: where ``node_name`` came from, for messages ("nodeName", ...).
     :param request_timeout: seconds each request may take at most, whole (a CNI request's
-        deadline shortens it); the time to the head of a list or watch.
+        deadline shortens it); the time to the head of a watch (of a list: at least 30 s).
     :param watch_idle: seconds a watch may stay silent before it is resumed anew (default:
         past the server's own end of it, see :mod:`multusd.kube.reflector`).
     :raises InvalidNetworkConfig: the kubeconfig cannot be loaded (the message says why,
@@ -164,10 +164,10 @@ class KubeClient:
     def _lister(self, path: str, query: Dict[str, Any]):
         def send(extra: Dict[str, Any], timeout: float, read_timeout: Optional[float]) -> Any:
             # up to its answer's head within ``timeout``; then each read of the stream within
-            # ``read_timeout`` (a watch's silence bound) or ``timeout`` (a list's)
-            return self._raw("GET", path, query={**query, **extra},
-                             deadline=time.monotonic() + timeout,
-                             read_timeout=read_timeout or timeout, stream=True)
+            # ``read_timeout`` (a watch's silence bound), else ``timeout`` (a list's: the
+            # transport's default)
+            return self._raw("GET", path, query={**query, **extra}, timeout=timeout,
+                             read_timeout=read_timeout, stream=True)
         return send
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -319,7 +319,7 @@ class KubeClient:
                 return None
             return pod
 
-        def within(seconds: float) -> float:
+        def waitable(seconds: float) -> float:  # seconds, not a deadline
             return seconds if deadline is None else \
                 max(0.0, min(seconds, deadline - time.monotonic() - 0.1))
 
@@ -327,17 +327,17 @@ class KubeClient:
             pod = cached()
             if pod is None and self._threads and wait > 0:
                 self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
-                                    within(wait))
+                                    waitable(wait))
                 pod = cached()
             cache_empty = not self._pods and self._state.synced["pods"]
         if pod is not None:
             return pod
         LOG.debug("pod %s/%s not in the cache; asking the API server", namespace, name)
         pod = self._read_pod(namespace, name, deadline)
-        if pod is None and self._threads and within(not_found_wait) > 0:
+        if pod is None and self._threads and waitable(not_found_wait) > 0:
             with self._cond:
                 self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
-                                    within(not_found_wait))
+                                    waitable(not_found_wait))
                 pod = cached()
             if pod is not None:
                 return pod

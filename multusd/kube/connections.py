@@ -34,7 +34,7 @@ import ssl
 import time
 from typing import Optional
 
-from multusd.kube.deadlines import SocketCut
+from multusd.kube.deadlines import SocketCut, left
 
 CONNECT_HEAD_LIMIT = 65536
 # TCP keep-alive: first probe after 15 s idle, then every 5 s, given up after 3 unanswered
@@ -84,7 +84,7 @@ def bound(sock: socket.socket, deadline: Optional[float]) -> None:
     """
     if deadline is None:
         return
-    remaining = deadline - time.monotonic()
+    remaining = left(deadline)
     if remaining <= 0:
         raise socket.timeout("timed out")
     sock.settimeout(remaining)

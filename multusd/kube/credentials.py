@@ -37,6 +37,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from multusd.kube import execplugin, kubeconfig
+from multusd.kube.deadlines import left, within
 from multusd.kube.execplugin import CredentialPluginError
 
 __all__ = ["Credentials", "CredentialPluginError", "Secrets", "REDACTED"]
@@ -246,10 +247,8 @@ class Credentials:
         401 it runs at most every :data:`PLUGIN_RELOAD_PAUSE` seconds."""
         plugin = self._exec
         assert plugin is not None
-        until = time.monotonic() + execplugin.PLUGIN_TIMEOUT
-        if deadline is not None:
-            until = min(until, deadline)
-        if not self._exec_lock.acquire(timeout=max(0.0, until - time.monotonic())):
+        until = within(execplugin.PLUGIN_TIMEOUT, deadline)
+        if not self._exec_lock.acquire(timeout=max(0.0, left(until))):
             raise CredentialPluginError(
                 f"the kubeconfig's credential plugin {plugin.name!r}, run for another request, "
                 "did not finish in time; check that it can run unattended on this node",

@@ -2,8 +2,8 @@
 
 A deadline is a ``time.monotonic()`` instant, the house's convention (a CNI request's
 ``Job.deadline``, :mod:`multusd.cni.invoke`'s plugin deadline): passed down, never turned into
-"seconds" on the way, so that nested waits take the earliest (:func:`earliest`) and none
-starts a new clock of its own.
+"seconds" on the way, so that a nested wait takes the earlier of its own bound and its
+caller's (:func:`within`) and none starts a new clock of its own.
 
 A socket's timeout bounds each ``recv``, not a request: ``http.client`` reads an answer
 through a buffered file, one ``recv`` at a time, so a server that sends a byte every half
@@ -33,12 +33,6 @@ LOG = logging.getLogger(__name__)
 def left(deadline: float) -> float:
     """Seconds until ``deadline`` (negative once it passed)."""
     return deadline - time.monotonic()
-
-
-def earliest(*deadlines: Optional[float]) -> Optional[float]:
-    """The earliest of the deadlines given (None ones ignored); None if there is none."""
-    given = [d for d in deadlines if d is not None]
-    return min(given) if given else None
 
 
 def within(seconds: float, deadline: Optional[float] = None) -> float:

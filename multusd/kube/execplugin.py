@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, NamedTuple, Optional
@@ -39,7 +40,7 @@ from multusd.kube.kubeconfig import ExecPlugin, KubeconfigError, data_file
 PLUGIN_TIMEOUT = 30.0  # a plugin that has not answered by then is killed
 EXPIRY_SKEW = 10.0  # run it again this long before its credential expires
 STDERR_SHOWN = 200  # characters of the last stderr line a failure quotes
-_REAP_WAIT = 2.0  # after the kill: how long the pipes may take to close
+_REAP_WAIT = 2.0  # after the kill: how long it may take to exit (only a kernel wait does)
 
 
 class CredentialPluginError(KubeconfigError):
@@ -77,8 +78,6 @@ def run(plugin: ExecPlugin, deadline: float, *,
         started, failed, or printed no usable ExecCredential; the message names the command
         and says what to check, never what it printed on stdout.
     """
-    import subprocess
-
     info: Dict[str, Any] = {"apiVersion": plugin.api_version, "kind": "ExecCredential",
                             "spec": {"interactive": False}}
     if plugin.cluster is not None:
@@ -121,18 +120,20 @@ def run(plugin: ExecPlugin, deadline: float, *,
 
 
 def _kill(process: Any) -> None:
-    """SIGKILL the plugin and what it started (its session's group), reap it."""
+    """SIGKILL the plugin and what it started (its session's group), reap it; its pipes are
+    closed, not read to their end (a descendant that left the group may hold them open past
+    the deadline), as :mod:`multusd.cni.invoke` does to a delegate plugin."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except OSError:
         pass
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
     try:
-        process.communicate(timeout=_REAP_WAIT)
-    except Exception:  # noqa: BLE001 - a descendant that left the group holds a pipe
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
-        process.wait()
+        process.wait(_REAP_WAIT)
+    except subprocess.TimeoutExpired:
+        pass  # stuck in the kernel: subprocess reaps it later (its _active list)
 
 
 def _last_line(stderr: bytes, redact: Callable[[str], str]) -> str:
@@ -174,10 +175,11 @@ def _expiry(value: Any) -> Optional[float]:
     if not isinstance(value, str) or not value:
         return None
     text = value.strip().replace("Z", "+00:00").replace("z", "+00:00")
-    if "." in text:  # fractions finer than microseconds (3.9's fromisoformat takes 3 or 6)
+    if "." in text:  # any fraction as 6 digits (3.9's fromisoformat takes 3 or 6 only)
         head, _, rest = text.partition(".")
-        digits = "".join(ch for ch in rest if ch.isdigit())
-        text = f"{head}.{(digits + '000000')[:6]}{rest[len(digits):]}"
+        offset = rest.lstrip("0123456789")  # the digits end where the offset begins
+        digits = rest[:len(rest) - len(offset)]
+        text = f"{head}.{(digits + '000000')[:6]}{offset}"
     try:
         when = datetime.fromisoformat(text)
     except ValueError:

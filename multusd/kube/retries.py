@@ -258,7 +258,6 @@ class Attempts:
         self.max_retries = max_retries
         self.retries = 0
         self._clock = clock
-        self.started = clock()
 
     @property
     def count(self) -> int:

@@ -23,10 +23,12 @@ instructions, a third of the client's start-up) for its first ADD.
   with its own per-read bound (a watch's silence bound), as it is not a request with a
   deadline;
 * transient answers (429 and ``Retry-After``, 500/502/503/504, refused, reset, TLS EOF) are
-  retried with jittered backoff inside that timeout, a POST only where the server cannot
-  have processed it: :mod:`multusd.kube.retries` says what and why; streamed requests
-  (lists and watches) are not, unless the caller asks: the reflector has its own backoff.
-  :attr:`Transport.retries` counts them by cause;
+  retried with jittered backoff (:data:`~multusd.kube.retries.REQUEST`) inside that
+  deadline, a POST only where the server cannot have processed it:
+  :mod:`multusd.kube.retries` says what and why; streamed requests (lists and watches) are
+  not, unless the caller asks: a reflector waits on the one backoff of every way back to the
+  server (:data:`~multusd.kube.retries.API_SERVER`). :attr:`Transport.retries` counts them
+  by cause;
 * the Authorization header comes from :class:`~multusd.kube.credentials.Credentials` for
   every request; a 401 makes it re-read the credentials and, if any changed (here or in a
   request meanwhile), the request is sent once more; a replaced client certificate makes new

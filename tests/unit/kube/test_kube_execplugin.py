@@ -71,6 +71,18 @@ def test_a_token_is_read_with_its_expiry(tmp_path):
     assert credential.expired(now=credential.expires - execplugin.EXPIRY_SKEW)
 
 
+@pytest.mark.parametrize("stamp,shift", [
+    ("2099-01-02T03:04:05.123456789Z", 0.123456),  # Go's nanoseconds
+    ("2099-01-02T03:04:05.123456+00:00", 0.123456),  # Python's isoformat()
+    ("2099-01-02T03:04:05.5+02:00", 0.5 - 7200),  # a fraction and an offset
+])
+def test_an_expiry_with_a_fraction_keeps_its_offset(tmp_path, stamp, shift):
+    command = printing(tmp_path, {"token": TOKEN, "expirationTimestamp": stamp})
+    credential = execplugin.run(plugin_of(command), time.monotonic() + 30)
+    expected = calendar.timegm((2099, 1, 2, 3, 4, 5, 0, 0, 0)) + shift
+    assert credential.expires is not None and abs(credential.expires - expected) < 1e-6
+
+
 def test_a_hung_plugin_is_killed_with_its_children_at_the_deadline(tmp_path):
     command = hanging(tmp_path)
     with pytest.raises(CredentialPluginError) as caught:
