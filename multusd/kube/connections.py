@@ -22,7 +22,9 @@
   address the whole timeout), and the socket is handed to the attempt's
   :class:`~multusd.kube.deadlines.SocketCut` before it connects, so a proxy or TLS peer
   that trickles its bytes is cut at the instant. :attr:`HTTPConnection.stage` says which
-  step a connection is in, for the message when the deadline passes.
+  step a connection is in, for the message when the deadline passes;
+* a host name is resolved within the deadline too (:func:`addresses`): ``getaddrinfo`` has no
+  timeout, so a resolver that does not answer would hold a request for its own retries.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import http.client
 import select
 import socket
 import ssl
+import threading
 import time
 from typing import Optional
 
@@ -90,6 +93,36 @@ def bound(sock: socket.socket, deadline: Optional[float]) -> None:
     sock.settimeout(remaining)
 
 
+def addresses(host: str, port: int, deadline: Optional[float]) -> list:
+    """``getaddrinfo``'s TCP addresses of ``host``, a name looked up on a thread of its own that
+    is waited for only until ``deadline`` (the thread ends when the resolver gives up).
+
+    :raises socket.timeout: the name was not resolved before the deadline.
+    :raises OSError: the resolver's own failure (``socket.gaierror``).
+    """
+    try:  # an IP literal needs no resolver
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        if deadline is None:
+            return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    answer: dict = {}
+
+    def look_up() -> None:
+        try:
+            answer["found"] = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        except OSError as exc:
+            answer["error"] = exc
+
+    thread = threading.Thread(target=look_up, name=f"resolve {host}", daemon=True)
+    thread.start()
+    thread.join(max(left(deadline), 0.0))
+    if "found" in answer:
+        return answer["found"]
+    if "error" in answer:
+        raise answer["error"]
+    raise socket.timeout(f"resolving {host!r} did not end before the request's deadline")
+
+
 def open_tcp(host: str, port: int, *, deadline: Optional[float], timeout: Optional[float],
              cut: Optional[SocketCut] = None) -> socket.socket:
     """A TCP connection to ``host``:``port`` (each address in turn while time is left), with
@@ -98,8 +131,7 @@ def open_tcp(host: str, port: int, *, deadline: Optional[float], timeout: Option
     :raises OSError: no address answered (the last failure), or the deadline passed.
     """
     error: Optional[OSError] = None
-    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0,
-                                                              socket.SOCK_STREAM):
+    for family, kind, proto, _, address in addresses(host, port, deadline):
         sock = socket.socket(family, kind, proto)
         try:
             if cut is not None:

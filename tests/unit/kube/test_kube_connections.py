@@ -12,6 +12,8 @@ import http.client
 import socket
 import ssl
 import struct
+import subprocess
+import sys
 import threading
 from typing import Iterator, List, Optional
 
@@ -19,7 +21,7 @@ import pytest
 
 from multusd.kube.connections import (CONNECT_HEAD_LIMIT, HTTPConnection, HTTPSConnection,
                                       TunnelError, authority, open_tunnel, peer_closed)
-from testlib import wait_for
+from testlib import bind_in_private_mounts, wait_for
 
 
 # ---- authority ---------------------------------------------------------------------------------
@@ -383,3 +385,45 @@ def test_tls_bytes_already_decrypted_count_though_the_socket_is_drained(make_kub
         done.set()
         thread.join(10)
         listening.close()
+
+
+# ---- a name resolved within the deadline ---------------------------------------------------------
+
+RESOLVE_IN_CHILD = """
+import socket, time
+from multusd.kube.connections import open_tcp
+try:
+    open_tcp("api.cluster.multusd-test", 6443, deadline=time.monotonic() + 0.5, timeout=60)
+except socket.timeout as exc:
+    print("timeout:", exc)
+except OSError as exc:
+    print("other:", type(exc).__name__, exc)
+"""
+
+
+def test_a_name_the_resolver_does_not_answer_fails_at_the_deadline(tmp_path):
+    # a name server that reads every query and answers none, named by a resolv.conf that only
+    # the child sees (a mount namespace of its own); getaddrinfo would wait its 30 s
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for last in range(77, 100):
+        try:
+            silent.bind((f"127.0.0.{last}", 53))
+            break
+        except OSError:
+            continue
+    else:
+        pytest.fail("no free 127.0.0.x:53 for the silent name server")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text(f"nameserver 127.0.0.{last}\noptions timeout:30 attempts:1\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", RESOLVE_IN_CHILD], capture_output=True,
+                              text=True, timeout=120,
+                              preexec_fn=bind_in_private_mounts(str(resolv), "/etc/resolv.conf"))
+        silent.setblocking(False)
+        query = silent.recv(512)  # the child's lookup did reach the name server
+    finally:
+        silent.close()
+    assert done.returncode == 0, done.stderr
+    assert query
+    assert done.stdout.strip() == ("timeout: resolving 'api.cluster.multusd-test' did not end "
+                                   "before the request's deadline")
