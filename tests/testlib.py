@@ -112,3 +112,15 @@ def bind_in_private_mounts(source: str, target: str) -> Callable[[], None]:
         if libc.mount(source_b, target_b, None, _MS_BIND, None) != 0:
             os._exit(122)
     return preexec
+
+
+def token_kubeconfig(path, token: str, **cluster: object) -> str:
+    """Write at ``path`` a kubeconfig whose one context reaches ``cluster`` (``server=`` and
+    any other cluster field) with a bearer ``token``; returns the path."""
+    document = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+    with open(path, "w") as handle:
+        json.dump(document, handle)
+    return str(path)

@@ -17,7 +17,7 @@ from multusd.errors import MultusError, TryAgainLater
 from multusd.kube.access import PERMISSIONS, REVIEWS_PATH, ApiProbe
 from multusd.kube.client import KubeClient
 from multusd.kube.objects import NADS_PATH
-from testlib import wait_for
+from testlib import token_kubeconfig, wait_for
 from wirepeer import WirePeer
 
 NS = "default"
@@ -138,13 +138,8 @@ def test_nad_api_unavailable_carries_the_translated_failure(kube_api, probes):
 # ---- access reviews ------------------------------------------------------------------------------
 
 def recorded_kubeconfig(tmp_path, peer: WirePeer) -> str:
-    document = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": peer.url}}],
-                "users": [{"name": "u", "user": {"token": "tok-0123456789abcdef"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
-    path = tmp_path / "recorded.kubeconfig"
-    path.write_text(json.dumps(document))
-    return str(path)
+    return token_kubeconfig(tmp_path / "recorded.kubeconfig", "tok-0123456789abcdef",
+                            server=peer.url)
 
 
 def review_answer(status: dict) -> bytes:

@@ -18,7 +18,7 @@ from multusd.kube import retries
 from multusd.kube.clientconfig import ClientConfig
 from multusd.kube.connections import TunnelError
 from multusd.kube.transport import ApiError, Transport, path_of
-from testlib import wait_for
+from testlib import token_kubeconfig, wait_for
 from wirepeer import WirePeer
 
 TOKEN = "tok-5e1f0c9a7b3d2e4f"
@@ -30,13 +30,7 @@ def kubeconfig(tmp_path, server: str, *, proxy: str = "", **cluster) -> str:
     cluster = {"server": server, **cluster}
     if proxy:
         cluster["proxy-url"] = proxy
-    document = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
-                "clusters": [{"name": "c", "cluster": cluster}],
-                "users": [{"name": "u", "user": {"token": TOKEN}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps(document))
-    return str(path)
+    return token_kubeconfig(tmp_path / "kubeconfig", TOKEN, **cluster)
 
 
 @pytest.fixture

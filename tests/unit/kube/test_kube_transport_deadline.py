@@ -20,20 +20,15 @@ from multusd.kube.deadlines import WATCHDOG
 from multusd.kube.transport import NoAnswerInTime, Transport
 from multusd.kube.watchstream import watch_events
 from slowpeer import SlowPeer
-from testlib import wait_for
+from testlib import token_kubeconfig, wait_for
 
 POD = "/api/v1/namespaces/default/pods/web"
 TOKEN = "tok-77e1d0c2b3a49586"
 
 
 def kubeconfig(tmp_path, server: str, **cluster) -> str:
-    document = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": server, **cluster}}],
-                "users": [{"name": "u", "user": {"token": TOKEN}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
-    path = tmp_path / f"kubeconfig-{len(list(tmp_path.iterdir()))}"
-    path.write_text(json.dumps(document))
-    return str(path)
+    return token_kubeconfig(tmp_path / f"kubeconfig-{len(list(tmp_path.iterdir()))}", TOKEN,
+                            server=server, **cluster)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from multusd.kube.objects import NADS_PATH, nad_from_object
 from multusd.kube.reflector import Reflector
 from multusd.kube.retries import API_SERVER
 from multusd.kube.watchstream import WatchState
-from testlib import wait_for
+from testlib import token_kubeconfig, wait_for
 
 NS = "default"
 STEPS = [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0]  # client-go's reflector: 0.8 s doubling to 30 s
@@ -185,13 +185,8 @@ def refused_url() -> str:
 
 
 def config_for(tmp_path, url: str) -> ClientConfig:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "t0k3n-for-the-backoff-table"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    return ClientConfig(str(kubeconfig))
+    return ClientConfig(token_kubeconfig(tmp_path / "kubeconfig", "t0k3n-for-the-backoff-table",
+                                         server=url))
 
 
 @pytest.fixture

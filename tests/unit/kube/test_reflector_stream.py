@@ -22,7 +22,7 @@ from multusd.kube.objects import NADS_PATH, nad_from_object
 from multusd.kube.reflector import LIST_PAGE, Reflector
 from multusd.kube.watchstream import WatchState
 from multusd.kube.watchstream import shutdown_response, watch_events
-from testlib import wait_for
+from testlib import token_kubeconfig, wait_for
 
 NS = "default"
 Step = Union[bytes, threading.Event]  # a chunk to send, or a wait until the test sets it
@@ -109,13 +109,7 @@ class ScriptedServer:
 
 
 def config_for(tmp_path, url: str) -> ClientConfig:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "t0k3n-for-the-raw-server"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    return ClientConfig(str(kubeconfig))
+    return ClientConfig(token_kubeconfig(tmp_path / "kubeconfig", "t0k3n-for-the-raw-server", server=url))
 
 
 @pytest.fixture
