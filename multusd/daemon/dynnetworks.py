@@ -295,6 +295,9 @@ class DynamicNetworks:
             log.info("dynamic networks: %s%s%s", outcome.result,
                      f"; added {', '.join(outcome.added)}" if outcome.added else "",
                      f"; removed {', '.join(outcome.removed)}" if outcome.removed else "")
+        except MultusError as exc:  # the sandbox went away under it (its netns ...): retried
+            log.warning("dynamic networks: the reconciliation failed: %s", exc.msg)
+            outcome = reconcile.Outcome(result=reconcile.FAILED)
         except Exception:  # noqa: BLE001 - counted as a failure, retried
             log.exception("dynamic networks: the reconciliation failed unexpectedly")
             outcome = reconcile.Outcome(result=reconcile.FAILED)
