@@ -140,6 +140,10 @@ class Daemon:
         if self.dynamic is not None:
             self.dynamic.start(self.server.lanes)
             LOG.info("dynamic networks on: a running pod's network-selection changes are applied")
+        # made before the handlers, so that a stop always finds it (started below: once
+        # stopped, its thread ends at once)
+        self.retrier = delretry.DelRetrier(
+            self.config, self.multus, delretry.through_socket(listener.getsockname()))
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._start_watchdog()
@@ -148,8 +152,7 @@ class Daemon:
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.socket_path}")
         if self.kube is not None:
             self.kube.start_building()
-        self.retrier = delretry.DelRetrier(
-            self.config, self.multus, delretry.through_socket(listener.getsockname())).start()
+        self.retrier.start()
         try:
             self.server.serve_forever()
             if self.stop is not None:
