@@ -2,7 +2,8 @@
 
 Each root is made once with debootstrap and kept as a tarball under CACHE_DIR; its name carries
 the suite and a hash of the package list (the package's Depends and Recommends, read from
-packaging/nfpm.yaml, plus what the tests run), so changing the list builds a new one. The mirror
+packaging/nfpm.yaml, plus what the tests run), so changing the list builds a new one (and drops
+the suite's older ones: a cache that only grows fills /var/cache over the rounds). The mirror
 is read from the host's own apt sources at run time (the Debian archive that serves the host's
 release serves every release): the private network inside the container has no way out, so
 every runtime dependency of the package under test is put into the root here.
@@ -235,6 +236,9 @@ def ensure_root_tarball(suite: str) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(target):
             build_root_tarball(suite, target)
+            for older in glob.glob(os.path.join(CACHE_DIR, f"{suite}-root-*.tar")):
+                if older != target:  # a run still unpacking it keeps its open file
+                    os.unlink(older)
     return target
 
 
