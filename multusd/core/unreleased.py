@@ -293,6 +293,29 @@ def count_unreleased(cni_dir: str, *, spare: str = "") -> Optional[int]:
         return None
 
 
+def adopt(other_dir: str, cni_dir: str, *, spare: str = "") -> List[str]:
+    """Move to ``cni_dir`` the marks under ``other_dir`` (Multus's default ``cniDir``) of
+    sandboxes recorded in ``cni_dir`` and not there; the container IDs moved.
+
+    A shim whose config names no ``cniDir`` (an operator's static 00-multus.conf, as upstream's
+    needs none) marks in the default directory while a daemon-config.json naming another one
+    keeps the records there: unadopted, such a mark would be read by nothing of the daemon's.
+    A mark the daemon keeps itself for that sandbox stands; the shim's copy goes.
+    """
+    if os.path.realpath(other_dir) == os.path.realpath(cni_dir):
+        return []
+    moved = []
+    for container_id, mark in read_all(other_dir).items():
+        if has_records(other_dir, container_id) or not has_records(cni_dir, container_id):
+            continue  # that directory's own sandbox, or one released meanwhile
+        if read(cni_dir, container_id, spare=spare) is None:
+            _write(cni_dir, replace(mark, cni_dir=cni_dir), spare, mark)
+        else:
+            clear(other_dir, container_id)
+        moved.append(container_id)
+    return moved
+
+
 def prune(cni_dir: str, *, spare: str = "") -> List[str]:
     """Drop the marks of sandboxes that have no records left (released by another DEL,
     upstream's daemon, or ``gc --forget``); the container IDs dropped."""

@@ -19,6 +19,10 @@ deadline, logs and metrics as for any request; only the delegates still held run
   (the runtime stops retrying then): a sandbox the daemon answered success for is retried
   within seconds.
 
+A shim whose config names no ``cniDir`` marks in Multus's default one: with a
+daemon-config.json naming another, those marks are moved beside their records at each look
+(:func:`~multusd.core.unreleased.adopt`).
+
 A sandbox still failing after its first retry is announced once (a journal warning, an Event
 while the pod exists, which waits up to :data:`SYNC_WAIT` for the pod cache). Marks whose
 sandbox has no records left (released by another DEL, upstream's daemon, ``gc --forget``)
@@ -33,7 +37,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from multusd import clock_now
+from multusd import DEFAULT_CNI_DIR, clock_now
 from multusd.core import settings, unreleased
 from multusd.errors import MultusError
 from multusd.kube.retries import BackoffPolicy, Delays
@@ -70,7 +74,8 @@ class DelRetrier:
 
     def __init__(self, config: Any, multus: Any, handle: Handler, *,
                  first: float = RETRY_FIRST, cap: float = RETRY_MAX,
-                 scan: float = SCAN_INTERVAL, sync_wait: float = SYNC_WAIT) -> None:
+                 scan: float = SCAN_INTERVAL, sync_wait: float = SYNC_WAIT,
+                 shim_default: str = DEFAULT_CNI_DIR) -> None:
         self.config = config
         self.multus = multus
         self.handle = handle  # sends a request to the daemon: (endpoint, body, deadline, id)
@@ -78,6 +83,7 @@ class DelRetrier:
         self.scan, self.sync_wait = scan, sync_wait
         self.cni_dir = settings.cni_dir_of(config.raw)
         self.spare = unreleased.spare_marks_dir(config.socket_dir)
+        self.shim_default = shim_default  # where a shim whose config names no cniDir marks
         self.retries = 0   # DELs run again, and how many released their sandbox (the notes'
         self.released = 0  # and the tests' view of what the thread did)
         self._due: Dict[str, Tuple[float, Delays]] = {}  # container ID -> (when, its backoff)
@@ -116,7 +122,7 @@ class DelRetrier:
     def run_due(self) -> float:
         """Retry each unreleased sandbox whose turn it is (each new one at once), announce
         those still failing; the seconds until something is due again."""
-        unreleased.prune(self.cni_dir, spare=self.spare)
+        self._tidy()
         now = clock_now()
         marks = unreleased.read_all(self.cni_dir, spare=self.spare)
         left = [m for m in marks.values() if m.is_unreleased(now)
@@ -146,7 +152,7 @@ class DelRetrier:
     def retry_all(self) -> int:
         """Run the DEL of every unreleased sandbox again, now; announce those still failing;
         how many were released."""
-        unreleased.prune(self.cni_dir, spare=self.spare)
+        self._tidy()
         released = 0
         for mark in unreleased.unreleased(self.cni_dir, spare=self.spare):
             if self._stop.is_set():
@@ -156,6 +162,19 @@ class DelRetrier:
             else:
                 self._announce_if_due(mark.container_id, wait=False)
         return released
+
+    def _tidy(self) -> None:
+        """The shim's marks in the default directory taken in (see
+        :func:`~multusd.core.unreleased.adopt`), the marks of released sandboxes dropped."""
+        try:
+            for container_id in unreleased.adopt(self.shim_default, self.cni_dir,
+                                                 spare=self.spare):
+                LOG.info("the mark of sandbox %s's failed DEL, written by the shim in %s (its "
+                         "config names no cniDir), is now kept in %s beside its records",
+                         container_id, self.shim_default, self.cni_dir)
+        except MultusError as exc:  # said; the mark stays where it is until the next scan
+            LOG.warning("%s", exc.msg)
+        unreleased.prune(self.cni_dir, spare=self.spare)
 
     def retry(self, mark: unreleased.FailedDelete) -> bool:
         """The runtime's DEL of ``mark``'s sandbox once more; True when it is released."""

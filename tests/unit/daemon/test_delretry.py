@@ -115,6 +115,33 @@ def test_at_start_the_window_is_published_and_what_the_shim_gave_up_on_is_releas
     assert (retrier.retries, retrier.released) == (1, 1)
 
 
+def test_a_mark_the_shim_left_in_the_default_cni_dir_is_taken_in_and_released(tmp_path):
+    # the daemon's cniDir is node.cni_dir; the runtime's static 00-multus.conf names none, so
+    # the shim, finding no daemon, marked in Multus's default directory (here: "default")
+    node = Node(tmp_path)
+    default = str(tmp_path / "default")
+    store.atomic_write(os.path.join(node.cni_dir, "static"), scratch.delegates_to_cache([
+        Delegate(name="stubnet", conf=json.dumps(node.stub()).encode(), ifname="eth0",
+                 master=True)]))
+    store.atomic_write(os.path.join(default, "theirs"), b"[]")  # that directory's own sandbox
+    for cid in ("static", "theirs"):
+        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
+               "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
+        assert delwindow.note_failure({"cniDir": default}, env, RUNTIME_CONF, "not reachable",
+                                      now=time.time() - 600) is not None
+    open(node.fixed, "w").close()
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600,
+                         shim_default=default)
+
+    retrier.run_due()
+
+    assert node.requests == [("/cni", "unreleased-static")] and node.dels() == 1
+    assert not os.path.exists(os.path.join(node.cni_dir, "static"))  # released
+    assert unreleased.read(node.cni_dir, "static") is None
+    assert unreleased.read(default, "static") is None  # not left behind in the default one
+    assert unreleased.read(default, "theirs") is not None  # not ours to take
+
+
 def test_a_sandbox_still_failing_is_retried_on_a_backoff_and_announced_once(tmp_path, caplog):
     node = Node(tmp_path)
     node.sandbox("old", failed_at=time.time() - 60)
