@@ -43,6 +43,7 @@ FUNCTIONS: List[Tuple[str, str]] = [
     ("_PluginRun.start", "plugin: fork/exec"),
     ("_PluginRun.communicate", "plugin: running (waiting for its output)"),
     ("_Output.exchange", "plugin: running (waiting for its output)"),
+    ("_Output._pump", "plugin: running (waiting for its output)"),  # its select(): the wait
 ]
 MODULES: List[Tuple[str, str]] = [
     ("multusd/kube/", "API: requests, caches, events"),
