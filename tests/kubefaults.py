@@ -14,7 +14,8 @@ Mixed into tests/kubeapi.py's :class:`FakeKubeAPI` (:class:`Faults`); the handle
   (any ERROR event), :attr:`expired_as_http` (HTTP 410 at the start of a watch from a
   compacted version);
 * :meth:`~Faults.restart` (same port; ``down_for``: connections refused meanwhile, until
-  :meth:`~Faults.resume`; ``lose_history``; ``new_watch_cache``);
+  :meth:`~Faults.resume`; ``lose_history``; ``new_watch_cache``; ``warm_up``: a server that
+  answers 403, then 429, for a while: :meth:`~Faults.warm_up`);
 * :meth:`~Faults.blackhole`: a server that stops answering but keeps its connections.
 """
 
@@ -46,6 +47,8 @@ class Faults:
         # expired_as_http: a watch from a compacted version is answered HTTP 410 at its
         # start instead of a 200 stream carrying an ERROR event (both happen in real clusters)
         self.expired_as_http = False
+        self._warming_until = (0.0, 0.0)  # warm_up(): (403 until, 429 until), ledger clock
+        self.ready_at: Optional[float] = None  # when the last warm-up ended (ledger clock)
 
     def blackhole(self, on: bool = True) -> None:
         """An API server that stops answering but keeps connections open: requests wait
@@ -77,10 +80,15 @@ class Faults:
             return self._watchers
 
     def restart(self, *, lose_history: bool = False, new_watch_cache: bool = False,
-                down_for: float = 0.0) -> float:
+                down_for: float = 0.0, warm_up: float = 0.0,
+                forbidden_for: Optional[float] = None) -> float:
         """Stop and start on the same port; with ``lose_history`` the API server comes back
         with a new etcd: objects kept, resourceVersions restarted from 1, no watch history.
         Returns the instant (the ledger's clock) just before it listened again.
+
+        With ``warm_up`` it listens at once but is ready only that many seconds later
+        (:meth:`warm_up`: 403 for ``forbidden_for`` s, then 429 "storage is (re)initializing";
+        :attr:`ready_at`).
 
         With ``down_for`` it stays away that many seconds first (an API server's restart
         takes its time: clients meanwhile get connection refused), or until :meth:`resume`.
@@ -110,8 +118,33 @@ class Faults:
             self._resume.wait(down_for)  # the outage itself
         self._resume.clear()
         back = self.clients.clock()
+        if warm_up > 0:
+            self.warm_up(warm_up, forbidden_for)
         self.start()
         return back
+
+    def warm_up(self, seconds: float, forbidden_for: Optional[float] = None) -> float:
+        """From now on, for ``seconds``, answer as a kube-apiserver that has just started:
+        first, for ``forbidden_for`` s (default half of it), 403 Forbidden to every resource
+        request, with RBAC's usual message (its authorizer has not loaded the roles yet: a
+        client cannot tell it from a refusal that lasts), then, its watch cache initialising,
+        429 "storage is (re)initializing" with Retry-After 1 to every read the cache serves and
+        every watch (tests/kubecache.py); /readyz answers 500 until then. Returns
+        :attr:`ready_at`, the instant (the ledger's clock) it is ready."""
+        forbidden = seconds / 2 if forbidden_for is None else min(forbidden_for, seconds)
+        now = self.clients.clock()
+        with self._cond:
+            self._warming_until = (now + forbidden, now + seconds)
+            self.ready_at = now + seconds
+            self._cond.notify_all()
+        return self.ready_at
+
+    def _warming(self) -> str:
+        """What a restart's warm-up still lacks now: "authorizer" (its roles not loaded: 403),
+        "storage" (its watch cache initialising: 429), or "" (ready)."""
+        forbidden_until, ready = self._warming_until
+        now = self.clients.clock()
+        return "authorizer" if now < forbidden_until else "storage" if now < ready else ""
 
     def resume(self) -> None:
         """End the outage of a :meth:`restart` with ``down_for`` now."""

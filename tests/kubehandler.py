@@ -102,6 +102,7 @@ ROUTES: List[Tuple[str, "re.Pattern[str]", str]] = [
     ("POST", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
     ("POST", re.compile(r"/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events"), "post_event"),
     ("GET", re.compile(r"/version/?"), "version"),  # the client asks for /version/
+    ("GET", re.compile(r"/readyz"), "readyz"),
     ("GET", re.compile(r"/api/v1/nodes/(?P<name>[^/]+)"), "get_node"),
     ("POST", re.compile(r"/apis/authorization\.k8s\.io/v1/selfsubjectaccessreviews"), "review"),
 ] + kubedra.ROUTES
@@ -190,8 +191,11 @@ class Handler(ListWatchRoutes, kubedra.DraRoutes, BaseHTTPRequestHandler):
                 raise ApiError(code, reason, f"injected failure {code} for {parts.path}", details,
                                {} if retry_after is None else {"Retry-After": str(retry_after)})
             attributes = request_attributes(self.command, parts.path, query)
-            if attributes is not None and not api.allowed(*attributes[:3]):
-                raise forbidden(self.user, attributes)
+            with api._cond:
+                warming = api._warming()
+            if attributes is not None and (warming == "authorizer" or
+                                           not api.allowed(*attributes[:3])):
+                raise forbidden(self.user, attributes)  # a warming authorizer says the same
             if not api.nad_crd_installed and parts.path.startswith(NAD_GROUP_PATH):
                 raise ApiError(404, "NotFound", "the server could not find the requested "
                                "resource", {})
@@ -395,6 +399,16 @@ class Handler(ListWatchRoutes, kubedra.DraRoutes, BaseHTTPRequestHandler):
         else:
             review["status"]["reason"] = "RBAC: allowed by the fake API server"
         self._send_json(201, review)
+
+    def do_route_readyz(self, **_: Any) -> None:
+        """kube-apiserver's /readyz: 500 while a restart warms up (tests/kubefaults.py)."""
+        with self.server.api._cond:
+            warming = self.server.api._warming()
+        body = (f"[-]{warming} not ready\nreadyz check failed" if warming else "ok").encode()
+        code = 500 if warming else 200
+        self.server.api.clients.answered(self.booking, code)
+        self.wfile.write(f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\nContent-Type: text/plain"
+                         f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
 
     def do_route_version(self, **_: Any) -> None:
         self._send_json(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-multusd-fake",

@@ -69,7 +69,7 @@ class ListWatchRoutes:
         requested = query.get("resourceVersion", "")
         with api._cond:
             compacted, expiries = api._history.compacted, api._expiries
-            if not api.watch_cache_ready:
+            if not api._cache_ready():
                 raise ApiError(429, "TooManyRequests", "storage is (re)initializing",
                                {"retryAfterSeconds": 1})
         if api.expired_as_http and not stream_list and requested not in ("", "0") and \
@@ -200,5 +200,7 @@ class ListWatchRoutes:
         return bool(sent)
 
     def _send_event(self, etype: str, obj: Optional[Obj]) -> None:
+        if etype == "ERROR":
+            self.server.api.clients.errored(self.booking, int((obj or {}).get("code") or 0))
         line = json.dumps({"type": etype, "object": obj}).encode() + b"\n"
         self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
