@@ -242,7 +242,7 @@ class KubeClient(Lookups):
     @property
     def watch_reopens(self) -> Dict[Tuple[str, str], int]:
         """How many times a watch ended and another was opened, by (resource, cause); the
-        causes are :data:`multusd.kube.reflector.REOPEN_CAUSES`."""
+        causes are :data:`multusd.kube.rounds.REOPEN_CAUSES`."""
         with self._cond:
             return {(RESOURCES[kind], cause): count
                     for (kind, cause), count in self._state.reopens.items()}

@@ -3,12 +3,12 @@
 A round of :class:`multusd.kube.reflector.Reflector` is one sync (a WatchList, or a LIST and
 the watch from its version) or one watch, followed until it ends. It fails unless it was a
 watch that the server ended after it lived (:data:`YOUNG`: one it ended within
-:data:`multusd.kube.reflector.YOUNG_WATCH`, news or not, is a failure; client-go counts only
+:data:`multusd.kube.rounds.YOUNG_WATCH`, news or not, is a failure; client-go counts only
 one that ended within a second without an event). Whatever came before a failure in the
 stream (news, a whole WatchList), every failure waits on the reflector's one backoff
 (:data:`multusd.kube.retries.API_SERVER`); what it was decides what the next round asks for
 (:func:`plan`, pure) and the label it is counted under, and how it is waited for in two
-cases only (:meth:`multusd.kube.reflector.Reflector.wait_after`): a watch's expiry after a
+cases only (:meth:`multusd.kube.rounds.Rounds.wait_after`): a watch's expiry after a
 watch that worked is relisted at once, and a server that says it is starting
 (:data:`STARTING`) is asked again on the curve's first step (failure-style §4, client-go's
 ``ListAndWatch``).

@@ -103,6 +103,7 @@ class Rounds:
             return self._failed(exc)
         if cause == "ended" and not self._lived():
             return self._failed(None, failures.YOUNG)  # a server that ends every watch early
+        self._relist_at_once = True  # a watch worked: its successor's 410 is relisted at once
         self._count_reopen(cause)
         return Outcome(None, cause, True)
 

@@ -11,7 +11,7 @@ bench/fleet.py --recovery measures how soon the nodes are back.
 from __future__ import annotations
 
 from kubeapi import RBAC_USER
-from multusd.kube.reflector import WATCHLIST_END_WAIT
+from multusd.kube.reflector import WATCHLIST_END_WAIT, YOUNG_WATCH
 from multusd.kube.retries import API_SERVER
 from multusd.kube.watchstream import WatchState
 from testlib import wait_for
@@ -64,6 +64,7 @@ def test_after_a_warm_up_that_expires_every_version_each_reflector_relists_once_
 
 def test_a_watchs_expiry_is_relisted_at_once_and_again_only_after_a_working_watch(kube_api,
                                                                                    run):
+    kube_api.watch_timeout_cap = YOUNG_WATCH + 1.0  # the server ends a watch that lived
     kube_api.add_nad(NS, "a", NAD_CONFIG)
     nads = run()
     assert nads.synced() and kube_api.wait_for_watchers(1)
@@ -81,3 +82,12 @@ def test_a_watchs_expiry_is_relisted_at_once_and_again_only_after_a_working_watc
              what="the relist after the backoff's first step")
     assert nads.reflector.delays.failures == 1
     assert nads.reopens("expired") == 2 and len(nads.watches()) == 0
+    # the server ends the watch after it lived: it worked, and the 410 of the watch resuming
+    # from it is relisted at once again
+    wait_for(lambda: nads.reopens("ended") == 1 and len(nads.watches()) == 1 and
+             kube_api.wait_for_watchers(1, timeout=0),
+             timeout=kube_api.watch_timeout_cap + REQUEST_TIMEOUT, what="the watch resumed")
+    assert kube_api.expire_watches() == 1
+    wait_for(lambda: len(nads.watch_lists()) == 4 and nads.synced(),
+             timeout=REQUEST_TIMEOUT + WATCHLIST_END_WAIT, what="the relist, at once again")
+    assert nads.reflector.delays.failures == 1 and nads.reopens("expired") == 3
