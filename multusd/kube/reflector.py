@@ -53,12 +53,15 @@ minute and one 2 s before that end, and every bookmark or event advances the ver
 watch resumes from. The silence bound of a stream is longer than its ``timeoutSeconds``, so a
 healthy quiet watch is always ended by the server; a dead peer is found by the transport's TCP
 keep-alive. A watch that expires (HTTP 410 at its start, an ERROR event 410 in the stream: etcd
-compacted the history) leads to a relist at the last version; "too large resource version" (a
+compacted the history, or the server restarted with a new watch cache) leads to a relist at the
+last version; "too large resource version" (a
 server whose history restarted below ours) to a consistent list; any other ERROR event to a
 relist. Every end of a watch is counted by cause (:data:`REOPEN_CAUSES`).
 
-*One backoff for every way back to the server* (architecture invariant 9): how a round
-ends, what the next one asks for and how long it waits, is :mod:`multusd.kube.rounds`'.
+*One backoff for every way back to the server* (architecture invariant 9):
+:mod:`multusd.kube.rounds` says how a round ends, what the next one asks for and how long it
+waits (a watch's 410 after a working watch: a relist at once; a server that is starting: asked
+again on the curve's first step, with a relist).
 
 While a cache is known stale (expired, until its relist completes) it does not count as synced
 and its readers ask the API server instead (they do not wait for it). A failing list keeps its
