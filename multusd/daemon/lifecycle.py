@@ -40,7 +40,7 @@ from multusd.cni.invoke import RunningPlugins
 from multusd.daemon import delretry, dynnetworks, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.multus import Multus
-from multusd.core import unreleased
+from multusd.core import delmarks
 from multusd.errors import MultusError
 from multusd.config import nodename
 from multusd.daemon.kubestart import BackgroundKube
@@ -214,7 +214,7 @@ class Daemon:
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
             cni_dir=cni_dir_of(self.config.raw),
-            marks_spare=unreleased.spare_marks_dir(self.config.socket_dir),
+            marks_spare=delmarks.spare_marks_dir(self.config.socket_dir),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),

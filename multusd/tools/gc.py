@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Tuple
 from multusd import clock_now
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
-from multusd.core import records, settings, unreleased
+from multusd.core import delmarks, markadoption, records, settings
 from multusd.tools import common
 
 LOG = logging.getLogger("multusd.gc")
@@ -49,7 +49,7 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
     if (left and not dry_run) or (release and stale):
         via = "daemon" if common.healthz(config.socket_path)[0] else "in-process"
     if not dry_run:
-        unreleased.prune(settings.cni_dir_of(config.raw), spare=common.spare_of(config))
+        markadoption.prune(settings.cni_dir_of(config.raw), spare=common.spare_of(config))
     retried = [retry_one(config, r, via) for r in left] if not dry_run else []
     outcomes = [release_one(config, r, via) for r in stale] if release else []
     unreleased_docs = _docs(left, retried)
@@ -164,7 +164,7 @@ def render(summary: Dict[str, Any]) -> str:
 
 
 def _stamp(epoch: float) -> str:
-    return unreleased.stamp(epoch)
+    return delmarks.stamp(epoch)
 
 
 def _what_failed(failed: Dict[str, Any]) -> str:
@@ -195,7 +195,7 @@ def retry_one(config, record: records.SandboxRecord, via: str) -> Dict[str, Any]
     if records.read_sandbox(cni_dir, record.container_id) is None:
         return {"released": True, "error": ""}
     if not error:
-        again = unreleased.read(cni_dir, record.container_id, spare=common.spare_of(config))
+        again = delmarks.read(cni_dir, record.container_id, spare=common.spare_of(config))
         error = ("DEL failed again: " + again.what_failed() if again is not None else
                  "DEL succeeded but records remain")
     return {"released": False, "error": error}

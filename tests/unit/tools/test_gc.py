@@ -17,7 +17,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from multusd.core import unreleased
+from multusd.core import delmarks
 from multusd.daemon.server import Server
 from multusd.errors import MultusError
 from multusd.tools import common, gc
@@ -166,7 +166,7 @@ def make_unreleased(node: ToolNode, cid: str) -> str:
     except MultusError:
         pass  # reported to the runtime while the window lasts
     # the window (1 ms) has passed before the test asks: on a fast python it may not have yet
-    mark = unreleased.read(node.cni_dir, cid)
+    mark = delmarks.read(node.cni_dir, cid)
     assert mark is not None
     wait_for(lambda: mark.is_unreleased(), 5, what="the DEL window to pass")
     return netns
@@ -209,7 +209,7 @@ def test_an_unreleased_sandbox_gets_the_runtimes_del_again_until_it_is_released(
     assert "released 1 of 1 unreleased sandbox(es) (in-process)" in text
     assert node.del_calls()[-1][1]["CNI_NETNS"] == netns  # the runtime's own request
     assert node.files() == []
-    assert unreleased.read(node.cni_dir, "held-1") is None
+    assert delmarks.read(node.cni_dir, "held-1") is None
 
 
 # ---- --forget ---------------------------------------------------------------------------------

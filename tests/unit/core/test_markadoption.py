@@ -1,0 +1,59 @@
+"""multusd.core.markadoption: the shim's marks adopted, the marks of released sandboxes dropped."""
+
+from __future__ import annotations
+
+import os
+
+from multusd.core import delmarks, markadoption, unreleased
+from multusd.wire import delwindow
+from failingdel import CONF, FAILED, del_request, write_records
+
+
+def test_clear_never_fails_a_del_and_prune_drops_marks_of_released_sandboxes(tmp_path):
+    cni_dir, spare = str(tmp_path / "cni"), str(tmp_path / "run" / ".multusd-unreleased")
+    os.makedirs(cni_dir)
+    (tmp_path / "cni" / ".multusd-unreleased").write_text("in the way")
+    assert delmarks.clear(cni_dir, "c0ffee", spare=spare) is False
+    unreleased.record(cni_dir, del_request(cni_dir), FAILED, "m", window=1, now=1.0,
+                      spare=spare)
+    assert markadoption.prune(cni_dir, spare=spare) == ["c0ffee"]  # no records: dropped
+    assert delmarks.read_all(cni_dir, spare=spare) == {}
+
+
+def shim_mark(cni_dir: str, cid: str) -> None:
+    """The shim's mark of ``cid``'s failed DEL in ``cni_dir`` (its config names that one)."""
+    req = del_request(cni_dir, cid)
+    assert delwindow.note_failure({"cniDir": cni_dir}, dict(req.env), CONF, "not reachable",
+                                  now=1000.0) is not None
+
+
+def test_a_sandbox_has_records_while_a_scratch_cache_or_a_result_entry_is_left(tmp_path):
+    cni_dir = str(tmp_path)
+    assert not markadoption.has_records(cni_dir, "c0ffee")
+    write_records(cni_dir, "c0ffee")
+    assert markadoption.has_records(cni_dir, "c0ffee")
+    os.unlink(os.path.join(cni_dir, "c0ffee"))
+    os.makedirs(os.path.join(cni_dir, "results"))
+    open(os.path.join(cni_dir, "results", "net-a-c0ffee-eth0"), "w").close()
+    assert markadoption.has_records(cni_dir, "c0ffee")
+    assert not markadoption.has_records(cni_dir, "c0ffe")  # the whole ID, never a prefix
+
+
+def test_the_shims_marks_in_another_cni_dir_are_moved_beside_their_records(tmp_path):
+    # the shim's config names no cniDir: it marks in the default one, the records are here
+    default, cni_dir = str(tmp_path / "default"), str(tmp_path / "cni")
+    write_records(cni_dir, "moved")
+    write_records(cni_dir, "both")
+    write_records(default, "theirs")  # that directory's own sandbox
+    for cid in ("moved", "both", "theirs"):
+        shim_mark(default, cid)
+    unreleased.record(cni_dir, del_request(cni_dir, "both"), FAILED, "m", window=60, now=990.0)
+
+    assert sorted(markadoption.adopt(default, cni_dir)) == ["both", "moved"]
+
+    moved = delmarks.read(cni_dir, "moved")
+    assert (moved.by, moved.cni_dir, moved.first_failure) == ("shim", cni_dir, 1000.0)
+    assert delmarks.read(cni_dir, "both").by == "daemon"  # the daemon's own stands
+    assert delmarks.read(default, "moved") is None and delmarks.read(default, "both") is None
+    assert delmarks.read(default, "theirs") is not None  # not the daemon's to take
+    assert markadoption.adopt(cni_dir, cni_dir) == []  # the same directory: nothing to do
