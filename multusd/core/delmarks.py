@@ -12,11 +12,12 @@ take a mark (a full or read-only disk, a file where the directory should be) it 
 *spare* directory, the same name in the socket's directory (``/run/multus``): every function
 here that reads or writes marks takes it as ``spare`` and looks in both places. The shim
 writes the same files when the daemon does not answer at all (a daemon-config.json that does
-not parse): :mod:`multusd.wire.delwindow` (standard library only, so it cannot import this
-module; its docstring lists the keys it writes, and ``tests/unit/core/test_delmarks.py``
-holds the two to one format); the daemon publishes its window for it in ``.settings``
-(:func:`publish_window`). A leading dot is never part of a container ID, so the directory
-never collides with upstream's files.
+not parse) or answers an error: :mod:`multusd.wire.delwindow`. Both write and read a mark
+through the one definition of its format, :func:`multusd.mark_json` and
+:func:`multusd.parse_mark` (the package's, so that the shim imports nothing more for it);
+:class:`FailedDelete` is the daemon's typed view of it. The daemon publishes its window for
+the shim in ``.settings`` (:func:`publish_window`). A leading dot is never part of a
+container ID, so the directory never collides with upstream's files.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
-from multusd import (MARKED_BY_SHIM, WINDOW_FILE, number_of, store, unreleased_marks_dir,
-                     window_left)
+from multusd import (WINDOW_FILE, mark_json, marks_places, parse_mark, store,
+                     unreleased_marks_dir, window_left)
 from multusd.cni.args import parse_cni_args
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
@@ -118,17 +119,17 @@ class FailedDelete(Record):
         return text
 
     def to_json(self, now: Any = None) -> Dict[str, Any]:
-        """The mark as written (and as ``--json`` shows it, with ``state``)."""
-        doc: Dict[str, Any] = {
-            "containerId": self.container_id, "by": self.by,
-            "firstFailure": self.first_failure, "lastFailure": self.last_failure,
-            "until": self.until, "bootId": self.boot_id, "untilBoot": self.until_boot,
-            "window": self.window, "attempts": self.attempts, "error": self.error,
-            "failures": [{"network": f.network, "interface": f.ifname, "error": f.error}
-                         for f in self.failures],
-            "released": [{"network": r.network, "interface": r.ifname} for r in self.released],
-            "cniDir": self.cni_dir or None, "announced": self.announced,
-            "request": dict(self.request) if self.request is not None else None}
+        """The mark as written (:func:`multusd.mark_json`; as ``--json`` shows it, with
+        ``state``)."""
+        doc = mark_json(
+            self.container_id, by=self.by, first_failure=self.first_failure,
+            last_failure=self.last_failure,
+            end={"until": self.until, "bootId": self.boot_id, "untilBoot": self.until_boot},
+            window=self.window, attempts=self.attempts, error=self.error,
+            failures=[(f.network, f.ifname, f.error) for f in self.failures],
+            released=[(r.network, r.ifname) for r in self.released], cni_dir=self.cni_dir,
+            announced=self.announced,
+            request=dict(self.request) if self.request is not None else None)
         if now is not None:
             doc["state"] = self.state(now)
         return doc
@@ -155,7 +156,7 @@ def read(cni_dir: str, container_id: str, *, spare: str = "") -> Optional[Failed
     none (or it is not a mark)."""
     if not is_valid_name(container_id):
         return None
-    for place in _places(cni_dir, spare):
+    for place in marks_places(cni_dir, spare):
         mark = _parse(container_id, store.read_json_object(os.path.join(place, container_id),
                                                            "unreleased-sandbox mark"), place)
         if mark is not None:
@@ -166,7 +167,7 @@ def read(cni_dir: str, container_id: str, *, spare: str = "") -> Optional[Failed
 def read_all(cni_dir: str, *, spare: str = "") -> Dict[str, FailedDelete]:
     """Every mark under ``cni_dir`` and in ``spare``, by container ID (``<cniDir>``'s first)."""
     marks: Dict[str, FailedDelete] = {}
-    for place in _places(cni_dir, spare):
+    for place in marks_places(cni_dir, spare):
         try:
             names = os.listdir(place)
         except (FileNotFoundError, NotADirectoryError):
@@ -192,7 +193,7 @@ def write(cni_dir: str, mark: FailedDelete, spare: str,
     :raises IOFailure: neither place can take it.
     """
     data = json.dumps(mark.to_json(), indent=1).encode()
-    places = _places(cni_dir, spare)
+    places = marks_places(cni_dir, spare)
     for index, place in enumerate(places):
         try:
             store.atomic_write(os.path.join(place, mark.container_id), data)
@@ -206,7 +207,7 @@ def write(cni_dir: str, mark: FailedDelete, spare: str,
         if old is not None and old.place and old.place != place:
             _unlink(old.place, mark.container_id)  # one mark per sandbox
         return replace(mark, place=place)
-    raise AssertionError("no place")  # _places always names one
+    raise AssertionError("no place")  # marks_places always names one
 
 
 def set_announced(cni_dir: str, mark: FailedDelete, *, spare: str = "") -> FailedDelete:
@@ -220,7 +221,7 @@ def clear(cni_dir: str, container_id: str, *, spare: str = "") -> bool:
     on a read-only disk is dropped later, once its sandbox has no records). Costs an unlink of
     a missing file per place on every DEL that succeeds."""
     dropped = False
-    for place in _places(cni_dir, spare):
+    for place in marks_places(cni_dir, spare):
         dropped = _remove(os.path.join(place, container_id)) or dropped
     return dropped
 
@@ -232,7 +233,7 @@ def publish_window(cni_dir: str, window: float, default: float, *, spare: str = 
 
     :raises IOFailure: it can be written nowhere.
     """
-    places = _places(cni_dir, spare)
+    places = marks_places(cni_dir, spare)
     if window == default:
         for place in places:
             if _remove(os.path.join(place, WINDOW_FILE)):
@@ -254,16 +255,11 @@ def publish_window(cni_dir: str, window: float, default: float, *, spare: str = 
         for other in places[places.index(place) + 1:]:
             _unlink(other, WINDOW_FILE)  # the spare copy, for a cniDir that works again
         return
-    assert failure is not None  # _places always names one
+    assert failure is not None  # marks_places always names one
     raise failure
 
 
 # --- internals -----------------------------------------------------------------------------
-
-
-def _places(cni_dir: str, spare: str) -> List[str]:
-    home = unreleased_marks_dir(cni_dir)
-    return [home] + ([spare] if spare and spare != home else [])
 
 
 def _remove(path: str) -> bool:
@@ -284,39 +280,19 @@ def _unlink(place: str, container_id: str) -> None:
         pass
 
 
-def _number(data: Mapping[str, Any], key: str, default: Optional[float] = 0.0
-            ) -> Optional[float]:
-    value = number_of(data.get(key))
-    return default if value is None else value
-
-
-def _pairs(data: Mapping[str, Any], key: str) -> List[Mapping[str, Any]]:
-    value = data.get(key)
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
-
-
 def _parse(container_id: str, data: Optional[dict], place: str = "") -> Optional[FailedDelete]:
-    if data is None or data.get("containerId", container_id) != container_id:
+    """The mark read as :func:`multusd.parse_mark` reads it, typed."""
+    doc = parse_mark(container_id, data)
+    if doc is None:
         return None
-    first = _number(data, "firstFailure")
-    if not first:
-        return None
-    attempts = data.get("attempts")
-    request = data.get("request")
-    cni_dir = data.get("cniDir")
     return FailedDelete(
-        container_id=container_id, first_failure=first,
-        last_failure=_number(data, "lastFailure", first), until=_number(data, "until", first),
-        attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 1,
-        by=str(data.get("by") or MARKED_BY_SHIM), error=str(data.get("error") or ""),
-        failures=tuple(Failure(network=str(f.get("network", "")),
-                               ifname=str(f.get("interface", "")), error=str(f.get("error", "")))
-                       for f in _pairs(data, "failures")),
-        window=_number(data, "window"), announced=data.get("announced") is True,
-        request=request if isinstance(request, dict) else None,
-        released=tuple(Released(network=str(r.get("network", "")),
-                                ifname=str(r.get("interface", "")))
-                       for r in _pairs(data, "released")),
-        boot_id=str(data.get("bootId") or ""), until_boot=_number(data, "untilBoot", None),
-        cni_dir=cni_dir if isinstance(cni_dir, str) and cni_dir.startswith("/") else "",
+        container_id=container_id, first_failure=doc["firstFailure"],
+        last_failure=doc["lastFailure"], until=doc["until"], attempts=doc["attempts"],
+        by=doc["by"], error=doc["error"],
+        failures=tuple(Failure(network=f["network"], ifname=f["interface"], error=f["error"])
+                       for f in doc["failures"]),
+        window=doc["window"], announced=doc["announced"], request=doc["request"],
+        released=tuple(Released(network=r["network"], ifname=r["interface"])
+                       for r in doc["released"]),
+        boot_id=doc["bootId"], until_boot=doc["untilBoot"], cni_dir=doc["cniDir"] or "",
         place=place)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Sequence
 
-from multusd import MARK_REQUEST_ENV, MARKED_BY_DAEMON, as_instant, window_end
+from multusd import MARKED_BY_DAEMON, as_instant, mark_request, window_end
 from multusd.core.delmarks import (FailedDelete, Failure, Released, read, read_all,
                                    set_announced, stamp, write)
 from multusd.core.markadoption import has_records
@@ -52,8 +52,7 @@ def record(cni_dir: str, request: Any, failures: Sequence[Failure], error: str, 
         attempts=(old.attempts if old is not None else 0) + 1, by=MARKED_BY_DAEMON,
         error=error, failures=tuple(failures), window=window,
         announced=old.announced if old is not None else False,
-        request={"env": {k: request.env[k] for k in MARK_REQUEST_ENV if k in request.env},
-                 "config": request.config_bytes.decode("utf-8", "replace")},
+        request=mark_request(request.env, request.config_bytes),
         released=tuple(released), cni_dir=cni_dir,
         **_window_fields(window, old, now))
     return write(cni_dir, mark, spare, old)
