@@ -21,7 +21,9 @@ deadline, logs and metrics as for any request; only the delegates still held run
 
 A shim whose config names no ``cniDir`` marks in Multus's default one: with a
 daemon-config.json naming another, those marks are moved beside their records at each look
-(:func:`~multusd.core.markadoption.adopt`).
+(:func:`~multusd.core.markadoption.adopt`), and dropped once their sandbox is released: when
+the daemon answers its DEL (:meth:`DelRetrier.after_del`), or at the next look when something
+else released it.
 
 A sandbox still failing after its first retry is announced once (a journal warning, an Event
 while the pod exists, which waits up to :data:`SYNC_WAIT` for the pod cache). Marks whose
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -84,6 +87,7 @@ class DelRetrier:
         self.cni_dir = settings.cni_dir_of(config.raw)
         self.spare = delmarks.spare_marks_dir(config.socket_dir)
         self.shim_default = shim_default  # where a shim whose config names no cniDir marks
+        self._shim_elsewhere = os.path.realpath(shim_default) != os.path.realpath(self.cni_dir)
         self.retries = 0   # DELs run again, and how many released their sandbox (the notes'
         self.released = 0  # and the tests' view of what the thread did)
         self._due: Dict[str, Tuple[float, Delays]] = {}  # container ID -> (when, its backoff)
@@ -175,6 +179,24 @@ class DelRetrier:
         except MultusError as exc:  # said; the mark stays where it is until the next scan
             LOG.warning("%s", exc.msg)
         markadoption.prune(self.cni_dir, spare=self.spare)
+        if self._shim_elsewhere:
+            for container_id in markadoption.prune(self.shim_default, records_in=(self.cni_dir,)):
+                LOG.info("the mark of sandbox %s's failed DEL, written by the shim in %s (its "
+                         "config names no cniDir), is dropped: the sandbox is released",
+                         container_id, self.shim_default)
+
+    def after_del(self, container_id: str) -> None:
+        """The daemon answered a DEL (or ``gc --forget``) of ``container_id`` with success:
+        the shim's copy of its mark in the default directory goes now if the sandbox is
+        released (the DEL dropped the daemon's own; the shim's was read by nothing). Never
+        raises: the DEL is done. Costs the open of a missing file when the shim marked
+        nothing there."""
+        if not self._shim_elsewhere:
+            return
+        try:
+            markadoption.prune(self.shim_default, records_in=(self.cni_dir,), only=container_id)
+        except Exception:  # noqa: BLE001 - the next look tries again; said in the journal
+            LOG.exception("dropping the shim's mark of sandbox %s failed", container_id)
 
     def retry(self, mark: delmarks.FailedDelete) -> bool:
         """The runtime's DEL of ``mark``'s sandbox once more; True when it is released."""

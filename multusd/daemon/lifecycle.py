@@ -269,7 +269,7 @@ class Daemon:
             if endpoint == api.DELEGATE_ENDPOINT:
                 result = self.multus.hotplug(request, attributes or {}, deadline, log)
             elif endpoint == api.FORGET_ENDPOINT:
-                return {"networks": self._forget(request, deadline, log)}
+                result = self._forget(request, deadline, log)
             else:
                 result = self.multus.cni(request, deadline, log)
         except MultusError as exc:
@@ -277,6 +277,11 @@ class Daemon:
                       extra={"DURATION_MS": _ms(started), "CNI_ERROR_CODE": exc.code})
             raise
         log.info("%s finished", request.command, extra={"DURATION_MS": _ms(started)})
+        if request.command == "DEL" and endpoint != api.DELEGATE_ENDPOINT and \
+                self.retrier is not None:
+            self.retrier.after_del(request.container_id)  # the shim's stale mark, if any
+        if endpoint == api.FORGET_ENDPOINT:
+            return {"networks": result}
         if request.command == "ADD":
             return {"Result": result}
         return None

@@ -57,3 +57,42 @@ def test_the_shims_marks_in_another_cni_dir_are_moved_beside_their_records(tmp_p
     assert delmarks.read(default, "moved") is None and delmarks.read(default, "both") is None
     assert delmarks.read(default, "theirs") is not None  # not the daemon's to take
     assert markadoption.adopt(cni_dir, cni_dir) == []  # the same directory: nothing to do
+
+
+def test_a_mark_stands_while_its_records_are_where_it_names_or_where_the_reader_keeps_them(
+        tmp_path):
+    # the shim (its config naming the default cniDir, which could not take the mark) marked
+    # beside the socket; the records are in the daemon's cniDir: not released, not dropped
+    default, cni_dir = str(tmp_path / "default"), str(tmp_path / "cni")
+    spare = delmarks.spare_marks_dir(str(tmp_path / "run"))
+    os.makedirs(default)
+    with open(os.path.join(default, ".multusd-unreleased"), "w") as handle:
+        handle.write("a file where the marks' directory should be")
+    write_records(cni_dir, "held")
+    req = del_request(cni_dir, "held")
+    assert delwindow.note_failure({"cniDir": default}, dict(req.env), CONF, "down",
+                                  socket_dir=str(tmp_path / "run")) is not None
+    mark = delmarks.read(cni_dir, "held", spare=spare)
+    assert mark.cni_dir == default and not markadoption.is_released(mark, cni_dir)
+
+    # (judged by the cniDir it names alone, the default one where nothing is, it was dropped)
+    assert markadoption.prune(cni_dir, spare=spare) == []
+    assert delmarks.read(cni_dir, "held", spare=spare) is not None
+    os.unlink(os.path.join(cni_dir, "held"))
+    assert markadoption.is_released(mark, cni_dir)
+    assert markadoption.prune(cni_dir, spare=spare) == ["held"]
+
+
+def test_the_shims_marks_in_the_default_cni_dir_are_pruned_by_the_daemons_records(tmp_path):
+    default, cni_dir = str(tmp_path / "default"), str(tmp_path / "cni")
+    for cid in ("released", "held-here", "held-there", "other"):
+        shim_mark(default, cid)
+    write_records(cni_dir, "held-here")
+    write_records(default, "held-there")
+
+    assert markadoption.prune(default, records_in=(cni_dir,), only="held-here") == []
+    assert markadoption.prune(default, records_in=(cni_dir,), only="released") == ["released"]
+    assert delmarks.read(default, "other") is not None  # only that one
+    assert markadoption.prune(default, records_in=(cni_dir,), only="no-such") == []
+    assert markadoption.prune(default, records_in=(cni_dir,)) == ["other"]
+    assert sorted(delmarks.read_all(default)) == ["held-here", "held-there"]

@@ -142,6 +142,41 @@ def test_a_mark_the_shim_left_in_the_default_cni_dir_is_taken_in_and_released(tm
     assert delmarks.read(default, "theirs") is not None  # not ours to take
 
 
+def test_the_shims_mark_in_the_default_cni_dir_goes_once_its_sandbox_is_released(tmp_path):
+    # the daemon answered the DEL with an error (its delegate failed): the shim, which reads
+    # only its own config's (the default) cniDir, marked there too; the runtime's next DEL,
+    # or something else, released the sandbox: the shim's copy must not stay for ever
+    node = Node(tmp_path)
+    default = str(tmp_path / "default")
+    for cid in ("released", "forgotten", "held"):
+        node.sandbox(cid, failed_at=time.time())
+        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
+               "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
+        assert delwindow.note_failure({"cniDir": default}, env, RUNTIME_CONF, "its daemon is "
+                                      "down", now=time.time()) is not None
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600,
+                         shim_default=default)
+    open(node.fixed, "w").close()
+    node.multus.cni(request.parse(dict(env, CNI_CONTAINERID="released"), RUNTIME_CONF,
+                                  node.config), time.monotonic() + 30, LOG)
+    assert delmarks.read(node.cni_dir, "released") is None  # the daemon's own: dropped
+
+    retrier.after_del("released")  # as the daemon does once it answered that DEL
+
+    assert delmarks.read(default, "released") is None
+    assert delmarks.read(default, "forgotten") is not None  # not that DEL's
+    retrier.after_del("held")  # answered success, yet not released (its window is over)
+    assert delmarks.read(default, "held") is not None
+    os.unlink(os.path.join(node.cni_dir, "forgotten"))  # e.g. `gc --forget` with no daemon
+
+    retrier.run_due()  # the next look (nothing is due: every window still runs)
+
+    assert delmarks.read(default, "forgotten") is None
+    assert delmarks.read(default, "held") is None  # taken in: the daemon keeps its own
+    assert delmarks.read(node.cni_dir, "held").by == "daemon"
+    retrier.after_del("no-such")  # nothing marked: nothing to do, never raises
+
+
 def test_a_sandbox_still_failing_is_retried_on_a_backoff_and_announced_once(tmp_path, caplog):
     node = Node(tmp_path)
     node.sandbox("old", failed_at=time.time() - 60)
