@@ -35,7 +35,6 @@ from multusd.core import scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.request import CmdArgs, pod_prefix
 from multusd.core.runner import DelegateRunner, Failures, as_cni_error
-from multusd.core.settings import auxiliary_chain_of, cni_dir_of
 from multusd.errors import MultusError, UnknownContainer
 from multusd.node.netns import check_namespace
 from multusd.store.valueclass import Record, replace
@@ -53,7 +52,7 @@ def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
     if not req.container_id:
         log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
         return
-    cni_dir = cni_dir_of(req.config)
+    cni_dir = req.effective.cni_dir
     earlier = unreleased.read(cni_dir, req.container_id, spare=spare)
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates,
                    skip=earlier.released if earlier is not None else ())
@@ -92,7 +91,7 @@ def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
     for each delegate released and ``(delegate, why not)`` for each that was not.
     """
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
-    cni_dir = cni_dir_of(req.config)
+    cni_dir = req.effective.cni_dir
     failed = {id(d): as_cni_error(exc, log).msg for d, exc in done.failures}
     for entry in resultcache.list_entries(cni_dir):
         if entry.get("containerId") == req.container_id:
@@ -136,7 +135,7 @@ def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
     does not stop the others; those in ``skip`` (released by an earlier DEL of the sandbox)
     are not run again. The records are the caller's to keep or drop."""
     req = netns_for_del(req, log)
-    path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
+    path = scratch.cache_path(req.effective.cni_dir, req.container_id)
     delegates = delegates_for_del(req, path, log)
     done = {(r.network, r.ifname) for r in skip}
     held = [i for i, d in enumerate(delegates)
@@ -146,7 +145,7 @@ def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
         log.info("DEL: %s released by an earlier DEL; running the DEL of %d network(s) still "
                  "held", ", ".join(f"{d.ifname} ({d.name})" for d in skipped), len(held))
     runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
-                            auxiliary_chain=auxiliary_chain_of(req.config))
+                            auxiliary_chain=req.effective.auxiliary_chain)
     return Release(req=req, scratch_path=path, delegates=tuple(delegates),
                    failures=runner.delete_all(delegates, only=held), skipped=skipped)
 
@@ -157,7 +156,7 @@ def _has_result(req: CmdArgs, delegate: Delegate) -> bool:
     before a new ADD of the container ID must not skip anything)."""
     try:
         return os.path.exists(resultcache.result_path(
-            cni_dir_of(req.config), delegate.conf_name, req.container_id, delegate.ifname))
+            req.effective.cni_dir, delegate.conf_name, req.container_id, delegate.ifname))
     except MultusError:
         return False  # a name that cannot be cached has no entry
 
@@ -198,7 +197,7 @@ def delegates_for_del(req: CmdArgs, path: str, log: Any) -> List[Delegate]:
 def delegates_from_result_cache(req: CmdArgs, log: Any) -> List[Delegate]:
     """Rebuild the delegates from ``<cniDir>/results/*-<containerID>-*`` (no scratch cache)."""
     found = []
-    for entry in resultcache.list_entries(cni_dir_of(req.config)):
+    for entry in resultcache.list_entries(req.effective.cni_dir):
         if entry.get("containerId") != req.container_id:
             continue
         config = resultcache.decode_config(entry)

@@ -37,7 +37,6 @@ from typing import Any, Callable, List, Optional, Tuple
 from multusd import store
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine
-from multusd.config.daemonconf import DaemonConfig, overlay
 from multusd.core import dra, netstatus, records, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.hotplugrecord import ADDED, ADDING, HotplugMark, Removal, ScratchEntries
@@ -48,7 +47,8 @@ from multusd.core.runner import DelegateRunner, as_cni_error, emit_added
 from multusd.core.scratch import cache_path, delegates_from_cache, read_cache
 from multusd.core.selection import NETWORKS_ANNOTATION, NETWORK_STATUS_ANNOTATION, \
     NetworkSelection, parse_selections
-from multusd.core.settings import MultusSettings, cni_dir_of, load_settings
+from multusd.core.effective import EffectiveConfig
+from multusd.core.settings import MultusSettings
 from multusd.errors import DecodeFailure, MultusError
 from multusd.node import devices
 from multusd.node.netns import PodNetns
@@ -78,7 +78,7 @@ class Outcome(Record):
         return self.result == FAILED
 
 
-def reconcile(pod: Any, container_id: str, daemon: DaemonConfig, deadline: float, log: Any, *,
+def reconcile(pod: Any, container_id: str, node: EffectiveConfig, deadline: float, log: Any, *,
               engine: Engine, kube: Any, stopping: Callable[[], bool] = lambda: False) -> Outcome:
     """Bring the sandbox ``container_id`` of ``pod`` in line with its network selections.
 
@@ -87,7 +87,7 @@ def reconcile(pod: Any, container_id: str, daemon: DaemonConfig, deadline: float
     :param stopping: True once the work must stop between steps (daemon stopping, pod
         terminating).
     """
-    work = _Sandbox(pod, container_id, daemon, deadline, log, engine=engine, kube=kube)
+    work = _Sandbox(pod, container_id, node, deadline, log, engine=engine, kube=kube)
     if not work.load():
         return Outcome(result=GONE)
     try:
@@ -119,12 +119,11 @@ def reconcile(pod: Any, container_id: str, daemon: DaemonConfig, deadline: float
 class _Sandbox:
     """One reconciliation's view of the sandbox: its records, kept current as it edits them."""
 
-    def __init__(self, pod: Any, container_id: str, daemon: DaemonConfig, deadline: float,
+    def __init__(self, pod: Any, container_id: str, node: EffectiveConfig, deadline: float,
                  log: Any, *, engine: Optional[Engine], kube: Any) -> None:
         self.pod, self.kube, self.log = pod, kube, log
-        self.daemon, self.deadline, self.engine = daemon, deadline, engine
-        self.config = overlay({}, daemon)
-        self.cni_dir = cni_dir_of(self.config)
+        self.node, self.deadline, self.engine = node, deadline, engine
+        self.cni_dir = node.cni_dir
         self.path = cache_path(self.cni_dir, container_id)
         self.container_id = container_id
         self.added: List[str] = []
@@ -142,14 +141,15 @@ class _Sandbox:
         data = read_cache(self.path)
         if record is None or data is None or record.netns_state() != records.PRESENT:
             return False
-        try:
-            self.settings = load_settings(self.config)
-        except MultusError as exc:
-            self.log.warning("dynamic networks: the daemon's multus settings do not load (%s); "
-                             "using the defaults to tell the cluster's networks", exc.msg)
+        if self.node.settings is not None:
+            self.settings = self.node.settings
+        else:
+            self.log.warning("dynamic networks: the node's multus settings do not load (%s); "
+                             "using the defaults to tell the cluster's networks",
+                             self.node.why_no_settings)
         args = tuple((k, v) for k, v in record.cni_args if k in _POD_ARGS)
         self.req = CmdArgs("ADD", self.container_id, record.netns, record.master_ifname, args,
-                           self.config, b"")
+                           self.node, b"")
         try:
             self.entries = ScratchEntries.parse(data)
             self.delegates = delegates_from_cache(data, top_cni_version=self.req.cni_version,
@@ -339,10 +339,10 @@ def status_of(record: Any) -> str:
     return netstatus.format_network_status(entries)
 
 
-def needs_reconciling(pod: Any, container_id: str, daemon: DaemonConfig, log: Any) -> bool:
+def needs_reconciling(pod: Any, container_id: str, node: EffectiveConfig, log: Any) -> bool:
     """Whether :func:`reconcile` would do anything (read-only, outside the lane): a change
     planned, a refusal to say, or network-status behind the records."""
-    work = _Sandbox(pod, container_id, daemon, 0.0, log, engine=None, kube=None)
+    work = _Sandbox(pod, container_id, node, 0.0, log, engine=None, kube=None)
     try:
         if not work.load():
             return False

@@ -255,7 +255,7 @@ class DynamicNetworks:
             self._settle(key, pod, None)  # not attached by multusd (host network, ...)
             return
         log = _logger(pod, container_id, "check")
-        if not reconcile.needs_reconciling(pod, container_id, self.multus.config, log):
+        if not self.multus.needs_reconciling(pod, container_id, log):
             self._settle(key, pod, None)
             return
         self._submit(key, pod, container_id)

@@ -39,7 +39,6 @@ from typing import Any, Callable, List, Set
 from multusd.cni.invoke import RunningPlugins
 from multusd.core import unreleased
 from multusd.core.request import decode_body, parse
-from multusd.core.settings import cni_dir_of
 from multusd.daemon import systemd
 from multusd.daemon.lanes import Job
 from multusd.errors import MultusError, TryAgainLater
@@ -129,7 +128,7 @@ class Stop:
             request = parse(env, config, self.config)
             if not request.container_id:
                 return
-            cni_dir = cni_dir_of(request.config)
+            cni_dir = request.effective.cni_dir
             spare = unreleased.spare_marks_dir(self.config.socket_dir)
             earlier = unreleased.read(cni_dir, request.container_id, spare=spare)
             unreleased.record(cni_dir, request, earlier.failures if earlier else (), why,

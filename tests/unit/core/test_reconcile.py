@@ -211,15 +211,15 @@ def test_a_pod_in_a_system_namespace_gets_no_network_status(tmp_path, kube_api, 
 def test_needs_reconciling_only_when_something_is_to_be_done(node):
     node.nad("b", "hot0")
     node.attach()
-    config = node.config
-    assert not reconcile.needs_reconciling(node.pod(), node.cid, config, LOG)
+    needs = node.multus.needs_reconciling
+    assert not needs(node.pod(), node.cid, LOG)
     pod = node.select("b@hot0")
-    assert reconcile.needs_reconciling(pod, node.cid, config, LOG)
+    assert needs(pod, node.cid, LOG)
     node.reconcile(pod)
-    assert not reconcile.needs_reconciling(node.pod(), node.cid, config, LOG)
+    assert not needs(node.pod(), node.cid, LOG)
     # network-status behind the records (a write that did not happen): to be done again
     node.api.update_pod("default", "web", annotations={STATUS: "[]"})
-    assert reconcile.needs_reconciling(node.pod(), node.cid, config, LOG)
+    assert needs(node.pod(), node.cid, LOG)
 
 
 def test_the_sandbox_of_a_pod_is_the_one_its_records_name(node):
