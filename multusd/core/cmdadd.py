@@ -39,7 +39,7 @@ from multusd import CURRENT_VERSION, store
 from multusd.cni.conflist import Engine
 from multusd.cni.result import convert_result
 from multusd.cni.resultcache import RESULTS_DIR
-from multusd.core import dra, netstatus, parallel, scratch
+from multusd.core import dra, netstatus, parallel, sandboxconfig, scratch
 from multusd.core.defaultroute import apply_default_routes
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import NadNotFound, build_delegates, nad_getter
@@ -193,7 +193,9 @@ def attach(runner: DelegateRunner, delegates: Sequence[Delegate], cache_path: st
     req = runner.req
     results: Results = []
     waves = runner.waves(delegates)
-    record = scratch.delegates_to_cache(delegates)
+    entries = [scratch.cache_entry(d) for d in delegates]
+    sandboxconfig.put(entries, sandboxconfig.of(req.effective))  # what later paths judge it by
+    record = scratch.encode_entries(entries)
     flush = None
     try:
         with PodNetns(req.netns) as netns:  # opened on first use, once per request

@@ -18,20 +18,21 @@ The rules it keeps (architecture.md, invariants 4 and 10):
 * records that cannot be removed once everything is released (a read-only disk) are
   reported as a failure is, so that the drain finishes and they are dropped later.
 
-No settings are read beyond the directories: a DEL must work whatever else the config gets
-wrong.
+It is judged by the configuration the sandbox was attached under, where the sandbox records
+it (:mod:`multusd.core.sandboxconfig`: the directories, the auxiliary chain), else by the
+request's; no settings are needed: a DEL must work whatever else the config gets wrong.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from multusd import store
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine
 from multusd.cni.invoke import missing_plugin
-from multusd.core import scratch, unreleased
+from multusd.core import sandboxconfig, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.request import CmdArgs, pod_prefix
 from multusd.core.runner import DelegateRunner, Failures, as_cni_error
@@ -41,17 +42,23 @@ from multusd.store.valueclass import Record, replace
 
 
 def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: Any,
-            parallel_delegates: bool = False, window: float, spare: str = "") -> None:
-    """DEL of the sandbox ``req`` names.
+            parallel_delegates: bool = False, window: float, spare: str = "",
+            notices: Optional[sandboxconfig.Notices] = None,
+            other_dirs: Callable[[], Sequence[str]] = tuple) -> None:
+    """DEL of the sandbox ``req`` names, judged by the configuration it was attached under
+    (:func:`~multusd.core.sandboxconfig.sandbox_request`).
 
     :param window: the daemon's ``deleteRetryWindow``.
     :param spare: the marks' directory for when ``<cniDir>`` cannot take one
         (:func:`~multusd.core.unreleased.spare_marks_dir`).
+    :param notices: what was said of sandboxes already; ``other_dirs``: every ``cniDir`` the
+        node names, where the records are looked for when they are not in the request's.
     :raises MultusError: a delegate's DEL failed, while the sandbox's window lasts.
     """
     if not req.container_id:
         log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
         return
+    req = sandboxconfig.sandbox_request(req, log, notices=notices, other_dirs=other_dirs)
     cni_dir = req.effective.cni_dir
     earlier = unreleased.read(cni_dir, req.container_id, spare=spare)
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates,
@@ -90,6 +97,7 @@ def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
     cannot succeed (a plugin binary that is gone for good). Returns ``(delegate, "")``
     for each delegate released and ``(delegate, why not)`` for each that was not.
     """
+    req = sandboxconfig.sandbox_request(req, log)
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
     cni_dir = req.effective.cni_dir
     failed = {id(d): as_cni_error(exc, log).msg for d, exc in done.failures}

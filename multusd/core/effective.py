@@ -1,4 +1,4 @@
-"""The effective configuration: daemon-config.json laid over the runtime's multus config, resolved here alone.
+"""The effective configuration (daemon-config.json over the runtime's multus config), resolved here.
 
 Everything multusd decides about a pod is judged by one configuration (architecture.md,
 invariant 13): the runtime's multus config (what it sends on stdin: in auto mode the generated

@@ -27,7 +27,8 @@ from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core import cmdadd, cmddel, effective, hotplug, reconcile, scratch, unreleased
+from multusd.core import (cmdadd, cmddel, effective, hotplug, reconcile, sandboxconfig, scratch,
+                          unreleased)
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
@@ -52,6 +53,7 @@ class Multus:
                  running_plugins: RunningPlugins | None = None) -> None:
         self.config = config
         self.node = effective.NodeConfig(config)  # for the paths no runtime request carries
+        self.notices = sandboxconfig.Notices()  # what was said once per sandbox
         self.kube = kube
         self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
         self.running_plugins = running_plugins  # and this (the daemon's stop ends them)
@@ -88,7 +90,8 @@ class Multus:
         cmddel.cmd_del(req, deadline, log, engine=engine, kube=self.kube,
                        parallel_delegates=self.config.parallel_delegates,
                        window=self.config.delete_retry_window,
-                       spare=unreleased.spare_marks_dir(self.config.socket_dir))
+                       spare=unreleased.spare_marks_dir(self.config.socket_dir),
+                       notices=self.notices, other_dirs=self.node.cni_dirs)
 
     def forget(self, req: CmdArgs, deadline: float, log: Any) -> List[Tuple[Delegate, str]]:
         """``multusd gc --forget``: see :func:`multusd.core.cmddel.forget`."""
@@ -135,6 +138,9 @@ class Multus:
 
     # -- CHECK, STATUS, GC ------------------------------------------------------------------
     def check(self, req: CmdArgs, deadline: float, log: Any) -> None:
+        """CHECK, judged by the configuration the sandbox was attached under."""
+        req = sandboxconfig.sandbox_request(req, log, notices=self.notices,
+                                            other_dirs=self.node.cni_dirs)
         path = scratch.cache_path(req.effective.cni_dir, req.container_id)
         data = scratch.read_cache(path)
         if data is None:
