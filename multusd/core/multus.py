@@ -27,8 +27,8 @@ from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core import (cmdadd, cmddel, effective, hotplug, reconcile, sandboxconfig, scratch,
-                          unreleased)
+from multusd.core import (cmdadd, cmddel, effective, hotplug, podsandbox, reconcile,
+                          sandboxconfig, scratch, unreleased)
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
@@ -115,11 +115,17 @@ class Multus:
         node = self.node.current()
         return reconcile.reconcile(pod, container_id, node, deadline, log,
                                    engine=self.engine(node.merged), kube=self.kube,
-                                   stopping=stopping)
+                                   stopping=stopping, notices=self.notices)
 
     def needs_reconciling(self, pod: Any, container_id: str, log: Any) -> bool:
-        """Whether :meth:`reconcile` would do anything (read-only, outside the lanes)."""
-        return reconcile.needs_reconciling(pod, container_id, self.node.current(), log)
+        """Whether :meth:`reconcile` would do anything (read-only, outside the lanes).
+
+        :raises Unestablished: the configuration to judge the sandbox by cannot be
+            established (:mod:`multusd.core.podsandbox`).
+        """
+        view = podsandbox.read_view(container_id, self.node.current(), log,
+                                    notices=self.notices)
+        return view is not None and podsandbox.needs_reconciling(view, pod)
 
     def _warn_delegate_caller(self, req: CmdArgs) -> None:
         """Say once per pod that something else hot-plugs while multusd does it too."""

@@ -92,7 +92,7 @@ def build_delegates(settings: MultusSettings, *, pod_namespace: str, pod_name: s
             delegates[0] = resolver.selected(selection, master=True)
         for selection in parse_selections(annotations.get(NETWORKS_ANNOTATION, ""),
                                           pod_namespace, pod=pod):
-            _check_namespace_isolation(settings, pod_namespace, selection)
+            check_namespace_isolation(settings, pod_namespace, selection)
             delegates.append(resolver.selected(selection, master=False))
     if any(d.gateway_request is not None for d in delegates):
         delegates = mark_gateway_filters(delegates)
@@ -115,7 +115,7 @@ def selection_delegate(settings: MultusSettings, selection: NetworkSelection, *,
     :raises NadNotFound: the NAD does not exist.
     :raises InvalidNetworkConfig: its config is unusable, or namespace isolation forbids it.
     """
-    _check_namespace_isolation(settings, pod_namespace, selection)
+    check_namespace_isolation(settings, pod_namespace, selection)
     delegate = _Resolver(settings, get_nad, None, f"{pod_namespace}/{pod_name}").selected(
         selection, master=False)
     return replace(delegate, ifname=selection.interface, gateway_request=None)
@@ -249,8 +249,13 @@ def _inline_delegates(raw_delegates: Sequence[Mapping[str, Any]]) -> List[Delega
     return delegates
 
 
-def _check_namespace_isolation(settings: MultusSettings, pod_namespace: str,
-                               selection: NetworkSelection) -> None:
+def check_namespace_isolation(settings: MultusSettings, pod_namespace: str,
+                              selection: NetworkSelection) -> None:
+    """Upstream's namespace isolation: a pod selects NADs of its own namespace or of
+    ``globalNamespaces`` only (the ADD's check, and a running pod's new selections').
+
+    :raises InvalidNetworkConfig: the selection crosses into another namespace.
+    """
     if (settings.namespace_isolation and selection.namespace != pod_namespace
             and selection.namespace not in settings.global_namespaces):
         raise InvalidNetworkConfig(

@@ -180,8 +180,7 @@ class Daemon:
                         running_plugins=self.running_plugins)
         if self.kube is not None and self.config.enable_dynamic_networks:
             self.dynamic = dynnetworks.DynamicNetworks(
-                multus, cni_dir=multus.node.current().cni_dir,
-                request_timeout=self.config.request_timeout)
+                multus, request_timeout=self.config.request_timeout)
         return multus
 
     def _pod_changed(self, pod: Any) -> None:
