@@ -160,6 +160,11 @@ def test_default_networks_and_isolation_hold_for_a_running_pod(node):
 
     # storage leaves defaultNetworks; the daemon restarts; the annotation drops net-a
     node.restart(defaultNetworks=None)
+    started = [line for line in node.cluster.daemon.log().splitlines()
+               if "configuration: {" in line]
+    assert len(started) == 2  # logged once per start, as resolved
+    assert f'"clusterNetwork": "{node.cluster.cluster_path}"' in started[-1]
+    assert '"defaultNetworks": []' in started[-1] and node.cni_dir in started[-1]
     node.select("web", "net-b@net6")
     wait_for(lambda: "net5" not in links(ns_name), 20, what="net5 removed")
     node.settled()
