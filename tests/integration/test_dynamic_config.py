@@ -114,11 +114,14 @@ class Node:
     def select(self, name: str, networks: str) -> None:
         self.cluster.kube.update_pod("default", name, annotations={NETWORKS_KEY: networks})
 
-    def settled(self) -> dict:
+    def settled(self, looks: int = 0) -> dict:
+        """The daemon's dynamicNetworks state once it has looked at pods ``looks`` times and
+        dealt with every change it got."""
         def state():
             doc = json.loads(api.http_request(self.cluster.daemon.socket_path, "GET", "/status",
                                               timeout=5).body)["dynamicNetworks"]
-            return doc if doc["pending"] == 0 and not doc["retrying"] else None
+            return doc if doc["pending"] == 0 and not doc["retrying"] and \
+                doc["podsChecked"] >= looks else None
         return wait_for(state, 20, what="every pod change dealt with")
 
 
@@ -180,7 +183,7 @@ def test_default_networks_and_isolation_hold_for_a_running_pod(node):
 def test_a_sandbox_an_earlier_multusd_attached_is_judged_as_configured_now(node):
     node.start()
     pod, ns_name, ns_path, cid = node.running_pod("web", "net-a@net5")
-    node.settled()
+    node.settled(looks=1)  # the running pod looked at while it has its record
     path = os.path.join(node.cni_dir, cid)
     with open(path) as handle:
         entries = json.load(handle)
