@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, List, Set
 
 from multusd.cni.invoke import RunningPlugins
-from multusd.core import unreleased
+from multusd.core import effective, sandboxconfig, unreleased
 from multusd.core.request import decode_body, parse
 from multusd.daemon import systemd
 from multusd.daemon.lanes import Job
@@ -128,6 +128,9 @@ class Stop:
             request = parse(env, config, self.config)
             if not request.container_id:
                 return
+            # beside the sandbox's records, where its DEL would have put the mark
+            request = sandboxconfig.sandbox_request(
+                request, LOG, other_dirs=lambda: effective.node_cni_dirs(self.config))
             cni_dir = request.effective.cni_dir
             spare = unreleased.spare_marks_dir(self.config.socket_dir)
             earlier = unreleased.read(cni_dir, request.container_id, spare=spare)
