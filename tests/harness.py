@@ -102,13 +102,26 @@ class ShimOutput:
     stderr: str
 
 
+def shim_bound(command: str) -> float:
+    """The longest the real shim takes for ``command`` by its own bounds, its start included
+    (ANSWER_MARGIN): a test waiting for what a shim call does waits this long, never a
+    shorter guess that a busy machine may pass. (A daemon-config.json requestTimeout longer
+    than the default is the test's to add.)"""
+    from multusd.wire import shim
+
+    if command == "STATUS":
+        return shim.STATUS_PROBE_TIMEOUT + shim.STATUS_TIMEOUT + shim.ANSWER_MARGIN
+    return shim.READY_TIMEOUT + shim.REQUEST_TIMEOUT + shim.ANSWER_MARGIN
+
+
 def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", netns: str = "",
               ifname: str = "eth0", pod: tuple[str, str] = ("default", "pod"), uid: str = "",
-              cni_args: str | None = None, timeout: float = 120.0,
+              cni_args: str | None = None, timeout: float | None = None,
               env_extra: Mapping[str, str] | None = None,
               argv: Sequence[str] | None = None) -> ShimOutput:
     """Run the real shim as a runtime would; ``output`` is its parsed stdout (or None).
 
+    :param timeout: how long the shim may take: by default :func:`shim_bound` (its own).
     :param argv: another shim to run instead of multusd's (e.g. upstream's ``multus-shim``).
     """
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -120,7 +133,8 @@ def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", 
     env["CNI_ARGS"] = cni_args
     env.update(env_extra or {})
     proc = subprocess.run(list(argv or SHIM_ARGV), input=json.dumps(conf).encode(),
-                          env=env, capture_output=True, timeout=timeout)
+                          env=env, capture_output=True,
+                          timeout=shim_bound(command) if timeout is None else timeout)
     text = proc.stdout.decode().strip()
     return ShimOutput(proc.returncode, json.loads(text) if text else None, proc.stderr.decode())
 
