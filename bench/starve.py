@@ -32,16 +32,13 @@ import uuid
 from typing import Any, Dict, List
 
 from rig import CNI_VERSION, NAMESPACE, REPO, SHIM_ARGV, SUBNETS, Pod, Scratch, bridge_conf
-from harness import PLUGIN_DIR, call_shim
+from harness import PLUGIN_DIR, call_shim, shim_bound
 from memory import children_by_parent
 from stats import load_average, log, machine, percentiles
 
 from multusd.wire import api
-from multusd.wire import shim as shim_module
 
 SAMPLE = 0.1  # how often /healthz, the threads and the plugin processes are looked at
-# the longest a shim may take: /readyz first (ADD, GC), then the request deadline and margin
-SHIM_BOUND = shim_module.READY_TIMEOUT + shim_module.REQUEST_TIMEOUT + shim_module.ANSWER_MARGIN
 
 
 def pod(scratch: Scratch, name: str) -> Pod:
@@ -99,36 +96,41 @@ def node_call(kind: str, conf: dict) -> Dict[str, Any]:
     """One STATUS or GC as a runtime makes it (no sandbox, no CNI_ARGS): its seconds, code."""
     started = time.monotonic()
     try:
-        out = call_shim(kind, conf, cni_args="", timeout=SHIM_BOUND, argv=SHIM_ARGV)
+        out = call_shim(kind, conf, cni_args="", argv=SHIM_ARGV)
     except subprocess.TimeoutExpired:
         return {"s": round(time.monotonic() - started, 2), "exit": None, "code": None,
-                "msg": f"no answer within {SHIM_BOUND:.0f}s"}
+                "msg": f"no answer within {shim_bound(kind):.0f}s"}
     output = out.output if isinstance(out.output, dict) else {}
     return {"s": round(time.monotonic() - started, 2), "exit": out.code,
             "code": output.get("code"), "msg": (output.get("msg") or "")[:200]}
 
 
 def timed_shim(command: str, conf: dict, target: Pod) -> Dict[str, Any]:
-    """A pod's ADD or DEL through the packaged shim, given the shim's own bound (not rig's)."""
+    """A pod's ADD or DEL through the packaged shim, given the shim's own bound (rig's is
+    shorter: it would cut the ADD that waits behind a hung STATUS)."""
     started = time.perf_counter()
     try:
         out = call_shim(command, conf, container_id=target.container_id,
                         netns=target.netns_path, pod=(NAMESPACE, target.name), uid=target.uid,
-                        timeout=SHIM_BOUND, argv=SHIM_ARGV)
+                        argv=SHIM_ARGV)
     except subprocess.TimeoutExpired:
         return {"ms": round((time.perf_counter() - started) * 1000, 1), "exit": None,
-                "msg": f"no answer within {SHIM_BOUND:.0f}s"}
+                "msg": f"no answer within {shim_bound(command):.0f}s"}
     output = out.output if isinstance(out.output, dict) else {}
     return {"ms": round((time.perf_counter() - started) * 1000, 1), "exit": out.code,
             "msg": (output.get("msg") or "")[:200] if out.code else ""}
 
 
-def runs_of(record: str, command: str) -> int:
+def runs_of(record: str, command: str) -> tuple:
+    """(runs of ``command`` the cluster network's plugin saw, those begun while another was
+    held: the most at once is one more than that when they overlap)."""
     try:
         with open(record) as handle:
-            return sum(json.loads(line)["command"] == command for line in handle)
+            lines = [json.loads(line) for line in handle]
     except OSError:
-        return 0
+        return 0, 0
+    ran = [line for line in lines if line["command"] == command]
+    return (sum("overlap" not in line for line in ran), sum("overlap" in line for line in ran))
 
 
 def one_kind(scratch: Scratch, kind: str, calls: int, over: float, hold: float) -> Dict[str, Any]:
@@ -168,12 +170,13 @@ def one_kind(scratch: Scratch, kind: str, calls: int, over: float, hold: float) 
     other.start()  # a pod ADDed before: its DEL beside the new pod's ADD
     held["add"] = timed_shim("ADD", conf, held_pod)
     held["del"] = timed_shim("DEL", conf, held_pod)
-    other.join(SHIM_BOUND)
+    other.join(shim_bound("DEL"))
     os.unlink(os.path.join(hold_dir, "node"))  # the agent recovers
     for caller in callers:
         caller.join(200)
     watch.done.set()
     watch.join(10)
+    runs = runs_of(record, kind)  # before the call after the recovery
     recovered = node_call(kind, conf)
     daemon.terminate()
     seconds = [a["s"] for a in answers]
@@ -182,7 +185,7 @@ def one_kind(scratch: Scratch, kind: str, calls: int, over: float, hold: float) 
             "answers_s": percentiles(seconds) if seconds else {},
             "answer_codes": sorted({str(a["code"]) for a in answers}),
             "answer_msgs": sorted({a["msg"] for a in answers})[:3],
-            "plugin_runs": runs_of(record, kind) - (recovered["exit"] == 0),
+            "plugin_runs": runs[0], "plugin_runs_begun_beside_another": runs[1],
             "healthz_ms": percentiles(watch.healthz_ms), "healthz_failed": watch.healthz_failed,
             "threads_idle": threads_idle, "threads_max": watch.threads,
             "plugin_processes_max": watch.plugins, "after_recovery": recovered}
@@ -198,7 +201,8 @@ def table(report: Dict[str, Any]) -> None:
             f"beside the ADD {held['other_del']['ms']:.0f} ms (exit {held['other_del']['exit']})")
         answers = row["answers_s"]
         log(f"  {kind} answered in {answers.get('p50')}/{answers.get('max')} s (p50/max), "
-            f"codes {row['answer_codes']}, plugin runs {row['plugin_runs']}")
+            f"codes {row['answer_codes']}, plugin runs {row['plugin_runs']} "
+            f"({row['plugin_runs_begun_beside_another']} begun beside another)")
         log(f"  /healthz p50/max {row['healthz_ms'].get('p50')}/{row['healthz_ms'].get('max')} ms"
             f" ({row['healthz_failed']} failed); threads {row['threads_idle']} idle, "
             f"{row['threads_max']} at most; plugin processes at most {row['plugin_processes_max']}")

@@ -252,3 +252,23 @@ def test_without_a_share_each_node_request_is_run_on_its_own():
         wait_for(lambda: sorted(runs) == ["s1", "s2"], what="both run")
     finally:
         lanes.close()
+
+
+def test_a_del_of_the_daemons_own_runs_first_in_the_del_lane_beside_busy_general_workers():
+    """What the daemon releases by itself (a DEL retried, ``gc --forget``) can go through the
+    lanes as a task: in its sandbox's turn, DEL first, never behind the ADDs."""
+    plugins = Plugins()
+    lanes = Lanes(plugins.run, workers=1, fast_workers=1, max_queued=10, share=plugins.share)
+    ran: List[str] = []
+    try:
+        assert lanes.submit(Job(Call("slow-add", True), "/cni", "POST", b"", 1e12, "ADD", "s1"))
+        wait_for(lambda: "slow-add" in plugins.started, what="the ADD holding the worker")
+        assert lanes.submit(Job(Call("add"), "/cni", "POST", b"", 1e12, "ADD", "s2"))
+        task = Job(None, "", "", b"", float("inf"), "DEL", "s3",
+                   task=lambda j: ran.append(j.key))
+        assert lanes.submit(task)
+        wait_for(lambda: ran == ["s3"], what="the daemon's own DEL")
+        assert "add" not in plugins.started  # still waiting for the general worker
+    finally:
+        plugins.released.set()
+        lanes.close()
