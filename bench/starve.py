@@ -183,7 +183,8 @@ def one_kind(scratch: Scratch, kind: str, calls: int, over: float, hold: float) 
     return {"kind": kind, "calls": calls, "over_s": over, "hold_s": hold,
             "quiet": quiet, "held": held,
             "answers_s": percentiles(seconds) if seconds else {},
-            "answer_codes": sorted({str(a["code"]) for a in answers}),
+            "answer_codes": {code: [str(a["code"]) for a in answers].count(code)
+                             for code in sorted({str(a["code"]) for a in answers})},
             "answer_msgs": sorted({a["msg"] for a in answers})[:3],
             "plugin_runs": runs[0], "plugin_runs_begun_beside_another": runs[1],
             "healthz_ms": percentiles(watch.healthz_ms), "healthz_failed": watch.healthz_failed,
@@ -201,7 +202,7 @@ def table(report: Dict[str, Any]) -> None:
             f"beside the ADD {held['other_del']['ms']:.0f} ms (exit {held['other_del']['exit']})")
         answers = row["answers_s"]
         log(f"  {kind} answered in {answers.get('p50')}/{answers.get('max')} s (p50/max), "
-            f"codes {row['answer_codes']}, plugin runs {row['plugin_runs']} "
+            f"codes {row['answer_codes']} (None: success), plugin runs {row['plugin_runs']} "
             f"({row['plugin_runs_begun_beside_another']} begun beside another)")
         log(f"  /healthz p50/max {row['healthz_ms'].get('p50')}/{row['healthz_ms'].get('max')} ms"
             f" ({row['healthz_failed']} failed); threads {row['threads_idle']} idle, "
