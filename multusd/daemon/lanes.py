@@ -238,12 +238,17 @@ class Lanes:
     def _enqueue(self, job: Job) -> None:
         """Put ``job`` in its lane and see that a thread will take it (lock held)."""
         self._queues[_FAST if job.fast else _GENERAL].append(job)
-        for kind in ((_FAST, _GENERAL) if job.fast else (_GENERAL,)):
+        self._call_thread(job.fast)
+
+    def _call_thread(self, fast: bool) -> None:
+        """See that a thread comes for a job waiting in the DEL lane (``fast``) or the general
+        one: a waiting thread woken, or one more started (lock held)."""
+        for kind in ((_FAST, _GENERAL) if fast else (_GENERAL,)):
             if self._waiting[kind] > self._notified[kind]:
                 self._notified[kind] += 1
                 self._wakeup[kind].notify()
                 return
-        for kind in ((_FAST, _GENERAL) if job.fast else (_GENERAL,)):
+        for kind in ((_FAST, _GENERAL) if fast else (_GENERAL,)):
             if self._started[kind] < self._limit[kind]:
                 self._started[kind] += 1
                 threading.Thread(target=self._work, args=(kind,), daemon=True,
@@ -251,6 +256,15 @@ class Lanes:
                                  else "multusd-worker-del").start()
                 return
         # every thread that could take it is busy: the first to finish will
+
+    def _call_threads_for_the_rest(self) -> None:
+        """A thread took a job: the jobs still queued each have a thread coming (lock held).
+        The thread called for one job may have taken another (a general thread takes a DEL
+        first, before the DEL lane's thread started for it is up): the job it was called for
+        would then wait for a busy thread (a hung DEL plugin's) although another could start."""
+        queued = len(self._queues[_FAST]) + len(self._queues[_GENERAL])
+        if queued > sum(self._notified):
+            self._call_thread(bool(self._queues[_FAST]))
 
     def _take(self, kind: int):
         fast, general = self._queues[_FAST], self._queues[_GENERAL]
@@ -295,6 +309,7 @@ class Lanes:
                     if self._notified[kind]:
                         self._notified[kind] -= 1
                     continue
+                self._call_threads_for_the_rest()
                 self._queued -= 1
                 self._running += 1
                 self._active.append(job)

@@ -272,3 +272,21 @@ def test_a_del_of_the_daemons_own_runs_first_in_the_del_lane_beside_busy_general
     finally:
         plugins.released.set()
         lanes.close()
+
+
+def test_a_job_whose_thread_took_a_del_first_gets_another_thread():
+    """The DEL lane's thread is started for a DEL, a general one for an ADD; when the general
+    one is up first it takes the DEL (DEL first, on any thread), whose plugin hangs: the ADD
+    gets a thread of its own, not the hung DEL's. Repeated: which thread is up first is the
+    scheduler's."""
+    for attempt in range(200):
+        plugins = Plugins()
+        lanes = Lanes(plugins.run, workers=2, fast_workers=1, max_queued=10)
+        try:
+            assert lanes.submit(Job(Call("hung-del", True), "/cni", "POST", b"", 1e12, "DEL",
+                                    "d"))
+            assert lanes.submit(Job(Call("add"), "/cni", "POST", b"", 1e12, "ADD", "a"))
+            wait_for(lambda: plugins.done("add"), what=f"the ADD (attempt {attempt})")
+        finally:
+            plugins.released.set()
+            lanes.close()
