@@ -4,8 +4,10 @@
 bounded set of worker threads, started as they are needed and kept. ``workers`` threads take
 any of it, DEL first; ``fast_workers`` more (at least one) take only DEL. A DEL frees what a
 node has too little of, so it never waits behind an ADD: every thread takes a waiting DEL
-before anything else, and the CPU gate below never holds one back; a DEL waits only while
-every thread runs another request and the DEL lane's threads all run DELs.
+before anything else (but a general thread leaves a DEL to the DEL lane's thread woken or
+started for it, so that a DEL whose plugin hangs holds that lane's thread, not one an ADD
+needs), and the CPU gate below never holds one back; a DEL waits only while every thread runs
+another request and the DEL lane's threads all run DELs.
 
 One sandbox's requests run in the order they came, one at a time (invariant 5; nothing else
 in the daemon serialises them): a request whose container ID (:func:`~multusd.daemon.httpreq.
@@ -150,6 +152,7 @@ class Lanes:
         self._started = [0, 0]
         self._waiting = [0, 0]
         self._notified = [0, 0]  # woken, not yet awake: not free for the next job
+        self._coming = [0, 0]  # started, not yet up: each for a job queued when it was started
         self._slots = {kind: _Slot(kind, self._lock) for kind in NODE_COMMANDS}
         self._keys: Dict[str, Deque[Job]] = {}  # a claimed sandbox -> its parked requests
         self._queued = 0  # waiting: queued, parked, in a node group or joined to a node run
@@ -251,6 +254,7 @@ class Lanes:
         for kind in ((_FAST, _GENERAL) if fast else (_GENERAL,)):
             if self._started[kind] < self._limit[kind]:
                 self._started[kind] += 1
+                self._coming[kind] += 1
                 threading.Thread(target=self._work, args=(kind,), daemon=True,
                                  name="multusd-worker" if kind == _GENERAL
                                  else "multusd-worker-del").start()
@@ -259,17 +263,22 @@ class Lanes:
 
     def _call_threads_for_the_rest(self) -> None:
         """A thread took a job: the jobs still queued each have a thread coming (lock held).
-        The thread called for one job may have taken another (a general thread takes a DEL
-        first, before the DEL lane's thread started for it is up): the job it was called for
-        would then wait for a busy thread (a hung DEL plugin's) although another could start."""
-        queued = len(self._queues[_FAST]) + len(self._queues[_GENERAL])
-        if queued > sum(self._notified):
-            self._call_thread(bool(self._queues[_FAST]))
+        The thread called for one job may have taken another (a general thread woken for an
+        ADD takes a DEL first): the job it was called for would then wait for a busy thread
+        (a hung DEL plugin's) although another could start."""
+        fast, general = len(self._queues[_FAST]), len(self._queues[_GENERAL])
+        if general > self._notified[_GENERAL] + self._coming[_GENERAL]:
+            self._call_thread(False)  # only a general thread takes it
+        elif fast + general > sum(self._notified) + sum(self._coming):
+            self._call_thread(True)
 
     def _take(self, kind: int):
         fast, general = self._queues[_FAST], self._queues[_GENERAL]
         self._held_back = False
-        if fast:  # a DEL first, on any thread: the CPU gate never holds one back
+        # A DEL first, on any thread (the CPU gate never holds one back), but a general thread
+        # leaves to the DEL lane's threads the DELs they were called for: a DEL whose plugin
+        # hangs then holds a thread of the DEL lane, not one an ADD needs.
+        if fast and (kind == _FAST or len(fast) > self._notified[_FAST] + self._coming[_FAST]):
             return fast.popleft()
         if kind == _FAST or not general:
             return None
@@ -297,6 +306,7 @@ class Lanes:
 
     def _work(self, kind: int) -> None:
         with self._lock:
+            self._coming[kind] -= 1
             while True:
                 job = self._take(kind)
                 if job is None:

@@ -290,3 +290,24 @@ def test_a_job_whose_thread_took_a_del_first_gets_another_thread():
         finally:
             plugins.released.set()
             lanes.close()
+
+
+def test_a_hung_del_holds_the_del_lanes_thread_not_one_an_add_needs():
+    """A DEL and an ADD come together, each plugin hangs: the DEL is on the DEL lane's thread
+    (started for it), not on a general one that was up first, and the next ADD has the other
+    general thread. Repeated: which thread is up first is the scheduler's."""
+    for attempt in range(100):
+        plugins = Plugins()
+        lanes = Lanes(plugins.run, workers=2, fast_workers=1, max_queued=10)
+        try:
+            assert lanes.submit(Job(Call("hung-del", True), "/cni", "POST", b"", 1e12, "DEL",
+                                    "d"))
+            assert lanes.submit(Job(Call("slow-add", True), "/cni", "POST", b"", 1e12, "ADD",
+                                    "s"))
+            wait_for(lambda: {"hung-del", "slow-add"} <= set(plugins.started),
+                     what=f"both hanging (attempt {attempt})")
+            assert lanes.submit(Job(Call("add"), "/cni", "POST", b"", 1e12, "ADD", "a"))
+            wait_for(lambda: plugins.done("add"), what=f"the next ADD (attempt {attempt})")
+        finally:
+            plugins.released.set()
+            lanes.close()

@@ -363,8 +363,12 @@ def test_statuses_share_one_run_within_their_bound_and_hold_no_pod_worker(served
     assert node.call("POST", api.CNI_ENDPOINT, cni_body("ADD", "c1")).status == 200
     assert node.call("POST", api.CNI_ENDPOINT, cni_body("DEL", "c2")).status == 200
     assert node.call("GET", api.HEALTH_ENDPOINT).status == 200
-    status = json.loads(node.call("GET", api.STATUS_ENDPOINT).body)
-    assert (status["queued"], status["running"]) == (4, 1)
+
+    def counts() -> tuple:  # (a worker gives its request back just after the answer)
+        status = json.loads(node.call("GET", api.STATUS_ENDPOINT).body)
+        return status["queued"], status["running"]
+
+    wait_for(lambda: counts() == (4, 1), what="four STATUS waiting for the one running")
     node.handler.outcome = NotReady("its cluster network 'agent' did not answer STATUS")
     node.handler.gates["STATUS"].set()
     for caller in callers:
