@@ -53,7 +53,10 @@ from multusd.wire import api, delwindow
 LOG = logging.getLogger(__name__)
 
 RETRY_FIRST = 5.0     # seconds before a sandbox that failed again is retried ...
-RETRY_MAX = 300.0     # ... doubling to 5 minutes
+# ... doubling to 40 s: with the jitter every wait is under a minute, so a sandbox is released
+# within a minute of its cause going away however long it failed (issue 37), at the cost of
+# one DEL a minute per sandbox still failing, run one at a time
+RETRY_MAX = 40.0
 RETRY_JITTER = 0.5    # each wait is its step times 1 to 1.5, at random
 SCAN_INTERVAL = 30.0  # how often new marks are looked for, with nothing due before
 SYNC_WAIT = 60.0      # how long an announcement waits for the pod cache (its Event)
