@@ -6,11 +6,17 @@ conversion of a result between versions, how a config names its ``cniDir`` (wher
 daemon's records and the marks of a failed DEL meet), where those marks are, and the clock
 their windows are counted on; besides the error hierarchy, this package is the one module all
 of them may import, so each of these is defined here, once.
-Nothing is imported here at load time, on purpose: the shim is imported through this package
-once per pod sandbox and must start fast, and the error hierarchy imports this package. So a
+Nothing is imported here at load time but :mod:`multusd.gojson` (standard library only,
+importing nothing itself), on purpose: the shim is imported through this package once per pod
+sandbox and must start fast, and the error hierarchy imports this package. So a
 result that cannot be converted is reported as a :class:`ResultError` carrying its CNI error
 code; :func:`multusd.errors.from_exception` makes it the error it stands for (the engine's
 :func:`multusd.cni.result.convert_result` and the shim do).
+
+JSON is read and written as upstream does it (architecture invariant 15) by
+:mod:`multusd.gojson`, which every layer reaches through this package: :func:`go_loads` is
+Go's ``json.Unmarshal`` into an ``interface{}``, :func:`go_field`/:func:`go_fields` read a Go
+struct's fields out of what it returns, :func:`go_json` is ``json.Marshal``.
 
 Result conversion follows libcni's converters: a result is first read into the fields the
 spec defines for its version (unknown keys are dropped, as libcni's typed decode does), then
@@ -280,3 +286,8 @@ def _copy(value: object) -> object:
     if isinstance(value, dict):
         return {k: _copy(v) for k, v in value.items()}
     return value
+
+
+# JSON as Go reads and writes it: a module of its own (its size), part of this shared root.
+from multusd.gojson import (MAX_JSON_DEPTH, GoObject, go_field, go_fields,  # noqa: E402
+                            go_float, go_fold, go_json, go_loads)

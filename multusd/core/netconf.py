@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tup
 
 from multusd.cni.names import is_valid_name
 from multusd.errors import InvalidNetworkConfig, IOFailure, MultusError
-from multusd.store import go_json
+from multusd import go_json
 
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 

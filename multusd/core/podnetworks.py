@@ -30,7 +30,7 @@ from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_co
 from multusd.core.settings import MultusSettings
 from multusd.errors import InvalidNetworkConfig, MultusError
 from multusd.store.valueclass import replace
-from multusd.store import go_json
+from multusd import go_json
 from multusd.core.runtimeconf import inject_cni_args
 from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION,
                                     NetworkSelection, parse_default_network, parse_ip,

@@ -1,32 +1,28 @@
-"""What multusd writes and how: the one atomic-write helper, its JSON-file reader, Go's JSON text.
+"""What multusd writes and how: the one atomic-write helper and its JSON-file reader.
 
 Every file multusd writes goes through :func:`atomic_write` (but the systemd generator's
 drop-in, written once into a fresh tmpfs): a temp file in the same directory, fsync, rename
 over the target, fsync of the directory. The fsyncs are skipped for libcni's result cache
 (libcni never fsyncs it) and the kubeconfig's ``-data`` files (rewritten at every start), and
 left to a :class:`Flush` for the scratch cache (it runs while the plugins do). A reader sees
-the old content or the new, never an empty or partial file. :func:`go_json` is the one encoder of
-JSON that must match upstream's bytes (Go's ``encoding/json``): 00-multus.conf, the scratch
-cache, delegate configs and the network-status annotation. :mod:`multusd.store.valueclass`
+the old content or the new, never an empty or partial file; JSON files are read as Go reads
+them (:func:`multusd.go_loads`) and written as Go writes them (:func:`multusd.go_json`: what
+must match upstream's bytes, 00-multus.conf, the scratch cache, delegate configs, the
+network-status annotation). :mod:`multusd.store.valueclass`
 holds the frozen value classes the data is kept in on its way (declared as dataclasses are).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from typing import Any, Optional
+from typing import Optional
 
+from multusd import go_loads
 from multusd.errors import IOFailure
 
 LOG = logging.getLogger(__name__)
-
-# Go's encoder escapes these even inside strings, to keep JSON safe to embed in HTML/JS.
-_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-               "\u2028": "\\u2028", "\u2029": "\\u2029"}
-
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700,
                  durable: bool = True) -> None:
@@ -130,8 +126,9 @@ def read_or_none(path: str, what: str = "") -> Optional[bytes]:
 
 
 def read_json_object(path: str, what: str) -> dict | None:
-    """The JSON object in ``path``; None when it is missing, or unreadable or not a JSON
-    object (then a warning names ``what`` it was supposed to be: callers carry on without)."""
+    """The JSON object in ``path``, read as Go reads it; None when it is missing, or unreadable
+    or not a JSON object (then a warning names ``what`` it was supposed to be: callers carry
+    on without)."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -141,7 +138,7 @@ def read_json_object(path: str, what: str) -> dict | None:
         LOG.warning("cannot read %s %s: %s", what, path, exc.strerror)
         return None
     try:
-        value = json.loads(data)
+        value = go_loads(data)
     except ValueError as exc:
         LOG.warning("ignoring corrupt %s %s: %s", what, path, exc)
         return None
@@ -185,19 +182,3 @@ def _unlink_quietly(path: str) -> None:
     except OSError:
         pass
 
-
-def go_json(obj: Any, *, indent: Optional[int] = None, sort_keys: bool = False) -> str:
-    """``obj`` as JSON text the way Go's ``encoding/json`` writes it.
-
-    Compact (or indented with ``indent`` spaces, as ``MarshalIndent``), non-ASCII kept as
-    UTF-8, and ``< > &`` U+2028 U+2029 escaped as ``\\u00XX``. ``sort_keys`` mimics Go's
-    marshalling of a ``map`` (sorted keys); leave it off to mimic a struct (declared order).
-    """
-    if indent is None:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
-    else:
-        text = json.dumps(obj, ensure_ascii=False, indent=indent, sort_keys=sort_keys)
-    if any(c in text for c in _GO_ESCAPES):
-        # Safe on the whole text: these characters can only occur inside JSON strings.
-        text = "".join(_GO_ESCAPES.get(c, c) for c in text)
-    return text

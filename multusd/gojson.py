@@ -1,0 +1,489 @@
+"""JSON as upstream reads and writes it: Go's ``encoding/json`` (v1), for every layer.
+
+Multus, libcni and the plugins decode what multusd reads (annotations, NAD configs, the
+runtime's config, daemon-config.json, cni-args, /delegate bodies, the result cache) with Go's
+``json.Unmarshal``, and encode what they pass on with ``json.Marshal``; this module is the one
+definition of both (architecture invariant 15). Reached through the package root (``from
+multusd import go_loads``), which the shim, the engine, the config and the core all import;
+standard library only and nothing imported at load time (the shim reads its config with it).
+
+Reading (:func:`go_loads`), as Go's Unmarshal into an ``interface{}`` documents it:
+
+* strict JSON: ``NaN``, ``Infinity``, a byte order mark, UTF-16, trailing commas refused;
+  nesting deeper than :data:`MAX_JSON_DEPTH` refused ("exceeded max depth"), never a
+  RecursionError;
+* invalid UTF-8 reads as U+FFFD, one per bad byte, and so does an unpaired ``\\uD800``-
+  ``\\uDFFF`` escape;
+* every number is a float64: out of its range (``1e400``) refused; an integer literal stays an
+  exact ``int`` (Go prints the same digits up to 2**53; beyond, Go rounds and multusd keeps it);
+* a key given twice: its last value, as in a Go map (:class:`GoObject` keeps every member for
+  struct reads). A Go struct's fields are read with :func:`go_fields`/:func:`go_field`: a key
+  matches its field exactly or else case-insensitively (``"IngressRate"`` sets
+  ``ingressRate``; :func:`go_fold`), and ``null`` leaves a string, number or bool field as it
+  was but sets a slice, map or pointer field to nil.
+
+Writing (:func:`go_json`): Go's escaping, key order and float formatting (:func:`go_float`:
+``1e2`` is written ``100``, ``1e-7`` ``1e-7``).
+
+Usage::
+
+    conf = go_loads(b'{"Bandwidth": {"IngressRate": 1e3}, "cni-args": {"vlan": 1e2}}')
+    go_field(conf, "bandwidth")                  # {'IngressRate': 1000.0}
+    go_json(go_field(conf, "cni-args"))          # '{"vlan":100}'
+"""
+
+#: Go's decoder refuses JSON nested deeper than this ("exceeded max depth").
+MAX_JSON_DEPTH: int = 10000
+_SHALLOW = 400  # fewer brackets than this: CPython's C scanner takes it (it recurses per level)
+_WHITESPACE = " \t\n\r"
+_FOLDED = {**{c: c - 32 for c in range(ord("a"), ord("z") + 1)}, 0x17F: "S", 0x212A: "K"}
+
+
+class GoObject(dict):
+    """A JSON object as Go reads it: this dict is the map view (a key given twice holds its
+    last value) and ``pairs`` every member in document order, what a Go struct is decoded
+    from (:func:`go_fields`). Changing the dict drops ``pairs`` (``None``: read the dict)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: "list | tuple" = ()) -> None:
+        dict.__init__(self, pairs)
+        self.pairs: "list | tuple | None" = pairs
+
+
+def _dropping_pairs(name: str) -> object:
+    method = getattr(dict, name)
+
+    def changed(self: GoObject, *args: object, **kwargs: object) -> object:
+        self.pairs = None
+        return method(self, *args, **kwargs)
+
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("__setitem__", "__delitem__", "__ior__", "clear", "pop", "popitem", "setdefault",
+              "update"):
+    setattr(GoObject, _name, _dropping_pairs(_name))
+
+
+def go_fold(key: str) -> str:
+    """``key`` as Go's decoder matches it against an (ASCII) struct field name: ASCII letters
+    upper-cased, and ``ſ`` (U+017F) and the Kelvin sign (U+212A), which Unicode folds onto
+    ``s`` and ``k``, as S and K (``foldName``: every other letter folds onto a non-ASCII one)."""
+    return key.translate(_FOLDED)
+
+
+def go_fields(obj: dict, names: tuple, *, nils: tuple = (), merges: tuple = (),
+              check: object = None) -> dict:
+    """The fields of a Go struct with the JSON names ``names`` (in declaration order) as
+    ``json.Unmarshal`` of ``obj`` leaves them: ``{name: value}`` for each field a member set.
+
+    A member sets the field its key names exactly, or else the first whose name it matches
+    case-insensitively (:func:`go_fold`); unknown keys are ignored; members apply in document
+    order, so the last wins. ``null`` leaves a string, number or bool field as it was; for a
+    field in ``nils`` (a slice, map, pointer or interface) it sets ``None``. An object given
+    twice to a field in ``merges`` (a map, or a pointer to a struct) is decoded into the
+    first: their members add up. ``check(name, value)`` sees every non-null value a field is
+    given (Go refuses a value of the wrong type even when a later member replaces it).
+    """
+    exact = {name: name for name in names}
+    folded: dict = {}
+    for name in names:
+        folded.setdefault(go_fold(name), name)
+    out: dict = {}
+    for key, value in _pairs(obj):
+        name = exact.get(key) or folded.get(go_fold(key))
+        if name is None:
+            continue
+        if value is None:
+            if name in nils or name in merges:
+                out[name] = None
+            continue
+        if check is not None:
+            check(name, value)
+        if name in merges and isinstance(value, dict) and isinstance(out.get(name), dict):
+            value = GoObject(list(_pairs(out[name])) + list(_pairs(value)))
+        out[name] = value
+    return out
+
+
+def go_field(obj: object, name: str, default: object = None, *, nil: bool = False) -> object:
+    """The one field ``name`` of a Go struct (no other field of which matches ``name``
+    case-insensitively) after ``json.Unmarshal`` of ``obj``; ``default`` when no member set
+    it (or ``obj`` is no object). ``nil``: a slice/map/pointer field, which ``null`` sets to
+    ``None``; else ``null`` leaves it as it was. See :func:`go_fields`."""
+    if not isinstance(obj, dict):
+        return default
+    value, size, want = default, len(name), None
+    for key, member in _pairs(obj):
+        if len(key) != size or member is None and not nil:
+            continue  # folding keeps the length; a null leaves a scalar field alone
+        if key != name:
+            want = want or go_fold(name)
+            if go_fold(key) != want:
+                continue
+        value = member
+    return value
+
+
+def _pairs(obj: dict) -> "list | tuple | object":
+    pairs = getattr(obj, "pairs", None)
+    return obj.items() if pairs is None else pairs
+
+
+def go_loads(data: "bytes | bytearray | memoryview | str") -> object:
+    """``data`` as Go's ``json.Unmarshal`` into an ``interface{}`` reads it: objects are
+    :class:`GoObject` (plain dicts for every other purpose), integer literals ints, other
+    numbers floats, strings with U+FFFD for invalid UTF-8 (one per bad byte) and for unpaired
+    surrogate escapes.
+
+    :raises multusd.errors.InvalidJSON: (a DecodeFailure, and a ValueError as ``json``'s
+        errors are) saying what Go's decoder refuses, and where.
+    """
+    text = _go_text(data)
+    if "\\ud" in text or "\\uD" in text:
+        text = _paired_surrogates_only(text)
+    if text.count("{") + text.count("[") < _SHALLOW:  # no recursion too deep for the C scanner
+        try:
+            value, end = _scanner()(text, len(text) - len(text.lstrip(_WHITESPACE)))
+            if not text[end:].strip(_WHITESPACE):
+                return value
+        except Exception:  # noqa: B902 - the parse below says what is wrong, and where
+            pass
+    return _parse_iteratively(text)
+
+
+class _Refused(ValueError):
+    """A literal Go's decoder refuses (NaN, Infinity, a number out of a float64's range)."""
+
+
+def _integer(literal: str) -> object:
+    if literal == "-0":
+        return -0.0  # a float64 minus zero, which Go writes back as -0
+    if len(literal) > 308:  # 1e308: float64's range ends near 1.8e308
+        if len(literal.lstrip("-")) > 309:
+            raise _Refused(_out_of_range(literal))
+        try:
+            float(int(literal))
+        except OverflowError:
+            raise _Refused(_out_of_range(literal)) from None
+    return int(literal)
+
+
+def _fraction(literal: str) -> float:
+    value = float(literal)
+    if value - value != 0.0:  # inf: Python rounds 1e400 up to it, Go refuses it
+        raise _Refused(_out_of_range(literal))
+    return value
+
+
+def _out_of_range(literal: str) -> str:
+    shown = literal if len(literal) <= 40 else literal[:37] + "..."
+    return f"cannot unmarshal number {shown} into Go value of type float64: out of range"
+
+
+def _constant(name: str) -> object:
+    raise _Refused(f"{name} is not JSON (Go's decoder refuses NaN and Infinity; write a number, "
+                   "a string or null)")
+
+
+_SCANNER: list = []
+
+
+def _scanner() -> object:
+    """CPython's C scanner (what ``json`` runs on) with Go's hooks, made once (``_json`` is
+    all it imports: ``json`` itself would cost the shim ~10 ms)."""
+    if not _SCANNER:
+        class Context:  # the attributes make_scanner reads from a json.JSONDecoder
+            strict = True
+            object_hook = None
+            object_pairs_hook = GoObject
+            parse_float = staticmethod(_fraction)
+            parse_int = staticmethod(_integer)
+            parse_constant = staticmethod(_constant)
+            memo: dict = {}
+
+        try:
+            from _json import make_scanner
+        except ImportError:  # pragma: no cover - not CPython
+            from json.scanner import make_scanner
+        _SCANNER.append(make_scanner(Context()))
+    return _SCANNER[0]
+
+
+def _go_text(data: object) -> str:
+    """The text Go's decoder sees: UTF-8 with U+FFFD for each invalid byte."""
+    if isinstance(data, str):
+        if data.isascii():
+            return data
+        try:
+            data.encode("utf-8")
+            return data
+        except UnicodeEncodeError:  # lone surrogates (e.g. surrogateescape'd bytes): bad bytes
+            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in data)
+    raw = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        import codecs
+
+        codecs.register_error("multusd-go-json", _each_byte_replaced)
+        return raw.decode("utf-8", "multusd-go-json")
+
+
+def _each_byte_replaced(exc: UnicodeDecodeError) -> tuple:
+    # Python flags a truncated sequence as one error; Go's DecodeRune fails byte by byte.
+    return "\ufffd" * (exc.end - exc.start), exc.end
+
+
+def _paired_surrogates_only(text: str) -> str:
+    r"""``text`` with every ``\uD800``-``\uDFFF`` escape that is not half of a pair (a high one
+    followed by a low one) written ``\ufffd``, as Go decodes it."""
+    parts, done, at = [], 0, text.find("\\u")
+    while at != -1:
+        run = at - len(text[:at].rstrip("\\"))  # backslashes before: an odd run is escaped
+        code = _hex4(text, at + 2) if run % 2 == 0 else -1
+        step = 6 if code != -1 else 2
+        if 0xD800 <= code <= 0xDBFF and text.startswith("\\u", at + 6) and \
+                0xDC00 <= _hex4(text, at + 8) <= 0xDFFF:
+            step = 12  # a pair
+        elif 0xD800 <= code <= 0xDFFF:
+            parts += [text[done:at], "\\ufffd"]
+            done = at + 6
+        at = text.find("\\u", at + step)
+    return "".join(parts) + text[done:] if parts else text
+
+
+def _hex4(text: str, at: int) -> int:
+    digits = text[at:at + 4]
+    if len(digits) != 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+        return -1
+    return int(digits, 16)
+
+
+def _parse_iteratively(text: str) -> object:
+    """The document parsed with a stack of its open objects and arrays instead of recursion
+    (any depth up to MAX_JSON_DEPTH), scalars by the C scanner; errors in Go's words."""
+    scan, stack = _scanner(), []  # frames: [members so far, is an object, pending key]
+    at = _skip(text, 0)
+    while True:
+        char = text[at:at + 1]
+        if char in ("{", "["):
+            if len(stack) >= MAX_JSON_DEPTH:
+                raise _invalid(f"exceeded max depth: more than {MAX_JSON_DEPTH} levels of "
+                               "nested objects and arrays (Go's decoder limit)", text, at)
+            at = _skip(text, at + 1)
+            if text.startswith("}" if char == "{" else "]", at):
+                value, at = GoObject([]) if char == "{" else [], at + 1
+            else:
+                stack.append([[], char == "{", None])
+                if char == "{":
+                    stack[-1][2], at = _member_key(text, at)
+                continue
+        else:
+            value, at = _scalar(scan, text, at)
+        while True:  # hand the value to its container, closing those that end here
+            if not stack:
+                at = _skip(text, at)
+                if at < len(text):
+                    raise _invalid(f"invalid character {text[at]!r} after top-level value",
+                                   text, at)
+                return value
+            frame = stack[-1]
+            frame[0].append((frame[2], value) if frame[1] else value)
+            at = _skip(text, at)
+            char = text[at:at + 1]
+            if char == ",":
+                at = _skip(text, at + 1)
+                if frame[1]:
+                    frame[2], at = _member_key(text, at)
+                break
+            if char != ("}" if frame[1] else "]"):
+                where = "object key:value pair" if frame[1] else "array element"
+                raise _invalid(_unexpected(text, at, f"after {where}"), text, at)
+            stack.pop()
+            value, at = (GoObject(frame[0]) if frame[1] else frame[0]), at + 1
+
+
+def _skip(text: str, at: int) -> int:
+    while text[at:at + 1] in (" ", "\t", "\n", "\r"):
+        at += 1
+    return at
+
+
+def _member_key(text: str, at: int) -> tuple:
+    if text[at:at + 1] != '"':
+        raise _invalid(_unexpected(text, at, "looking for beginning of object key string"),
+                       text, at)
+    key, at = _scalar(_scanner(), text, at)
+    at = _skip(text, at)
+    if text[at:at + 1] != ":":
+        raise _invalid(_unexpected(text, at, "after object key"), text, at)
+    return key, _skip(text, at + 1)
+
+
+def _scalar(scan: object, text: str, at: int) -> tuple:
+    try:
+        return scan(text, at)
+    except _Refused as exc:
+        raise _invalid(str(exc), text, at) from None
+    except StopIteration:
+        raise _invalid(_unexpected(text, at, "looking for beginning of value"), text, at) \
+            from None
+    except Exception:  # noqa: B902 - a bad string; json.decoder gives the C scanner its words
+        import json.decoder
+
+        try:
+            scan(text, at)
+        except ValueError as exc:
+            raise _invalid(getattr(exc, "msg", str(exc)), text, getattr(exc, "pos", at)) \
+                from None
+        raise _invalid("invalid JSON value", text, at) from None
+
+
+def _unexpected(text: str, at: int, context: str) -> str:
+    if at >= len(text):
+        return "unexpected end of JSON input"
+    return f"invalid character {text[at]!r} {context}"
+
+
+def _invalid(problem: str, text: str, at: int) -> Exception:
+    """What Go's decoder refuses, where: an :class:`multusd.errors.InvalidJSON`."""
+    from multusd.errors import InvalidJSON
+
+    line = text.count("\n", 0, at) + 1
+    where = f"line {line} column {at - text.rfind(chr(10), 0, at)} (char {at})"
+    if text.startswith("\ufeff") and at == 0:
+        problem += " (a byte order mark: save it as UTF-8 without one, as Go reads it)"
+    elif "\x00" in text[:4] or text.startswith(("\ufffd\ufffd", "\ufffe", "\ufeff")):
+        problem += " (UTF-16? Go's decoder reads UTF-8 only)"
+    return InvalidJSON(f"{problem}: {where}")
+
+
+# --- writing: Go's json.Marshal ------------------------------------------------------------
+
+# Go's encoder escapes these even inside strings, to keep JSON safe to embed in HTML/JS.
+_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+               "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def go_json(obj: object, *, indent: "int | None" = None, sort_keys: bool = False) -> str:
+    """``obj`` as JSON text the way Go's ``encoding/json`` writes it.
+
+    Compact (or indented with ``indent`` spaces, as ``MarshalIndent``), non-ASCII kept as
+    UTF-8, ``< > &`` U+2028 U+2029 escaped as ``\\u00XX``, floats as :func:`go_float` writes
+    them. ``sort_keys`` mimics Go's marshalling of a ``map`` (sorted keys); leave it off to
+    mimic a struct (declared order). Any depth (Go has no limit on writing).
+
+    :raises ValueError: a float that is NaN or infinite (Go: "unsupported value").
+    """
+    import json  # the daemon's; the shim never writes Go's JSON
+
+    if _floats_differ(obj):
+        text = _written_iteratively(obj, indent, sort_keys)
+    else:
+        try:
+            if indent is None:
+                text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"),
+                                  sort_keys=sort_keys, allow_nan=False)
+            else:
+                text = json.dumps(obj, ensure_ascii=False, indent=indent, sort_keys=sort_keys,
+                                  allow_nan=False)
+        except RecursionError:  # deeper than json's recursion takes
+            text = _written_iteratively(obj, indent, sort_keys)
+    if any(c in text for c in _GO_ESCAPES):
+        # Safe on the whole text: these characters can only occur inside JSON strings.
+        text = "".join(_GO_ESCAPES.get(c, c) for c in text)
+    return text
+
+
+def go_float(value: float) -> str:
+    """A float64 as Go's encoder writes it (``floatEncoder``): the shortest digits that read
+    back the same (Python's ``repr`` finds the same ones), in fixed notation from 1e-6 up to
+    1e21 and as ``1e-7``/``1e+21`` beyond, the ES6 way: ``100.0`` is ``100``.
+
+    :raises ValueError: NaN or an infinity (JSON has no such number).
+    """
+    if value != value or value - value != 0.0:
+        raise ValueError(f"json: unsupported value: {value!r}")
+    if value == 0.0:
+        return "-0" if str(value)[0] == "-" else "0"
+    text = repr(value)
+    sign, text = ("-", text[1:]) if text[0] == "-" else ("", text)
+    mantissa, _, exponent = text.partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    figures = whole + fraction
+    digits = figures.lstrip("0").rstrip("0")
+    point = len(whole) + int(exponent or 0) - (len(figures) - len(figures.lstrip("0")))
+    if 1e-6 <= abs(value) < 1e21:
+        if point <= 0:
+            return f"{sign}0.{'0' * -point}{digits}"
+        if point >= len(digits):
+            return sign + digits + "0" * (point - len(digits))
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    power = point - 1
+    shown = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+    return f"{sign}{shown}e{'-' if power < 0 else '+'}{abs(power):0{1 if power < 0 else 2}d}"
+
+
+def _floats_differ(obj: object) -> bool:
+    """Whether ``obj`` holds a float whose ``repr`` (what ``json`` writes) is not Go's text."""
+    pending = [obj]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, float):
+            if repr(value) != go_float(value):
+                return True
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return False
+
+
+_END = object()
+
+
+def _written_iteratively(obj: object, indent: "int | None", sort_keys: bool) -> str:
+    """What ``json.dumps`` writes (as :func:`go_json` calls it), floats as Go writes them,
+    without recursion."""
+    import json
+
+    colon = ":" if indent is None else ": "
+    parts: list = []
+    stack: list = []  # frames: [iterator of members, closing bracket, members written, object]
+    value = obj
+    while True:
+        if isinstance(value, dict) and value:
+            members = sorted(value.items()) if sort_keys else list(value.items())
+            parts.append("{")
+            stack.append([iter(members), "}", 0, True])
+        elif isinstance(value, (list, tuple)) and value:
+            parts.append("[")
+            stack.append([iter(value), "]", 0, False])
+        elif isinstance(value, float):
+            parts.append(go_float(value))
+        else:
+            parts.append(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        while stack:
+            frame = stack[-1]
+            member = next(frame[0], _END)
+            if member is _END:
+                stack.pop()
+                parts.append(_newline(indent, len(stack)) + frame[1])
+                continue
+            parts.append(("," if frame[2] else "") + _newline(indent, len(stack)))
+            frame[2] += 1
+            if frame[3]:
+                parts.append(json.dumps(str(member[0]), ensure_ascii=False) + colon)
+                value = member[1]
+            else:
+                value = member
+            break
+        else:
+            return "".join(parts)
+
+
+def _newline(indent: "int | None", depth: int) -> str:
+    return "" if indent is None else "\n" + " " * (indent * depth)
