@@ -74,12 +74,12 @@ def cni_dir_of(conf: dict) -> str:
     where a sandbox's records and the marks of its failed DEL are. The shim and the daemon
     both read it here, so that they always agree.
 
-    Absent, null, "" or not a string (a config upstream would refuse): Multus's default; a
-    relative path is taken from ``/``, the working directory of the daemon under systemd (and
-    of upstream's), so that the shim, whatever its runtime's working directory, finds the
-    same place.
+    Read as upstream's NetConf struct reads it (``"CNIDir"`` too). Absent, null, "" or not a
+    string (a config upstream would refuse): Multus's default; a relative path is taken from
+    ``/``, the working directory of the daemon under systemd (and of upstream's), so that the
+    shim, whatever its runtime's working directory, finds the same place.
     """
-    value = conf.get("cniDir") if hasattr(conf, "get") else None
+    value = go_field(conf, "cniDir")
     if not isinstance(value, str) or not value or "\0" in value:
         return DEFAULT_CNI_DIR
     return value if value.startswith("/") else "/" + value

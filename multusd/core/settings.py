@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Tuple
 
 from multusd import cni_dir_of  # noqa: F401 - cniDir: the shim's rule too, defined once
+from multusd import go_field, go_fields
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig
 from multusd.node.devices import DEVINFO_DIR, KUBELET_DIR
@@ -54,6 +55,8 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
         clusterNetwork).
     """
     problems = reader = ConfigReader()
+    # As upstream's NetConf struct reads them: "ClusterNetwork" sets clusterNetwork.
+    netconf = go_fields(netconf, _SETTINGS_KEYS, nils=_SETTINGS_LISTS)
     settings = MultusSettings(
         conf_dir=reader.string(netconf, "confDir") or DEFAULT_CONF_DIR,
         multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
@@ -75,26 +78,31 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
     return settings
 
 
+_SETTINGS_LISTS = ("systemNamespaces", "defaultNetworks", "delegates")
+_SETTINGS_KEYS = ("confDir", "multusNamespace", "globalNamespaces", "namespaceIsolation",
+                  "clusterNetwork", "auxiliaryCNIChainName", "cniVersion") + _SETTINGS_LISTS
+
+
 def require_delegates(netconf: Mapping[str, Any]) -> None:
     """Refuse, before any work, a config that names no network at all (upstream's check).
 
     :raises InvalidNetworkConfig: neither ``clusterNetwork`` nor ``delegates`` is set.
     """
-    if not netconf.get("clusterNetwork") and not netconf.get("delegates"):
+    if not go_field(netconf, "clusterNetwork") and not go_field(netconf, "delegates"):
         raise InvalidNetworkConfig(f"{NO_NETWORKS}: set \"clusterNetwork\" (or \"delegates\") "
                                    "in daemon-config.json or the runtime's CNI config")
 
 
 def devinfo_dir_of(netconf: Mapping[str, Any]) -> str:
     """``deviceInfoDir``: the device-info files' directory (``dp/`` and ``cni/`` in it)."""
-    return str(netconf.get("deviceInfoDir") or DEVINFO_DIR)
+    return str(go_field(netconf, "deviceInfoDir") or DEVINFO_DIR)
 
 
 def kubelet_dir_of(netconf: Mapping[str, Any]) -> str:
     """``kubeletRootDir``: where the kubelet's pod-resources socket and checkpoint are."""
-    return str(netconf.get("kubeletRootDir") or KUBELET_DIR)
+    return str(go_field(netconf, "kubeletRootDir") or KUBELET_DIR)
 
 
 def auxiliary_chain_of(netconf: Mapping[str, Any]) -> str:
     """``auxiliaryCNIChainName`` as DEL reads it (without the checks of an ADD)."""
-    return str(netconf.get("auxiliaryCNIChainName") or "")
+    return str(go_field(netconf, "auxiliaryCNIChainName") or "")

@@ -27,6 +27,7 @@ import time
 # _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
 import _socket
 
+from multusd import go_field, go_loads
 from multusd.wire import quickjson
 
 CNI_ENDPOINT = "/cni"
@@ -140,10 +141,10 @@ def post_failure(sock_path: str, endpoint: str, body: bytes, timeout: float) -> 
     if response.status == 200:
         return ""
     try:
-        answer = quickjson.loads(response.body)
+        answer = go_loads(response.body)
     except ValueError:
         answer = None
-    msg = answer.get("msg") if isinstance(answer, dict) else None
+    msg = go_field(answer, "msg")
     return str(msg or f"HTTP {response.status} from the daemon")
 
 

@@ -34,7 +34,8 @@ import os
 import time
 
 from multusd import (MARK_REQUEST_ENV, MARKED_BY_SHIM, WINDOW_FILE, as_instant, cni_dir_of,
-                     seconds_of, unreleased_marks_dir, window_end, window_left)
+                     go_field, go_loads, seconds_of, unreleased_marks_dir, window_end,
+                     window_left)
 from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
 
 # Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
@@ -58,8 +59,8 @@ def window(directory: str) -> float:
 def _published_window(directory: str) -> "float | None":
     try:
         with open(os.path.join(directory, WINDOW_FILE), "rb") as handle:
-            value = quickjson.loads(handle.read()).get("deleteRetryWindow")
-    except (OSError, ValueError, AttributeError):
+            value = go_field(go_loads(handle.read()), "deleteRetryWindow")
+    except (OSError, ValueError):
         return None
     return seconds_of(value)
 
@@ -68,7 +69,7 @@ def read_mark(path: str) -> "dict | None":
     """The mark at ``path``; None when there is none or it cannot be read as one."""
     try:
         with open(path, "rb") as handle:
-            mark = quickjson.loads(handle.read())
+            mark = go_loads(handle.read())
     except (OSError, ValueError):
         return None
     return mark if isinstance(mark, dict) else None

@@ -1,4 +1,4 @@
-"""quickjson gives exactly what json gives, without importing it (the shim's start-up)."""
+"""quickjson writes exactly what json writes, without importing it (the shim's start-up)."""
 
 from __future__ import annotations
 
@@ -21,20 +21,8 @@ SAMPLES = [
 
 
 @pytest.mark.parametrize("value", SAMPLES)
-def test_round_trips_like_json(value):
-    text = json.dumps(value)
-    assert quickjson.dumps(value) == text
-    assert quickjson.loads(text) == json.loads(text)
-    assert quickjson.loads(text.encode()) == json.loads(text)
-    assert quickjson.loads(f" \n{text}\t ") == value
-
-
-@pytest.mark.parametrize("bad", ["", "   ", "{", '{"a": 1} x', "[1,]", "{'a': 1}", "nul"])
-def test_bad_input_raises_value_error_like_json(bad):
-    with pytest.raises(ValueError):
-        json.loads(bad)
-    with pytest.raises(ValueError):
-        quickjson.loads(bad)
+def test_writes_what_json_writes(value):
+    assert quickjson.dumps(value) == json.dumps(value)
 
 
 def test_unserializable_and_circular_values_raise():
@@ -50,6 +38,7 @@ def test_the_shim_path_imports_neither_json_nor_re_nor_socket():
     code = (f"import sys; sys.path.insert(0, {REPO!r}); "
             "import multusd.wire.shim; multusd.convert({'cniVersion': '1.1.0', "
             "'ips': [{'address': '10.0.0.2/24'}]}, '0.3.1'); "
+            "multusd.go_loads(b'{\"a\": [1.5, \"\\\\ud800\", {}]}'); "
             "print(sorted(m for m in ('json', 're', 'socket', 'logging', 'typing', 'enum') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
