@@ -146,6 +146,22 @@ def test_decode_body_takes_the_shims_json_and_says_what_it_expects():
         assert expected in err.value.msg
 
 
+def test_decode_body_reads_the_request_as_upstreams_api_request_struct():
+    """Go's field matching ("Env"), a null string in the env map is "", and the hot-plug
+    attributes as upstream's DelegateInterfaceAttributes (ips, mac, cni-args)."""
+    config = json.dumps(CONF).encode()
+    body = ('{"Env": {"CNI_COMMAND": "ADD", "CNI_ARGS": null}, "CONFIG": "'
+            + base64.b64encode(config).decode() + '", "interfaceAttributes": '
+            '{"MAC": "c2:11:22:33:44:55", "IPs": ["10.0.0.5"], "Cni-Args": {"vlan": 1e2}, '
+            '"other": 1}}').encode()
+    env, got, attributes = decode_body(body)
+    assert env == {"CNI_COMMAND": "ADD", "CNI_ARGS": ""} and got == config
+    assert attributes == {"mac": "c2:11:22:33:44:55", "ips": ["10.0.0.5"],
+                          "cni-args": {"vlan": 100.0}}
+    with pytest.raises(DecodeFailure, match="NaN is not JSON"):
+        decode_body(b'{"env": {}, "config": "e30=", "x": NaN}')
+
+
 def test_pod_prefix_names_the_pod_or_the_container():
     assert pod_prefix(request()) == "[ns/web/u1]"
     assert pod_prefix(request(), "ns/net1") == "[ns/web/u1:ns/net1]"
