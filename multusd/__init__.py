@@ -289,5 +289,5 @@ def _copy(value: object) -> object:
 
 
 # JSON as Go reads and writes it: a module of its own (its size), part of this shared root.
-from multusd.gojson import (MAX_JSON_DEPTH, GoObject, go_field, go_fields,  # noqa: E402
-                            go_float, go_fold, go_json, go_loads)
+from multusd.gojson import (MAX_JSON_DEPTH, GoObject, ascii_json, go_field,  # noqa: E402
+                            go_fields, go_float, go_fold, go_json, go_loads)

@@ -27,8 +27,7 @@ import time
 # _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
 import _socket
 
-from multusd import go_field, go_loads
-from multusd.wire import quickjson
+from multusd import ascii_json, go_field, go_loads
 
 CNI_ENDPOINT = "/cni"
 DELEGATE_ENDPOINT = "/delegate"
@@ -57,7 +56,7 @@ def encode_request(env: dict, config: bytes,
                   "config": binascii.b2a_base64(config, newline=False).decode()}
     if interface_attributes is not None:
         body["interfaceAttributes"] = dict(interface_attributes)
-    return quickjson.dumps(body).encode()
+    return ascii_json(body).encode()
 
 
 class HTTPResponse:

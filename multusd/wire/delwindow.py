@@ -34,9 +34,8 @@ import os
 import time
 
 from multusd import (MARK_REQUEST_ENV, MARKED_BY_SHIM, WINDOW_FILE, as_instant, cni_dir_of,
-                     go_field, go_loads, seconds_of, unreleased_marks_dir, window_end,
-                     window_left)
-from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
+                     ascii_json, go_field, go_loads, seconds_of, unreleased_marks_dir,
+                     window_end, window_left)  # not json: it imports re and enum
 
 # Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
 # after the failure (its pod workers' back-off, 10 s with up to 50% jitter), so its first
@@ -122,7 +121,7 @@ def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
         if mark.get("bootId") != now[1]:  # written in another boot: on this boot's clock now
             mark.update(window_end(seconds_of(mark.get("window")) or DEFAULT_WINDOW, mark,
                                    now))
-    data = quickjson.dumps(mark).encode()
+    data = ascii_json(mark).encode()
     for place in places:
         try:  # the first failure must survive a power loss; a lost count costs nothing
             _write(place, container_id, data, durable=first)

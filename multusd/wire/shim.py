@@ -27,8 +27,9 @@ import time
 import posix
 
 from multusd import (COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, ResultError,
-                     __version__, convert, go_field, go_fields, go_loads, seconds_of, wire)
-from multusd.wire import api, quickjson
+                     __version__, ascii_json, convert, go_field, go_fields, go_loads,
+                     seconds_of, wire)
+from multusd.wire import api
 
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
@@ -361,9 +362,9 @@ def main(argv: "list[str] | None" = None) -> int:
     try:
         stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
         code, output = run(environment(), stdin)
-        text = quickjson.dumps(output) + "\n" if output is not None else ""
+        text = ascii_json(output) + "\n" if output is not None else ""
     except Exception as exc:  # noqa: B902 - last line of defence: still a CNI error
-        code, text = 1, quickjson.dumps(wire.errors().MultusError(
+        code, text = 1, ascii_json(wire.errors().MultusError(
             f"multus-shim failed unexpectedly: {type(exc).__name__}: {exc!s:.500}")
             .to_cni_error()) + "\n"
     if text:

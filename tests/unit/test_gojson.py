@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from multusd import (MAX_JSON_DEPTH, GoObject, go_field, go_fields, go_float, go_fold, go_json,
-                     go_loads, gojson)
+from multusd import (MAX_JSON_DEPTH, GoObject, ascii_json, go_field, go_fields, go_float,
+                     go_fold, go_json, go_loads, gojson)
 from multusd.errors import DecodeFailure, InvalidJSON, MultusError
 
 # --- reading -------------------------------------------------------------------------------
@@ -293,6 +293,31 @@ def test_go_json_writes_what_python_writes_but_for_floats():
 def test_go_json_writes_any_depth_it_reads():
     deep = go_loads("[" * 5000 + "1.0" + "]" * 5000)
     assert go_json(deep) == "[" * 5000 + "1" + "]" * 5000
+
+
+ASCII_SAMPLES = [
+    {"cniVersion": "1.1.0", "ips": [{"address": "10.1.0.5/24", "gateway": "10.1.0.1"}],
+     "dns": {}, "interfaces": [{"name": "eth0", "mac": "aa:bb", "mtu": 1500}]},
+    [1, -2, 3.5, 1e300, True, False, None, "é \u2028 \"quoted\" \\ /", "\udcff"],
+    "plain", 0, {"nested": {"deep": [[], {}]}},
+]
+
+
+@pytest.mark.parametrize("value", ASCII_SAMPLES)
+def test_ascii_json_writes_what_json_writes(value):
+    import json
+
+    assert ascii_json(value) == json.dumps(value)
+    assert ascii_json(value).isascii()  # surrogates from undecodable env bytes included
+
+
+def test_ascii_json_refuses_unserializable_and_circular_values():
+    with pytest.raises(TypeError, match="set is not JSON serializable"):
+        ascii_json({"a": {1}})
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError):
+        ascii_json(loop)
 
 
 # --- helpers ---------------------------------------------------------------------------------
