@@ -13,10 +13,10 @@ result that cannot be converted is reported as a :class:`ResultError` carrying i
 code; :func:`multusd.errors.from_exception` makes it the error it stands for (the engine's
 :func:`multusd.cni.result.convert_result` and the shim do).
 
-JSON is read and written as upstream does it (architecture invariant 15) by
-:mod:`multusd.gojson`, which every layer reaches through this package: :func:`go_loads` is
-Go's ``json.Unmarshal`` into an ``interface{}``, :func:`go_field`/:func:`go_fields` read a Go
-struct's fields out of what it returns, :func:`go_json` is ``json.Marshal``.
+JSON is read as upstream reads it (architecture invariant 15) by :mod:`multusd.gojson`, which
+every layer reaches through this package: :func:`go_loads` is Go's ``json.Unmarshal`` into an
+``interface{}``, :func:`go_field`/:func:`go_fields` read a Go struct's fields out of what it
+returns; Go's ``json.Marshal`` is :func:`multusd.store.go_json` (the daemon's alone).
 
 Result conversion follows libcni's converters: a result is first read into the fields the
 spec defines for its version (unknown keys are dropped, as libcni's typed decode does), then
@@ -288,6 +288,6 @@ def _copy(value: object) -> object:
     return value
 
 
-# JSON as Go reads and writes it: a module of its own (its size), part of this shared root.
+# JSON as Go reads it: a module of its own (its size), part of this shared root.
 from multusd.gojson import (MAX_JSON_DEPTH, GoObject, ascii_json, go_field,  # noqa: E402
-                            go_fields, go_float, go_fold, go_json, go_loads)
+                            go_fields, go_fold, go_loads)

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from multusd import CURRENT_VERSION, go_field, go_fields, go_json, go_loads
+from multusd import CURRENT_VERSION, go_field, go_fields, go_loads
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
 from multusd.cni import resultcache
@@ -34,6 +34,7 @@ from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.result import convert_result
 from multusd.cni.version import (is_supported, parse_version, require_supported, supports_check,
                                  supports_status_gc)
+from multusd.store import go_json
 from multusd.store.valueclass import Record
 
 LOG = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from multusd import go_fields, go_json, go_loads, store
+from multusd import go_fields, go_loads, store
 from multusd.store import read_or_none
 from multusd.config.reader import ConfigReader, is_wrong_type, lenient_str
 from multusd.errors import ConfigError, ConfigProblem, IOFailure
@@ -118,7 +118,7 @@ def generate(daemon_conf: Mapping[str, Any], *,
 
 def render(document: Mapping[str, Any], sort_keys: bool = False) -> bytes:
     """``document`` serialised as Go's ``json.Marshal`` would: compact, HTML-escaped, UTF-8."""
-    return go_json(document, sort_keys=sort_keys).encode("utf-8")
+    return store.go_json(document, sort_keys=sort_keys).encode("utf-8")
 
 
 def plan(daemon_conf: Mapping[str, Any], *, source: str = "daemon-config.json") -> Plan:

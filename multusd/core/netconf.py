@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
-from multusd import go_field, go_json, go_loads
+from multusd import go_field, go_loads
 from multusd.cni.names import is_valid_name
 from multusd.errors import InvalidNetworkConfig, IOFailure, MultusError
+from multusd.store import go_json
 
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 

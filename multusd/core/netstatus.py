@@ -13,7 +13,7 @@ import logging
 from typing import Any, Dict, List, Mapping, Optional
 
 from multusd import DNS_KEYS
-from multusd import go_json
+from multusd.store import go_json
 
 LOG = logging.getLogger(__name__)
 

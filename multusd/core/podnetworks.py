@@ -25,12 +25,13 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from multusd.core.delegate import Delegate, ifname_for
+from multusd import go_field
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                                   nad_config, nad_resource_name, network_name, resolve_network)
 from multusd.core.settings import MultusSettings
 from multusd.errors import InvalidNetworkConfig, MultusError
 from multusd.store.valueclass import replace
-from multusd import go_field, go_json
+from multusd.store import go_json
 from multusd.core.runtimeconf import inject_cni_args
 from multusd.core.selection import (DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION,
                                     NetworkSelection, parse_default_network, parse_ip,

@@ -17,12 +17,13 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd import go_field, go_json, go_loads
+from multusd import go_field, go_loads
 from multusd.cni.args import build_delegate_args
 from multusd.cni.resultcache import RuntimeConf
 from multusd.core.settings import cni_dir_of, devinfo_dir_of
 from multusd.errors import InvalidNetworkConfig
 from multusd.node.devices import devinfo_cni_dir
+from multusd.store import go_json
 from multusd.core.selection import (BANDWIDTH, DEVICE_ID, INFINIBAND_GUID, IPS, MAC,
                                     PORT_MAPPINGS, REQUESTS, json_value, parse_ip_or_cidr,
                                     parse_mac, requested)

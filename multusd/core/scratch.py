@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from multusd import DNS_KEYS, go_fields, go_json, go_loads
+from multusd import DNS_KEYS, go_fields, go_loads
 from multusd.core import dra
 from multusd.core.netconf import conf_object, marshal_raw_map
 from multusd.core.delegate import Delegate, ifname_for
@@ -16,7 +16,7 @@ from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string
 from multusd.core.selection import DEVICE_ID, INFINIBAND_GUID, IPS, MAC, json_value, requested
 from multusd.store.valueclass import replace
-from multusd.store import read_or_none
+from multusd.store import go_json, read_or_none
 
 LOG = logging.getLogger(__name__)
 

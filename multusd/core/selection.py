@@ -17,9 +17,10 @@ import logging
 import re
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from multusd import go_fields, go_json, go_loads
+from multusd import go_fields, go_loads
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname
 from multusd.errors import InvalidNetworkConfig
+from multusd.store import go_json
 from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)

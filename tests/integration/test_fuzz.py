@@ -311,7 +311,7 @@ def test_no_json_makes_any_reader_raise_anything_but_a_cni_error(tmp_path):
 def _check_plugin_stdin(conf: bytes) -> None:
     """A delegate's config bytes (as upstream, possibly not UTF-8: Go passes them on and
     reads them with U+FFFD) become each plugin's stdin as the engine writes it: strict JSON."""
-    from multusd import go_json
+    from multusd.store import go_json
     from multusd.cni import conflist
     from multusd.errors import MultusError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from multusd.core.netstatus import format_network_status, status_entries
-from multusd import go_json
+from multusd.store import go_json
 
 SANDBOX = "/var/run/netns/cni-1234"
 
