@@ -309,10 +309,11 @@ class Sandbox:
         return bridge_conf(name, self.bridge(), subnet, self.leases, **kw)
 
     def daemon(self, config: dict, activate: bool = True,
-               env: Mapping[str, str] | None = None, hold_socket: bool = False) -> DaemonProcess:
+               env: Mapping[str, str] | None = None, hold_socket: bool = False,
+               command: Sequence[str] | None = None) -> DaemonProcess:
         config.setdefault("binDir", self.bin_dir)
         proc = DaemonProcess(config, workdir=os.path.join(self.workdir, f"d{len(self._daemons)}"),
-                             env=env, hold_socket=hold_socket)
+                             env=env, hold_socket=hold_socket, command=command)
         self._daemons.append(proc)
         return proc.start(activate=activate)
 

@@ -27,7 +27,7 @@ from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core import cmdadd, cmddel, hotplug, reconcile, scratch, unreleased
+from multusd.core import cmdadd, cmddel, delmarks, hotplug, reconcile, scratch
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
@@ -87,7 +87,7 @@ class Multus:
         cmddel.cmd_del(req, deadline, log, engine=engine, kube=self.kube,
                        parallel_delegates=self.config.parallel_delegates,
                        window=self.config.delete_retry_window,
-                       spare=unreleased.spare_marks_dir(self.config.socket_dir))
+                       spare=delmarks.spare_marks_dir(self.config.socket_dir))
 
     def forget(self, req: CmdArgs, deadline: float, log: Any) -> List[Tuple[Delegate, str]]:
         """``multusd gc --forget``: see :func:`multusd.core.cmddel.forget`."""

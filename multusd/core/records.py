@@ -6,7 +6,7 @@ network namespace come from the result cache (``cniArgs``, ``netns``), the deleg
 scratch cache (the result cache alone when it is gone, as DEL falls back to it). A sandbox is
 *stale* when the namespace its records name no longer exists: nothing can use its addresses,
 and the runtime's DEL was evidently lost (the IP leases leak until it is released). A
-sandbox whose DEL failed carries its :class:`~multusd.core.unreleased.FailedDelete`: still
+sandbox whose DEL failed carries its :class:`~multusd.core.delmarks.FailedDelete`: still
 reported to the runtime, or past its window and *unreleased* (DEL answered success, the
 records kept until the daemon, or ``multusd gc``, releases it).
 """
@@ -24,7 +24,7 @@ from multusd import CURRENT_VERSION
 from multusd.cni import resultcache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
-from multusd.core import scratch, unreleased
+from multusd.core import delmarks, scratch
 from multusd.core.dra import DraDevice
 from multusd.core.hotplugrecord import HotplugMark, Removal, read_marks
 from multusd.core.request import PodIdentity
@@ -100,7 +100,7 @@ class SandboxRecord(PodIdentity, Record):
     attachments: Tuple[Attachment, ...]
     result_files: Tuple[str, ...]
     mtime: float                       # when the sandbox's oldest record was written
-    failed_delete: Optional[unreleased.FailedDelete] = None  # its DEL failed (see unreleased)
+    failed_delete: Optional[delmarks.FailedDelete] = None  # its DEL failed (see delmarks)
     removed: Tuple[Removal, ...] = ()  # attachments removed while the pod ran
 
     def is_unreleased(self, now: Any = None) -> bool:
@@ -167,12 +167,12 @@ def container_ids(cni_dir: str) -> List[str]:
 
 def read_sandboxes(cni_dir: str, *, spare: str = "") -> List[SandboxRecord]:
     """Every sandbox recorded under ``cni_dir``, oldest first, with the marks of failed DELs
-    from there and from ``spare`` (:func:`~multusd.core.unreleased.spare_marks_dir`).
+    from there and from ``spare`` (:func:`~multusd.core.delmarks.spare_marks_dir`).
 
     :raises IOFailure: ``cni_dir`` or its ``results/`` cannot be listed.
     """
     entries = resultcache.list_entries(cni_dir)
-    marks = unreleased.read_all(cni_dir, spare=spare)
+    marks = delmarks.read_all(cni_dir, spare=spare)
     records = [_read(cni_dir, cid, entries, marks.get(cid)) for cid in container_ids(cni_dir)]
     return sorted(records, key=lambda r: (r.mtime, r.container_id))
 
@@ -183,7 +183,7 @@ def read_sandbox(cni_dir: str, container_id: str, *, spare: str = ""
     if not is_valid_name(container_id):
         return None
     record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir, container_id),
-                   unreleased.read(cni_dir, container_id, spare=spare))
+                   delmarks.read(cni_dir, container_id, spare=spare))
     return record if record.scratch_file or record.result_files else None
 
 
@@ -227,7 +227,7 @@ def redact(value: Any) -> Any:
 
 
 def _read(cni_dir: str, container_id: str, all_entries: List[dict],
-          failed_delete: Optional[unreleased.FailedDelete] = None) -> SandboxRecord:
+          failed_delete: Optional[delmarks.FailedDelete] = None) -> SandboxRecord:
     entries = [e for e in all_entries if e.get("containerId") == container_id]
     path = scratch.cache_path(cni_dir, container_id)
     data, error = _scratch_bytes(path)

@@ -21,7 +21,9 @@ deadline, logs and metrics as for any request; only the delegates still held run
 
 A shim whose config names no ``cniDir`` marks in Multus's default one: with a
 daemon-config.json naming another, those marks are moved beside their records at each look
-(:func:`~multusd.core.unreleased.adopt`).
+(:func:`~multusd.core.markadoption.adopt`), and dropped once their sandbox is released: when
+the daemon answers its DEL (:meth:`DelRetrier.after_del`), or at the next look when something
+else released it.
 
 A sandbox still failing after its first retry is announced once (a journal warning, an Event
 while the pod exists, which waits up to :data:`SYNC_WAIT` for the pod cache). Marks whose
@@ -33,12 +35,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from multusd import DEFAULT_CNI_DIR, clock_now
-from multusd.core import settings, unreleased
+from multusd.core import delmarks, markadoption, settings, unreleased, unreleasedwarning
 from multusd.errors import MultusError
 from multusd.kube.retries import BackoffPolicy, Delays
 from multusd.wire import api, delwindow
@@ -82,8 +85,9 @@ class DelRetrier:
         self.curve = BackoffPolicy(initial=first, cap=cap, jitter=RETRY_JITTER, calm=math.inf)
         self.scan, self.sync_wait = scan, sync_wait
         self.cni_dir = settings.cni_dir_of(config.raw)
-        self.spare = unreleased.spare_marks_dir(config.socket_dir)
+        self.spare = delmarks.spare_marks_dir(config.socket_dir)
         self.shim_default = shim_default  # where a shim whose config names no cniDir marks
+        self._shim_elsewhere = os.path.realpath(shim_default) != os.path.realpath(self.cni_dir)
         self.retries = 0   # DELs run again, and how many released their sandbox (the notes'
         self.released = 0  # and the tests' view of what the thread did)
         self._due: Dict[str, Tuple[float, Delays]] = {}  # container ID -> (when, its backoff)
@@ -93,7 +97,7 @@ class DelRetrier:
 
     def start(self) -> "DelRetrier":
         try:
-            unreleased.publish_window(self.cni_dir, self.config.delete_retry_window,
+            delmarks.publish_window(self.cni_dir, self.config.delete_retry_window,
                                       delwindow.DEFAULT_WINDOW, spare=self.spare)
         except MultusError as exc:
             LOG.warning("cannot tell the shim the deleteRetryWindow: %s; a shim that cannot "
@@ -124,9 +128,9 @@ class DelRetrier:
         those still failing; the seconds until something is due again."""
         self._tidy()
         now = clock_now()
-        marks = unreleased.read_all(self.cni_dir, spare=self.spare)
+        marks = delmarks.read_all(self.cni_dir, spare=self.spare)
         left = [m for m in marks.values() if m.is_unreleased(now)
-                and unreleased.has_records(m.cni_dir or self.cni_dir, m.container_id)]
+                and markadoption.has_records(m.cni_dir or self.cni_dir, m.container_id)]
         still = {m.container_id for m in left}
         self._due = {cid: due for cid, due in self._due.items() if cid in still}
         for mark in left:
@@ -165,18 +169,36 @@ class DelRetrier:
 
     def _tidy(self) -> None:
         """The shim's marks in the default directory taken in (see
-        :func:`~multusd.core.unreleased.adopt`), the marks of released sandboxes dropped."""
+        :func:`~multusd.core.markadoption.adopt`), the marks of released sandboxes dropped."""
         try:
-            for container_id in unreleased.adopt(self.shim_default, self.cni_dir,
+            for container_id in markadoption.adopt(self.shim_default, self.cni_dir,
                                                  spare=self.spare):
                 LOG.info("the mark of sandbox %s's failed DEL, written by the shim in %s (its "
                          "config names no cniDir), is now kept in %s beside its records",
                          container_id, self.shim_default, self.cni_dir)
         except MultusError as exc:  # said; the mark stays where it is until the next scan
             LOG.warning("%s", exc.msg)
-        unreleased.prune(self.cni_dir, spare=self.spare)
+        markadoption.prune(self.cni_dir, spare=self.spare)
+        if self._shim_elsewhere:
+            for container_id in markadoption.prune(self.shim_default, records_in=(self.cni_dir,)):
+                LOG.info("the mark of sandbox %s's failed DEL, written by the shim in %s (its "
+                         "config names no cniDir), is dropped: the sandbox is released",
+                         container_id, self.shim_default)
 
-    def retry(self, mark: unreleased.FailedDelete) -> bool:
+    def after_del(self, container_id: str) -> None:
+        """The daemon answered a DEL (or ``gc --forget``) of ``container_id`` with success:
+        the shim's copy of its mark in the default directory goes now if the sandbox is
+        released (the DEL dropped the daemon's own; the shim's was read by nothing). Never
+        raises: the DEL is done. Costs the open of a missing file when the shim marked
+        nothing there."""
+        if not self._shim_elsewhere:
+            return
+        try:
+            markadoption.prune(self.shim_default, records_in=(self.cni_dir,), only=container_id)
+        except Exception:  # noqa: BLE001 - the next look tries again; said in the journal
+            LOG.exception("dropping the shim's mark of sandbox %s failed", container_id)
+
+    def retry(self, mark: delmarks.FailedDelete) -> bool:
         """The runtime's DEL of ``mark``'s sandbox once more; True when it is released."""
         env = dict(mark.request_env, CNI_COMMAND="DEL")
         config = str((mark.request or {}).get("config") or "").encode()
@@ -193,7 +215,7 @@ class DelRetrier:
             LOG.warning("unreleased sandbox %s: its DEL failed again: %s", mark.container_id,
                         exc.msg)
             return False
-        if unreleased.has_records(mark.cni_dir or self.cni_dir, mark.container_id):
+        if markadoption.has_records(mark.cni_dir or self.cni_dir, mark.container_id):
             return False
         self.released += 1
         LOG.info("unreleased sandbox %s (%s) is released now", mark.container_id, mark.pod)
@@ -202,9 +224,9 @@ class DelRetrier:
     def _announce_if_due(self, container_id: str, wait: bool = True) -> None:
         """Announce the sandbox (once) when its pod cache can say whether the pod exists (for
         the Event), or :attr:`sync_wait` after start without it (``wait``: else at once)."""
-        mark = unreleased.read(self.cni_dir, container_id, spare=self.spare)
+        mark = delmarks.read(self.cni_dir, container_id, spare=self.spare)
         if mark is None or mark.announced or not mark.is_unreleased():
             return
         waited = not wait or time.monotonic() - self._started >= self.sync_wait
-        if unreleased.announce(self.multus.kube, mark, LOG, without_cache=waited):
-            unreleased.set_announced(self.cni_dir, mark, spare=self.spare)
+        if unreleasedwarning.announce(self.multus.kube, mark, LOG, without_cache=waited):
+            delmarks.set_announced(self.cni_dir, mark, spare=self.spare)

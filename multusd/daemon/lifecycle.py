@@ -40,14 +40,15 @@ from multusd.cni.invoke import RunningPlugins
 from multusd.daemon import delretry, dynnetworks, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
 from multusd.core.multus import Multus
-from multusd.core import unreleased
-from multusd.errors import MultusError
+from multusd.core import delmarks
+from multusd.errors import InvalidEnvironment, MultusError
 from multusd.config import nodename
 from multusd.daemon.kubestart import BackgroundKube
 from multusd.daemon.lanes import del_lane_workers
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.daemon.server import Server
 from multusd.daemon.stopping import Stop
+from multusd.wire import api
 
 LOG = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class Daemon:
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
             cni_dir=cni_dir_of(self.config.raw),
-            marks_spare=unreleased.spare_marks_dir(self.config.socket_dir),
+            marks_spare=delmarks.spare_marks_dir(self.config.socket_dir),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),
@@ -249,7 +250,7 @@ class Daemon:
     # -- requests ---------------------------------------------------------------------------
     def handle(self, endpoint: str, body: bytes, deadline: float,
                request_id: str) -> Mapping[str, Any] | None:
-        """One /cni or /delegate request (called on a pool slot by the server)."""
+        """One /cni, /delegate or /forget request (called on a pool slot by the server)."""
         with self.metrics.track_request(endpoint) as tracked:
             env, config, attributes = decode_body(body)
             request = parse(env, config, self.config)
@@ -265,8 +266,10 @@ class Daemon:
         # One request per sandbox at a time: the server's lanes ran none of this container's
         # other requests beside this one (they are keyed by httpreq.peek_env, its exact ID).
         try:
-            if endpoint == "/delegate":
+            if endpoint == api.DELEGATE_ENDPOINT:
                 result = self.multus.hotplug(request, attributes or {}, deadline, log)
+            elif endpoint == api.FORGET_ENDPOINT:
+                result = self._forget(request, deadline, log)
             else:
                 result = self.multus.cni(request, deadline, log)
         except MultusError as exc:
@@ -274,9 +277,23 @@ class Daemon:
                       extra={"DURATION_MS": _ms(started), "CNI_ERROR_CODE": exc.code})
             raise
         log.info("%s finished", request.command, extra={"DURATION_MS": _ms(started)})
+        if request.command == "DEL" and endpoint != api.DELEGATE_ENDPOINT and \
+                self.retrier is not None:
+            self.retrier.after_del(request.container_id)  # the shim's stale mark, if any
+        if endpoint == api.FORGET_ENDPOINT:
+            return {"networks": result}
         if request.command == "ADD":
             return {"Result": result}
         return None
+
+    def _forget(self, request: CmdArgs, deadline: float, log: Any) -> list:
+        """``multusd gc --forget`` of the sandbox ``request`` (the runtime's DEL) names, in the
+        sandbox's turn like any request of it."""
+        if request.command != "DEL":
+            raise InvalidEnvironment(f"/forget takes the sandbox's DEL request, not "
+                                     f"CNI_COMMAND={request.command!r}")
+        outcome = self.multus.forget(request, deadline, log)
+        return api.forgotten_networks((d.name, d.ifname, why) for d, why in outcome)
 
     def _describe(self) -> dict:
         """The daemon's facts for ``GET /status`` (``multusd status`` asks for them)."""

@@ -64,7 +64,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
                     30.0, 60.0, 120.0)
 
-_CNI_HANDLERS = ("/cni", "/delegate")
+_CNI_HANDLERS = ("/cni", "/delegate", "/forget")  # counted by track_request
 _KNOWN_HANDLERS = _CNI_HANDLERS + ("/healthz", "/readyz", "/status")
 _HTTP_METHODS = {"get", "head", "post", "put", "delete", "patch", "options", "connect", "trace"}
 # (name, help, kind) of the series read from a function at every scrape.
@@ -344,7 +344,7 @@ class DaemonMetrics:
 
         For the endpoints that are not CNI requests (/healthz, /readyz, anything else as
         ``NotFound``) this also counts ``multusd_requests_total`` with an empty command,
-        result ok below 400; /cni and /delegate are counted there by :meth:`track_request`.
+        result ok below 400; /cni, /delegate and /forget are counted there by :meth:`track_request`.
         """
         handler = handler_label(path)
         method = method.lower()

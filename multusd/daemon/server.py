@@ -5,7 +5,7 @@ request head and body as its bytes arrive, so a connection that sends nothing or
 holds no thread and no worker: it is closed when its head has not arrived within
 ``head_timeout`` (5 s), or its whole request within ``read_timeout``. The reactor itself
 answers ``/healthz``, ``/readyz`` and ``/status`` (they never wait behind CNI work) and every
-refusal; a complete ``/cni`` or ``/delegate`` request goes to
+refusal; a complete ``/cni``, ``/delegate`` or ``/forget`` request goes to
 :class:`~multusd.daemon.lanes.Lanes` (a DEL lane beside the general one, one sandbox's
 requests in order, one at a time), whose worker runs and answers it
 (:mod:`multusd.daemon.cnirun`). Bounded: open connections (at the cap the oldest idle one is
@@ -231,7 +231,7 @@ class Server(Reactor):
                 return self._answer(conn, 405, b"Method not allowed\n", "text/plain")
             self._no_body(conn)
             self._answer(conn, 200, json.dumps(self.status()).encode())
-        elif path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT):
+        elif path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT, api.FORGET_ENDPOINT):
             if method != "POST":
                 return self._answer(conn, 405, b"Method not allowed\n", "text/plain")
             length = parser.body_length()

@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, List, Set
 
 from multusd.cni.invoke import RunningPlugins
-from multusd.core import unreleased
+from multusd.core import delmarks, unreleased
 from multusd.core.request import decode_body, parse
 from multusd.core.settings import cni_dir_of
 from multusd.daemon import systemd
@@ -130,8 +130,8 @@ class Stop:
             if not request.container_id:
                 return
             cni_dir = cni_dir_of(request.config)
-            spare = unreleased.spare_marks_dir(self.config.socket_dir)
-            earlier = unreleased.read(cni_dir, request.container_id, spare=spare)
+            spare = delmarks.spare_marks_dir(self.config.socket_dir)
+            earlier = delmarks.read(cni_dir, request.container_id, spare=spare)
             unreleased.record(cni_dir, request, earlier.failures if earlier else (), why,
                               window=self.config.delete_retry_window,
                               released=earlier.released if earlier else (), spare=spare)

@@ -236,7 +236,7 @@ def record_json(record: Any, *, with_conf: bool = False) -> Dict[str, Any]:
 
 
 def _failed_delete_json(mark: Any) -> Optional[Dict[str, Any]]:
-    """A sandbox's failed DEL (:class:`~multusd.core.unreleased.FailedDelete`) as JSON."""
+    """A sandbox's failed DEL (:class:`~multusd.core.delmarks.FailedDelete`) as JSON."""
     if mark is None:
         return None
     doc = mark.to_json(clock_now())
@@ -246,24 +246,24 @@ def _failed_delete_json(mark: Any) -> Optional[Dict[str, Any]]:
 
 def failed_delete_line(record: Any, now: Any = None) -> str:
     """One sentence on a sandbox whose DEL failed: since when, how often, until when, what."""
-    from multusd.core import unreleased
+    from multusd.core.delmarks import stamp
 
     mark = record.failed_delete
     now = as_instant(now)
     who = f"{record.pod or mark.pod or '?'} {record.container_id}"
-    history = (f"its DEL has failed since {unreleased.stamp(mark.first_failure)} "
+    history = (f"its DEL has failed since {stamp(mark.first_failure)} "
                f"({mark.attempts} attempt(s)" + (", recorded by the shim: multusd did not "
                                                   "record them" if mark.by == MARKED_BY_SHIM
                                                   else "")
                + f"): {mark.what_failed()}")
     if mark.is_unreleased(now):
         return (f"{who} is UNRELEASED: {history}; DEL answers success since "
-                f"{unreleased.stamp(mark.until)} so that the pod could terminate; multusd "
+                f"{stamp(mark.until)} so that the pod could terminate; multusd "
                 "retries its DEL until it is released: fix the cause, and `multusd gc` "
                 f"releases it at once (`multusd gc --forget {record.container_id}` drops its "
                 "records instead)")
     return (f"{who}: {history}; reported to the runtime, which retries, until "
-            f"{unreleased.stamp(mark.until)}")
+            f"{stamp(mark.until)}")
 
 
 def _redacted_conf(conf: bytes, records: Any) -> Any:
@@ -286,7 +286,7 @@ def load_records(config: daemonconf.DaemonConfig) -> List[Any]:
 def spare_of(config: daemonconf.DaemonConfig) -> str:
     """Where the daemon and the shim keep the marks ``<cniDir>`` cannot take (beside the
     socket): every tool reads them too."""
-    from multusd.core.unreleased import spare_marks_dir
+    from multusd.core.delmarks import spare_marks_dir
 
     return spare_marks_dir(config.socket_dir)
 

@@ -131,7 +131,7 @@ def _key(name: Any, interface: Any) -> Tuple[str, str]:
 
 
 def _stamp(epoch: float) -> str:
-    from multusd.core.unreleased import stamp
+    from multusd.core.delmarks import stamp
 
     return stamp(epoch)
 

@@ -11,6 +11,12 @@ HTTP/1.1 over the unix socket ``<socketDir>/multus.sock``:
 * ``GET|POST /healthz`` (always 200 while serving), ``/readyz`` (500 once stopping).
 * ``GET /status``: the daemon's own facts as JSON (version, uptime, request counts), for
   ``multusd status``; read-only, multusd's own (upstream has no such endpoint).
+* ``POST /forget``: ``multusd gc --forget``, multusd's own (upstream's daemon answers 404,
+  and its shim never sends it): the body of the runtime's DEL of the sandbox, as for
+  ``/cni``; the daemon runs every delegate's DEL and drops the sandbox's records whatever
+  failed, in the sandbox's turn (one request per sandbox at a time, the runtime's DEL and the
+  daemon's own retries included); 200 ``{"networks": [...]}`` (:func:`forgotten_networks`),
+  a failure 400 with CNI error JSON.
 
 The client here is deliberately tiny (a raw request on a unix socket, ``Connection: close``)
 because the shim runs it once per pod sandbox and must start fast. Its ``timeout`` bounds the
@@ -34,6 +40,7 @@ DELEGATE_ENDPOINT = "/delegate"
 HEALTH_ENDPOINT = "/healthz"
 READY_ENDPOINT = "/readyz"
 STATUS_ENDPOINT = "/status"
+FORGET_ENDPOINT = "/forget"
 DEFAULT_SOCKET_DIR = "/run/multus/"
 SOCKET_NAME = "multus.sock"
 #: what a request that ran out of time raises (socket.timeout: TimeoutError from 3.10)
@@ -57,6 +64,13 @@ def encode_request(env: dict, config: bytes,
     if interface_attributes is not None:
         body["interfaceAttributes"] = dict(interface_attributes)
     return ascii_json(body).encode()
+
+
+def forgotten_networks(outcome) -> list:
+    """What ``/forget`` answers (and ``multusd gc --forget --json`` shows), from ``outcome``:
+    ``(network, interface, why not released)`` of each delegate ("" when it was)."""
+    return [{"network": network, "interface": ifname, "released": not why,
+             **({"error": why} if why else {})} for network, ifname, why in outcome]
 
 
 class HTTPResponse:

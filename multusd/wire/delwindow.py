@@ -16,12 +16,13 @@ upstream's files. When ``<cniDir>`` cannot take the mark (a full or read-only di
 where the directory should be) it goes to the same name in the socket's directory
 (``/run/multus/.multusd-unreleased``, lost at reboot), and the shim says so on stderr and in
 the journal: the window still ends, and the daemon and the tools read both places.
-The daemon writes the same files with more detail (:mod:`multusd.core.unreleased` defines
-them and publishes its ``deleteRetryWindow`` in ``.settings`` for the shim); the shim writes
-a mark only where there is none, or its own. Keys the shim writes: ``containerId``, ``by``
-("shim"), ``firstFailure``, ``lastFailure``, ``until``, ``bootId``, ``untilBoot``,
-``window``, ``attempts``, ``error``, ``cniDir`` and ``request`` (the runtime's CNI_*
-variables and config, so that the DEL can be run again as the runtime sent it).
+The daemon writes the same files with more detail (:mod:`multusd.core.delmarks`; it publishes
+its ``deleteRetryWindow`` in ``.settings`` for the shim); the shim writes a mark only where
+there is none, or its own. Both write and read a mark through the one definition of its
+format, :func:`multusd.mark_json` and :func:`multusd.parse_mark` (the package's: nothing more
+to import); the shim's marks leave out what only the daemon knows (which delegates failed or
+were released already), and keep the runtime's request (:func:`multusd.mark_request`: its
+CNI_* variables and config), so that the DEL can be run again as the runtime sent it.
 
 Times: ``firstFailure``, ``lastFailure`` and ``until`` are the wall clock (seconds since the
 epoch, for people and across reboots); the window is counted on the boot's clock
@@ -33,9 +34,10 @@ DEL failed: a DEL that succeeds costs nothing.
 import os
 import time
 
-from multusd import (MARK_REQUEST_ENV, MARKED_BY_SHIM, WINDOW_FILE, as_instant, cni_dir_of,
-                     ascii_json, go_field, go_loads, seconds_of, unreleased_marks_dir,
-                     window_end, window_left)  # not json: it imports re and enum
+from multusd import (MARKED_BY_SHIM, WINDOW_FILE, as_instant, ascii_json, cni_dir_of,
+                     go_field, go_loads, mark_json, mark_request, marks_places, parse_mark,
+                     seconds_of, unreleased_marks_dir, window_end,
+                     window_left)  # not json: it imports re and enum, ~13 ms of a shim run
 
 # Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
 # after the failure (its pod workers' back-off, 10 s with up to 50% jitter), so its first
@@ -94,33 +96,27 @@ def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
         return None
     now = as_instant(now)
     cni_dir = cni_dir_of(conf)
-    places = [unreleased_marks_dir(cni_dir)]
-    if socket_dir:
-        places.append(unreleased_marks_dir(socket_dir))
+    places = marks_places(cni_dir, unreleased_marks_dir(socket_dir) if socket_dir else "")
     mark, found_in = None, ""
     for place in places:
-        mark = read_mark(os.path.join(place, container_id))
+        mark = parse_mark(container_id, read_mark(os.path.join(place, container_id)))
         if mark is not None:
             found_in = place
             break
-    if mark is not None and mark.get("by") != MARKED_BY_SHIM:
+    if mark is not None and mark["by"] != MARKED_BY_SHIM:
         return mark
     first = mark is None
     if first:
         seconds = next((w for w in map(_published_window, places) if w is not None),
                        DEFAULT_WINDOW)
-        mark = {"containerId": container_id, "by": MARKED_BY_SHIM, "firstFailure": now[0],
-                "lastFailure": now[0], **window_end(seconds, None, now), "window": seconds,
-                "attempts": 1, "error": error, "cniDir": cni_dir,
-                "request": {"env": {k: env[k] for k in MARK_REQUEST_ENV if k in env},
-                            "config": stdin.decode("utf-8", "replace")}}
+        mark = mark_json(container_id, by=MARKED_BY_SHIM, first_failure=now[0],
+                         last_failure=now[0], end=window_end(seconds, None, now),
+                         window=seconds, attempts=1, error=error, cni_dir=cni_dir,
+                         request=mark_request(env, stdin))
     else:
-        attempts = mark.get("attempts")
-        mark = dict(mark, lastFailure=now[0], error=error,
-                    attempts=(attempts if isinstance(attempts, int) else 0) + 1)
-        if mark.get("bootId") != now[1]:  # written in another boot: on this boot's clock now
-            mark.update(window_end(seconds_of(mark.get("window")) or DEFAULT_WINDOW, mark,
-                                   now))
+        mark = dict(mark, lastFailure=now[0], error=error, attempts=mark["attempts"] + 1)
+        if mark["bootId"] != now[1]:  # written in another boot: on this boot's clock now
+            mark.update(window_end(seconds_of(mark["window"]) or DEFAULT_WINDOW, mark, now))
     data = ascii_json(mark).encode()
     for place in places:
         try:  # the first failure must survive a power loss; a lost count costs nothing

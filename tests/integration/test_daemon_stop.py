@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from harness import REPO, call_shim
-from multusd.core import unreleased
+from multusd.core import delmarks, markadoption
 from multusd.daemon.stopping import STOP_TIMEOUT
 from multusd.wire import api
 from testlib import wait_for
@@ -111,7 +111,7 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
     assert "was killed: multusd stopped it" in add_out[0].output["msg"]
     assert "multusd is stopping" in retry_out[0].output["msg"]
     assert retry_out[0].output["code"] == 11
-    mark = unreleased.read(daemon.cni_dir, hung_del)
+    mark = delmarks.read(daemon.cni_dir, hung_del)
     assert mark is not None and mark.by == "daemon", mark
     failed = {f.network: f.error for f in mark.failures}  # the first DEL's, kept by the retry's
     assert set(failed) == {"vendor", "cluster"}
@@ -119,7 +119,7 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
     assert "was not started: multusd stopped it" in failed["cluster"]
     assert mark.error.startswith("multusd is stopping")  # the retry's, refused at the cut
     for cid in (hung_del, hung_add):
-        assert unreleased.has_records(daemon.cni_dir, cid)  # nothing forgotten
+        assert markadoption.has_records(daemon.cni_dir, cid)  # nothing forgotten
     assert len(sandbox.leases_held()) == 2
 
     # the cause goes away; a DEL sent while no daemon runs waits in the socket ...
@@ -136,9 +136,9 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
     daemon.start(activate=False)
     queued.join(60)
     assert queued_out and queued_out[0].status == 200, queued_out
-    assert unreleased.read(daemon.cni_dir, hung_del) is None
-    assert not unreleased.has_records(daemon.cni_dir, hung_del)
+    assert delmarks.read(daemon.cni_dir, hung_del) is None
+    assert not markadoption.has_records(daemon.cni_dir, hung_del)
     deleted = call_shim("DEL", conf, netns=namespaces[hung_add], **pod(hung_add, "hung-add"))
     assert deleted.code == 0, deleted.output  # the runtime's DEL after the failed ADD
-    assert not unreleased.has_records(daemon.cni_dir, hung_add)
+    assert not markadoption.has_records(daemon.cni_dir, hung_add)
     assert sandbox.leases_held() == []

@@ -141,10 +141,11 @@ def assert_released(cluster: Cluster, cid: str, port: int = 0) -> None:
 
 def released_by_the_daemon(cluster: Cluster, cid: str, timeout: float = 60) -> None:
     """Wait for the daemon's own retries (no gc, no DEL from the runtime) to release ``cid``."""
+    # the daemon says so once the records are gone: the line is part of what is waited for
     wait_for(lambda: not cluster.sandbox.leases_held() and
-             not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid)), timeout,
-             interval=0.1, what="the daemon to release the sandbox by itself")
-    assert f"unreleased sandbox {cid} (default/" in cluster.daemon.log()
+             not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid)) and
+             f"unreleased sandbox {cid} (default/" in cluster.daemon.log(), timeout,
+             interval=0.1, what="the daemon to release the sandbox by itself and say so")
 
 
 def test_a_plugin_whose_del_fails_for_good_holds_the_pod_only_for_the_window(cluster):

@@ -59,10 +59,10 @@ def test_add_converts_the_result_to_the_runtime_config_version(upstream):
 
 def test_a_del_upstreams_daemon_keeps_failing_is_reported_only_for_the_window(upstream,
                                                                            tmp_path):
-    from multusd.core import unreleased
+    from multusd.core import delmarks
 
     cni_dir = str(tmp_path / "cni")
-    unreleased.publish_window(cni_dir, 2, default=300)  # a multusd ran here before
+    delmarks.publish_window(cni_dir, 2, default=300)  # a multusd ran here before
     conf = shim_conf(upstream.socket_dir, "1.0.0", cniDir=cni_dir)
     args = {"container_id": "c0ffee", "netns": "/run/netns/x", "pod": ("default", "web")}
     upstream.del_error = {"code": 7, "msg": "no IP ranges specified"}

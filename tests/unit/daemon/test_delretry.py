@@ -16,7 +16,7 @@ from harness import STUBS
 from multusd import store
 from multusd.config import daemonconf
 from multusd.core import request
-from multusd.core import scratch, unreleased
+from multusd.core import delmarks, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.multus import Multus
 from multusd.daemon import delretry
@@ -60,7 +60,7 @@ class Node:
         env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
                "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
         unreleased.record(self.cni_dir, request.parse(env, RUNTIME_CONF, self.config),
-                          (unreleased.Failure("stubnet", "eth0", "its daemon is down"),), "m",
+                          (delmarks.Failure("stubnet", "eth0", "its daemon is down"),), "m",
                           window=5, now=failed_at)
 
     def dels(self) -> int:
@@ -79,16 +79,16 @@ def test_unreleased_sandboxes_get_their_del_again_until_released(tmp_path):
     assert retrier.retry_all() == 0  # still failing: kept, with one more attempt
 
     assert node.requests == [("/cni", "unreleased-old")] and node.dels() == 1
-    assert unreleased.read(node.cni_dir, "old").attempts == 2
-    assert unreleased.read(node.cni_dir, "new").attempts == 1  # not the retrier's to run
-    assert unreleased.read(node.cni_dir, "old").announced  # said once, in the journal
+    assert delmarks.read(node.cni_dir, "old").attempts == 2
+    assert delmarks.read(node.cni_dir, "new").attempts == 1  # not the retrier's to run
+    assert delmarks.read(node.cni_dir, "old").announced  # said once, in the journal
 
     open(node.fixed, "w").close()  # the cause is gone
     assert retrier.retry_all() == 1
 
     assert not os.path.exists(os.path.join(node.cni_dir, "old"))
-    assert unreleased.read(node.cni_dir, "old") is None
-    assert unreleased.read(node.cni_dir, "new") is not None
+    assert delmarks.read(node.cni_dir, "old") is None
+    assert delmarks.read(node.cni_dir, "new") is not None
     assert retrier.retry_all() == 0 and node.dels() == 2
 
 
@@ -104,7 +104,7 @@ def test_at_start_the_window_is_published_and_what_the_shim_gave_up_on_is_releas
     retrier.start()
     try:
         # at once, without waiting for a pod cache or for a retry interval
-        wait_for(lambda: unreleased.read(node.cni_dir, "gaveup") is None, 10,
+        wait_for(lambda: delmarks.read(node.cni_dir, "gaveup") is None, 10,
                  what="the shim's sandbox released at start")
     finally:
         retrier.stop()
@@ -137,9 +137,44 @@ def test_a_mark_the_shim_left_in_the_default_cni_dir_is_taken_in_and_released(tm
 
     assert node.requests == [("/cni", "unreleased-static")] and node.dels() == 1
     assert not os.path.exists(os.path.join(node.cni_dir, "static"))  # released
-    assert unreleased.read(node.cni_dir, "static") is None
-    assert unreleased.read(default, "static") is None  # not left behind in the default one
-    assert unreleased.read(default, "theirs") is not None  # not ours to take
+    assert delmarks.read(node.cni_dir, "static") is None
+    assert delmarks.read(default, "static") is None  # not left behind in the default one
+    assert delmarks.read(default, "theirs") is not None  # not ours to take
+
+
+def test_the_shims_mark_in_the_default_cni_dir_goes_once_its_sandbox_is_released(tmp_path):
+    # the daemon answered the DEL with an error (its delegate failed): the shim, which reads
+    # only its own config's (the default) cniDir, marked there too; the runtime's next DEL,
+    # or something else, released the sandbox: the shim's copy must not stay for ever
+    node = Node(tmp_path)
+    default = str(tmp_path / "default")
+    for cid in ("released", "forgotten", "held"):
+        node.sandbox(cid, failed_at=time.time())
+        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
+               "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
+        assert delwindow.note_failure({"cniDir": default}, env, RUNTIME_CONF, "its daemon is "
+                                      "down", now=time.time()) is not None
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600,
+                         shim_default=default)
+    open(node.fixed, "w").close()
+    node.multus.cni(request.parse(dict(env, CNI_CONTAINERID="released"), RUNTIME_CONF,
+                                  node.config), time.monotonic() + 30, LOG)
+    assert delmarks.read(node.cni_dir, "released") is None  # the daemon's own: dropped
+
+    retrier.after_del("released")  # as the daemon does once it answered that DEL
+
+    assert delmarks.read(default, "released") is None
+    assert delmarks.read(default, "forgotten") is not None  # not that DEL's
+    retrier.after_del("held")  # answered success, yet not released (its window is over)
+    assert delmarks.read(default, "held") is not None
+    os.unlink(os.path.join(node.cni_dir, "forgotten"))  # e.g. `gc --forget` with no daemon
+
+    retrier.run_due()  # the next look (nothing is due: every window still runs)
+
+    assert delmarks.read(default, "forgotten") is None
+    assert delmarks.read(default, "held") is None  # taken in: the daemon keeps its own
+    assert delmarks.read(node.cni_dir, "held").by == "daemon"
+    retrier.after_del("no-such")  # nothing marked: nothing to do, never raises
 
 
 def test_a_sandbox_still_failing_is_retried_on_a_backoff_and_announced_once(tmp_path, caplog):
@@ -156,9 +191,9 @@ def test_a_sandbox_still_failing_is_retried_on_a_backoff_and_announced_once(tmp_
     wait_for(lambda: retrier.run_due() and node.dels() == 2, 5, interval=0.05,
              what="the second retry")
     announced = [r for r in caplog.records if "DEL of sandbox old" in r.getMessage()]
-    assert len(announced) == 1 and unreleased.read(node.cni_dir, "old").announced
+    assert len(announced) == 1 and delmarks.read(node.cni_dir, "old").announced
     open(node.fixed, "w").close()  # the cause is gone
-    wait_for(lambda: retrier.run_due() and unreleased.read(node.cni_dir, "old") is None, 5,
+    wait_for(lambda: retrier.run_due() and delmarks.read(node.cni_dir, "old") is None, 5,
              interval=0.05, what="the release")
     assert node.dels() == 3 and retrier.run_due() == 3600 and node.dels() == 3
 

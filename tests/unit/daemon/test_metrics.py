@@ -269,6 +269,7 @@ def test_http_answers_use_upstream_labels():
     daemon.observe_http("/readyz?x=1", "GET", 500)
     daemon.observe_http("/nope", "GET", 404)
     daemon.observe_http("/healthz", "BREW", 405)
+    daemon.observe_http("/forget", "POST", 200)  # multusd's own; counted as /cni is
     text = daemon.render()
     upstream = "multus_server_request_total"
     assert sample(text, upstream + '{code="200",handler="/cni",method="post"}') == "1.0"
@@ -282,6 +283,9 @@ def test_http_answers_use_upstream_labels():
     assert value(daemon, requests, handler="/readyz", command="", result="error") == 1
     assert value(daemon, requests, handler="NotFound", command="", result="error") == 1
     assert not re.search(r'^multusd_requests_total\{[^}]*handler="/cni"', text, re.M)
+    assert sample(text, upstream + '{code="200",handler="/forget",method="post"}') == "1.0"
+    assert not re.search(r'^multusd_requests_total\{[^}]*handler="(/forget|NotFound)",'
+                         r'command="",result="ok"', text, re.M)
 
 
 def test_plugin_durations_by_type_and_command():

@@ -21,7 +21,7 @@ import pytest
 from harness import REPO, STUBS, NotifyListener
 from multusd.cni import invoke
 from multusd.config import daemonconf
-from multusd.core import unreleased
+from multusd.core import delmarks
 from multusd.daemon.server import Server
 from multusd.daemon.stopping import CUT_GRACE, STOP_TIMEOUT, UNIT_MARGIN, Stop
 from multusd.wire import api
@@ -175,7 +175,7 @@ def test_the_cut_kills_the_plugins_refuses_what_waits_and_records_the_dels(node)
                               "is near): the request was not run; retry it")
     assert node.started == ["hung-add", "hung-del"]  # what waited never ran
     assert stop.recorded == ["hung-del"]  # the DEL that never ran; the CHECK is no DEL
-    mark = unreleased.read(node.cni_dir, "hung-del")
+    mark = delmarks.read(node.cni_dir, "hung-del")
     assert (mark.by, mark.pod, mark.attempts) == ("daemon", "ns/p-hung-del", 1)
     assert mark.error.startswith("multusd is stopping (its stop deadline")
     assert mark.request["env"]["CNI_COMMAND"] == "DEL"  # to be run again as the runtime sent it
@@ -192,7 +192,7 @@ def test_a_del_still_running_at_the_deadline_is_recorded_before_the_exit(node):
     stop.finish()  # returns at the deadline although the DEL still runs
     assert "stuck" not in node.answers
     assert stop.recorded == ["stuck"]
-    assert unreleased.read(node.cni_dir, "stuck").error == \
+    assert delmarks.read(node.cni_dir, "stuck").error == \
         "multusd stopped at its stop deadline while this DEL ran"
 
 
@@ -218,7 +218,7 @@ def test_record_ignores_what_is_not_a_sandbox_del(node):
     stop = node.stop()
     for path, command in ((api.CNI_ENDPOINT, "ADD"), (api.DELEGATE_ENDPOINT, "DEL")):
         stop.record(Job(None, path, "POST", body(command, "c9"), 0.0, command, "c9"), "why")
-    assert stop.recorded == [] and unreleased.read_all(node.cni_dir) == {}
+    assert stop.recorded == [] and delmarks.read_all(node.cni_dir) == {}
 
 
 def test_a_reconciliation_still_waiting_at_the_exit_is_dropped_not_answered(node):

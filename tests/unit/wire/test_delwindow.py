@@ -70,9 +70,27 @@ def test_a_mark_the_daemon_wrote_is_only_read(tmp_path):
     with open(mark_file(tmp_path), "w") as handle:
         json.dump(daemons, handle)
 
-    assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=70.0) == daemons
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=70.0)
+    assert mark == multusd.parse_mark("c0ffee", daemons)  # read as the format reads it
+    assert (mark["by"], mark["attempts"], mark["until"]) == ("daemon", 4, 65.0)
     assert delwindow.read_mark(mark_file(tmp_path)) == daemons  # unchanged on disk
-    assert delwindow.expired(daemons, now=70.0)
+    assert delwindow.expired(mark, now=70.0)
+
+
+def test_a_file_that_is_no_mark_gets_the_shims_first_mark_and_a_whole_window(tmp_path):
+    # (before one format, the shim took any JSON object there for the daemon's mark: one
+    # without an end had ended, and the first failed DEL was answered success at once)
+    directory = os.path.dirname(mark_file(tmp_path))
+    os.makedirs(directory)
+    for junk in ({"by": "daemon"}, {"containerId": "other", "firstFailure": 5.0}, []):
+        with open(mark_file(tmp_path), "w") as handle:
+            json.dump(junk, handle)
+
+        mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=1000.0)
+
+        assert (mark["by"], mark["attempts"], mark["firstFailure"]) == ("shim", 1, 1000.0)
+        assert not delwindow.expired(mark, now=1000.0)
+        assert delwindow.read_mark(mark_file(tmp_path)) == mark
 
 
 def test_nothing_is_marked_for_a_container_id_that_names_no_file(tmp_path):
