@@ -35,7 +35,6 @@ Usage::
 
 #: Go's decoder refuses JSON nested deeper than this ("exceeded max depth").
 MAX_JSON_DEPTH: int = 10000
-_SHALLOW = 400  # fewer brackets than this: CPython's C scanner takes it (it recurses per level)
 _WHITESPACE = " \t\n\r"
 _FOLDED = {**{c: c - 32 for c in range(ord("a"), ord("z") + 1)}, 0x17F: "S", 0x212A: "K"}
 
@@ -88,6 +87,8 @@ def go_fields(obj: dict, names: tuple, *, nils: tuple = (), merges: tuple = (),
     first: their members add up. ``check(name, value)`` sees every non-null value a field is
     given (Go refuses a value of the wrong type even when a later member replaces it).
     """
+    if not isinstance(obj, dict):
+        return {}  # not an object: Go refuses it, which the caller says
     exact = {name: name for name in names}
     folded: dict = {}
     for name in names:
@@ -145,8 +146,8 @@ def go_loads(data: "bytes | bytearray | memoryview | str") -> object:
     text = _go_text(data)
     if "\\ud" in text or "\\uD" in text:
         text = _paired_surrogates_only(text)
-    if text.count("{") + text.count("[") < _SHALLOW:  # no recursion too deep for the C scanner
-        try:
+    if text.count("{") + text.count("[") <= MAX_JSON_DEPTH:  # cannot nest past Go's limit:
+        try:  # CPython's C scanner (deeper than its recursion takes, the parse below)
             value, end = _scanner()(text, len(text) - len(text.lstrip(_WHITESPACE)))
             if not text[end:].strip(_WHITESPACE):
                 return value
@@ -243,8 +244,10 @@ def _paired_surrogates_only(text: str) -> str:
     followed by a low one) written ``\ufffd``, as Go decodes it."""
     parts, done, at = [], 0, text.find("\\u")
     while at != -1:
-        run = at - len(text[:at].rstrip("\\"))  # backslashes before: an odd run is escaped
-        code = _hex4(text, at + 2) if run % 2 == 0 else -1
+        before = at  # the backslashes before this one: an odd run of them escapes it
+        while before and text[before - 1] == "\\":
+            before -= 1  # each run is walked once: the next search starts past it
+        code = _hex4(text, at + 2) if (at - before) % 2 == 0 else -1
         step = 6 if code != -1 else 2
         if 0xD800 <= code <= 0xDBFF and text.startswith("\\u", at + 6) and \
                 0xDC00 <= _hex4(text, at + 8) <= 0xDFFF:
@@ -258,9 +261,12 @@ def _paired_surrogates_only(text: str) -> str:
 
 def _hex4(text: str, at: int) -> int:
     digits = text[at:at + 4]
-    if len(digits) != 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
-        return -1
-    return int(digits, 16)
+    if len(digits) == 4 and digits.isascii() and digits.isalnum():  # int() takes "+1_a" too
+        try:
+            return int(digits, 16)
+        except ValueError:
+            pass
+    return -1
 
 
 def _parse_iteratively(text: str) -> object:
