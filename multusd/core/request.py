@@ -124,8 +124,22 @@ def decode_body(body: bytes) -> tuple[dict[str, str], bytes, dict[str, Any] | No
         raise DecodeFailure("\"interfaceAttributes\" must be an object")
     if attributes is not None:  # upstream's DelegateInterfaceAttributes: ips, mac, cni-args
         attributes = go_fields(attributes, ("ips", "mac", "cni-args"), nils=("ips", "cni-args"),
-                               merges=("cni-args",))
+                               merges=("cni-args",), check=_check_attribute)
+        if attributes.get("ips") is not None:  # a []string: a null in it is ""
+            attributes["ips"] = ["" if ip is None else ip for ip in attributes["ips"]]
     return env, config, attributes
+
+
+_ATTRIBUTE_TYPES = {"ips": (list, "a list of strings"), "mac": (str, "a string"),
+                    "cni-args": (dict, "an object")}
+
+
+def _check_attribute(key: str, value: Any) -> None:
+    kind, what = _ATTRIBUTE_TYPES[key]
+    if not isinstance(value, kind) or (key == "ips" and not all(
+            ip is None or isinstance(ip, str) for ip in value)):
+        raise DecodeFailure(f"\"interfaceAttributes\": \"{key}\" must be {what}, not "
+                            f"{_kind(value)}")
 
 
 def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArgs:

@@ -160,6 +160,15 @@ def test_decode_body_reads_the_request_as_upstreams_api_request_struct():
                           "cni-args": {"vlan": 100.0}}
     with pytest.raises(DecodeFailure, match="NaN is not JSON"):
         decode_body(b'{"env": {}, "config": "e30=", "x": NaN}')
+    for attributes, expected in (('{"ips": 5}', '"ips" must be a list of strings'),
+                                 ('{"ips": [5]}', '"ips" must be a list of strings'),
+                                 ('{"mac": 5, "mac": "x"}', '"mac" must be a string'),
+                                 ('{"cni-args": []}', '"cni-args" must be an object')):
+        with pytest.raises(DecodeFailure, match=expected):
+            decode_body(b'{"env": {}, "config": "e30=", "interfaceAttributes": '
+                        + attributes.encode() + b"}")
+    assert decode_body(b'{"env": {}, "config": "e30=", "interfaceAttributes": '
+                       b'{"ips": ["10.0.0.5", null]}}')[2] == {"ips": ["10.0.0.5", ""]}
 
 
 def test_pod_prefix_names_the_pod_or_the_container():
