@@ -22,6 +22,7 @@ import os
 import threading
 from typing import Any, Callable, List, Mapping, Tuple
 
+from multusd import go_field
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
@@ -159,7 +160,7 @@ class Multus:
         itself (51: existing attachments may have limited connectivity too) is passed on
         unchanged, as upstream does.
         """
-        path = req.config.get("readinessindicatorfile")
+        path = go_field(req.config, "readinessindicatorfile")
         if path and not os.path.exists(path):
             raise NotReady(f"multusd cannot serve ADD yet: the readiness indicator file {path} "
                            "(readinessindicatorfile) does not exist; the cluster network "

@@ -72,7 +72,7 @@ class CmdArgs(PodIdentity, Record):
 
     @property
     def cni_version(self) -> str:
-        return str(self.config.get("cniVersion") or "")
+        return str(go_field(self.config, "cniVersion") or "")
 
     def k8s_fields(self) -> dict[str, str]:
         return {"K8S_POD_NAMESPACE": self.pod_namespace, "K8S_POD_NAME": self.pod_name,

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd import MARKED_BY_SHIM, as_instant, clock_now, go_loads
+from multusd import MARKED_BY_SHIM, as_instant, clock_now, go_field, go_loads
 from multusd.config import daemonconf, nodename
 from multusd.errors import ConfigError
 from multusd.wire import api
@@ -353,5 +353,5 @@ def runtime_conf(config) -> bytes:
                 return data
         except (OSError, ValueError):
             pass
-    return json.dumps({"cniVersion": str(config.raw.get("cniVersion") or "1.0.0"),
+    return json.dumps({"cniVersion": str(go_field(config.raw, "cniVersion") or "1.0.0"),
                        "name": "multus-cni-network", "type": "multus-shim"}).encode()

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from multusd import clock_now, go_loads
+from multusd import clock_now, go_field, go_loads
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
 from multusd.core import delmarks, markadoption, records, settings
@@ -269,7 +269,7 @@ def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], 
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": record.container_id,
            "CNI_NETNS": record.netns, "CNI_IFNAME": record.master_ifname,
            "CNI_ARGS": format_cni_args(pairs),
-           "CNI_PATH": ":".join(search_path(str(config.raw.get("binDir") or "")))}
+           "CNI_PATH": ":".join(search_path(str(go_field(config.raw, "binDir") or "")))}
     return env, common.runtime_conf(config)
 
 
