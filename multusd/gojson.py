@@ -208,9 +208,14 @@ def _scanner() -> object:
 
         try:
             from _json import make_scanner
-        except ImportError:  # pragma: no cover - not CPython
-            from json.scanner import make_scanner
-        _SCANNER.append(make_scanner(Context()))
+        except ImportError:  # pragma: no cover - not CPython: json's own, in Python
+            import json
+
+            _SCANNER.append(json.JSONDecoder(
+                object_pairs_hook=GoObject, parse_float=_fraction, parse_int=_integer,
+                parse_constant=_constant).scan_once)
+        else:
+            _SCANNER.append(make_scanner(Context()))
     return _SCANNER[0]
 
 
