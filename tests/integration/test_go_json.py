@@ -82,6 +82,26 @@ def nat_rules() -> str:
                           text=True).stdout
 
 
+_PORTMAP_SCAFFOLD = [  # what portmap adds once and never removes (a node keeps it)
+    ["-D", "PREROUTING", "-m", "addrtype", "--dst-type", "LOCAL", "-j", "CNI-HOSTPORT-DNAT"],
+    ["-D", "OUTPUT", "-m", "addrtype", "--dst-type", "LOCAL", "-j", "CNI-HOSTPORT-DNAT"],
+    ["-D", "POSTROUTING", "-m", "comment", "--comment", "CNI portfwd requiring masquerade",
+     "-j", "CNI-HOSTPORT-MASQ"],
+    ["-F", "CNI-HOSTPORT-MASQ"], ["-F", "CNI-HOSTPORT-SETMARK"],
+    ["-X", "CNI-HOSTPORT-DNAT"], ["-X", "CNI-HOSTPORT-MASQ"], ["-X", "CNI-HOSTPORT-SETMARK"]]
+
+
+@pytest.fixture
+def portmap_chains():
+    """portmap's shared nat chains are removed after the test when it made them."""
+    made = "-N CNI-HOSTPORT-DNAT" not in nat_rules()
+    yield
+    if made and "-A CNI-HOSTPORT-DNAT " not in nat_rules():
+        for rule in _PORTMAP_SCAFFOLD:
+            subprocess.run(["iptables", "-t", "nat", *rule], capture_output=True)
+
+
+@pytest.mark.usefixtures("portmap_chains")
 def test_port_mappings_in_another_case_reach_portmap(cluster):
     """{"HostPort": ..., "ContainerPort": ...}: upstream's PortMapEntry takes them, and the
     portmap plugin DNATs the host port to the pod; it got 0/0 and refused the mapping before."""
