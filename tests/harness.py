@@ -364,8 +364,7 @@ class Cluster:
         full = {"cniVersion": "0.4.0", "kubeconfig": self.kube.kubeconfig_path,
                 "nodeName": self.kube.node, "confDir": self.conf_dir,
                 "clusterNetwork": self.cluster_path, "multusNamespace": "kube-system"}
-        full.update(config)
-        full = {key: value for key, value in full.items() if value is not None}
+        full.update(config)  # a None is left out by DaemonProcess (its own defaults too)
         self.daemon = self.sandbox.daemon(full, env=env)
         wait_for(lambda: api.http_request(self.daemon.socket_path, "GET", "/readyz",
                                           timeout=2).status == 200, 20, what="caches synced")

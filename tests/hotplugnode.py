@@ -9,7 +9,7 @@ import time
 import uuid
 
 from multusd.config import daemonconf
-from multusd.core import reconcile, request, scratch
+from multusd.core import reconcile, request, sandboxconfig, scratch
 from multusd.core.multus import Multus
 from multusd.kube.client import KubeClient
 from multusd.kube.objects import pod_from_object
@@ -35,23 +35,28 @@ class Node:
         self.api, self.netns = kube_api, netns
         self.cni_dir = str(tmp_path / "cni")
         self.calls_file = str(tmp_path / "calls.jsonl")
-        self.config = daemonconf.from_dict(dict({
-            "cniDir": self.cni_dir, "binDir": STUBS, "kubeconfig": kube_api.kubeconfig_path,
-            "enableDynamicNetworks": True,
-            "delegates": [self.stub("cluster", result=result("eth0", "10.0.0.2/24"))]},
-            **daemon))
         self.client = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
         self.client.start()
         assert self.client.wait_synced(10, nads=True), self.client.last_error
-        self.multus = Multus(self.config, self.client)
+        self.configure(**daemon)
         self.cid = uuid.uuid4().hex
+
+    def configure(self, **daemon) -> None:
+        """The daemon (re)started with daemon-config.json's keys ``daemon`` (None: unset)."""
+        raw = dict({"cniDir": self.cni_dir, "binDir": STUBS,
+                    "kubeconfig": self.api.kubeconfig_path, "enableDynamicNetworks": True,
+                    "delegates": [self.stub("cluster", result=result("eth0", "10.0.0.2/24"))]},
+                   **daemon)
+        self.config = daemonconf.from_dict({k: v for k, v in raw.items() if v is not None})
+        self.multus = Multus(self.config, self.client)
 
     def stub(self, name: str, **keys) -> dict:
         return dict({"cniVersion": "1.0.0", "name": name, "type": "stub-record",
                      "recordFile": self.calls_file}, **keys)
 
-    def nad(self, name: str, ifname: str = "net9", address: str = "10.9.0.2/24", **keys):
-        self.api.add_nad("default", name, json.dumps(self.stub(
+    def nad(self, name: str, ifname: str = "net9", address: str = "10.9.0.2/24",
+            namespace: str = "default", **keys):
+        self.api.add_nad(namespace, name, json.dumps(self.stub(
             name, result=result(ifname, address), **keys)))
 
     def attach(self, name: str = "web", networks: str = "", namespace: str = "default"):
@@ -87,6 +92,16 @@ class Node:
 
     def scratch(self) -> bytes:
         return scratch.read_cache(scratch.cache_path(self.cni_dir, self.cid)) or b""
+
+    def drop_record(self) -> None:
+        """The sandbox as an earlier multusd (or upstream) recorded it: no configuration, no
+        multusdNamedBy."""
+        entries = json.loads(self.scratch())
+        for entry in entries:
+            entry.pop(sandboxconfig.CONFIG_KEY, None)
+            entry.pop(scratch.NAMED_BY_KEY, None)
+        with open(scratch.cache_path(self.cni_dir, self.cid), "w") as handle:
+            json.dump(entries, handle)
 
     def recorded(self) -> list:
         return [(d.name, d.ifname) for d in scratch.delegates_from_cache(self.scratch())]

@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any, Mapping
 
-from multusd import go_field, go_fields, go_fold, go_loads
+from multusd import GoObject, go_field, go_fields, go_fold, go_loads
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
 from multusd.store.valueclass import Record, field
@@ -162,13 +162,15 @@ def overlay(request_conf: Mapping[str, Any], daemon: DaemonConfig) -> dict[str, 
 
     Top-level daemon keys win and nested values are replaced whole. In ``auto`` mode the
     readiness indicator is dropped from both sides, as upstream does: the generated config
-    exists only once the file did.
+    exists only once the file did. As upstream's: two maps (keys exactly as written), and the
+    result written out with its keys sorted and read into its NetConf struct, so a struct read
+    of it (:func:`multusd.go_field`) meets its members in that order.
     """
     merged = dict(request_conf)
     merged.update(daemon.raw)
     if daemon.raw.get("multusConfigFile", "auto") == "auto":
         merged.pop("readinessindicatorfile", None)
-    return merged
+    return GoObject(sorted(merged.items()))
 
 
 class _Problems(ConfigReader):

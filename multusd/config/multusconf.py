@@ -88,7 +88,6 @@ class _Settings(NamedTuple):
     static_file: str
     autoconfig_dir: str
     master: str
-    cni_config_dir: str
     readiness_file: str
     cni_version: str
     force_version: bool
@@ -208,7 +207,6 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     return _Settings(
         auto=auto, static_file="" if auto else mode, autoconfig_dir=autoconfig_dir,
         master=master,
-        cni_config_dir=lenient_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR,
         readiness_file=os.path.normpath(readiness) if readiness else "",
         cni_version=cni_version, force_version=conf.get("forceCNIVersion") is True,
         override_name=conf.get("overrideNetworkName") is True, shim_type=shim_type,
@@ -239,8 +237,18 @@ def _check_log_options(conf: Mapping[str, Any], problems: ConfigReader) -> None:
 
 
 def _target(settings: _Settings) -> str:
-    name = MULTUS_CONF_NAME if settings.auto else os.path.basename(settings.static_file)
-    return os.path.join(settings.cni_config_dir, name)
+    return runtime_conf_paths(settings.conf)[0]
+
+
+def runtime_conf_paths(daemon_conf: Mapping[str, Any]) -> Tuple[str, ...]:
+    """Where the runtime's multus config is: the file written to ``cniConfigDir`` (auto mode:
+    00-multus.conf; static mode: the copy of ``multusConfigFile``), then in static mode the
+    operator's file itself. Read leniently (keys of a wrong type: their defaults)."""
+    mode = lenient_str(daemon_conf, "multusConfigFile", AUTO) or AUTO
+    directory = lenient_str(daemon_conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR
+    if mode == AUTO:
+        return (os.path.join(directory, MULTUS_CONF_NAME),)
+    return (os.path.join(directory, os.path.basename(mode)), mode)
 
 
 # --------------------------------------------------------------------------- static mode

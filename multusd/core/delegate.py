@@ -7,8 +7,20 @@ from typing import Any, Dict, Optional, Tuple
 from multusd import go_field
 from multusd.core.dra import DraDevice
 from multusd.core.netconf import conf_object
-from multusd.core.selection import NetworkSelection
+from multusd.core.selection import DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection
 from multusd.store.valueclass import Record
+
+# What named a delegate (Delegate.named_by): the multus config's key, or the pod's annotation.
+# Recorded with it in the scratch cache: a running pod's annotation only ever removes what it
+# named itself (multusd.core.netchanges).
+BY_CLUSTER_NETWORK = "clusterNetwork"
+BY_DEFAULT_NETWORKS = "defaultNetworks"
+BY_DELEGATES = "delegates"
+BY_AUXILIARY_CHAIN = "auxiliaryCNIChainName"
+BY_DEFAULT_NETWORK_ANNOTATION = DEFAULT_NETWORK_ANNOTATION
+BY_NETWORKS_ANNOTATION = NETWORKS_ANNOTATION
+NAMED_BY = (BY_CLUSTER_NETWORK, BY_DEFAULT_NETWORKS, BY_DELEGATES, BY_AUXILIARY_CHAIN,
+            BY_DEFAULT_NETWORK_ANNOTATION, BY_NETWORKS_ANNOTATION)
 
 
 class Delegate(Record):
@@ -37,6 +49,7 @@ class Delegate(Record):
     filter_v4_gateway: bool = False
     filter_v6_gateway: bool = False
     dra_device: Optional[DraDevice] = None  # where device_id came from, when DRA allocated it
+    named_by: str = ""  # NAMED_BY: what named it ("" in a record that does not say)
 
     @property
     def is_conflist(self) -> bool:

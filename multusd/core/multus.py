@@ -28,12 +28,13 @@ from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core import cmdadd, cmddel, delmarks, hotplug, reconcile, scratch
+from multusd.core import (cmdadd, cmddel, delmarks, effective, hotplug, podsandbox,
+                          reconcile, sandboxconfig, scratch)
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
 from multusd.core.runner import DelegateRunner, delegate_error
-from multusd.core.settings import cni_dir_of, load_settings, require_delegates
+from multusd.core.settings import require_delegates
 from multusd.errors import MultusError, NotReady
 from multusd.node.netns import check_namespace
 
@@ -52,6 +53,8 @@ class Multus:
                  plugin_observer: PluginObserver | None = None,
                  running_plugins: RunningPlugins | None = None) -> None:
         self.config = config
+        self.node = effective.NodeConfig(config)  # for the paths no runtime request carries
+        self.notices = sandboxconfig.Notices()  # what was said once per sandbox
         self.kube = kube
         self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
         self.running_plugins = running_plugins  # and this (the daemon's stop ends them)
@@ -88,7 +91,8 @@ class Multus:
         cmddel.cmd_del(req, deadline, log, engine=engine, kube=self.kube,
                        parallel_delegates=self.config.parallel_delegates,
                        window=self.config.delete_retry_window,
-                       spare=delmarks.spare_marks_dir(self.config.socket_dir))
+                       spare=delmarks.spare_marks_dir(self.config.socket_dir),
+                       notices=self.notices, other_dirs=self.node.cni_dirs)
 
     def forget(self, req: CmdArgs, deadline: float, log: Any) -> List[Tuple[Delegate, str]]:
         """``multusd gc --forget``: see :func:`multusd.core.cmddel.forget`."""
@@ -109,9 +113,20 @@ class Multus:
                   stopping: Callable[[], bool]) -> reconcile.Outcome:
         """A running pod's network selections applied to its sandbox (``enableDynamicNetworks``):
         see :mod:`multusd.core.reconcile`."""
-        engine = self.engine(self.config.raw)
-        return reconcile.reconcile(pod, container_id, self.config, deadline, log, engine=engine,
-                                   kube=self.kube, stopping=stopping)
+        node = self.node.current()
+        return reconcile.reconcile(pod, container_id, node, deadline, log,
+                                   engine=self.engine(node.merged), kube=self.kube,
+                                   stopping=stopping, notices=self.notices)
+
+    def needs_reconciling(self, pod: Any, container_id: str, log: Any) -> bool:
+        """Whether :meth:`reconcile` would do anything (read-only, outside the lanes).
+
+        :raises Unestablished: the configuration to judge the sandbox by cannot be
+            established (:mod:`multusd.core.podsandbox`).
+        """
+        view = podsandbox.read_view(container_id, self.node.current(), log,
+                                    notices=self.notices)
+        return view is not None and podsandbox.needs_reconciling(view, pod)
 
     def _warn_delegate_caller(self, req: CmdArgs) -> None:
         """Say once per pod that something else hot-plugs while multusd does it too."""
@@ -130,7 +145,10 @@ class Multus:
 
     # -- CHECK, STATUS, GC ------------------------------------------------------------------
     def check(self, req: CmdArgs, deadline: float, log: Any) -> None:
-        path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
+        """CHECK, judged by the configuration the sandbox was attached under."""
+        req = sandboxconfig.sandbox_request(req, log, notices=self.notices,
+                                            other_dirs=self.node.cni_dirs)
+        path = scratch.cache_path(req.effective.cni_dir, req.container_id)
         data = scratch.read_cache(path)
         if data is None:
             raise MultusError(f"CHECK: no attachments recorded for container {req.container_id} "
@@ -185,7 +203,7 @@ class Multus:
 
     def gc(self, req: CmdArgs, deadline: float, log: Any) -> None:
         cmdadd.wait_for_readiness_file(req.config, deadline)
-        directory = cni_dir_of(req.config)
+        directory = req.effective.cni_dir
         if not os.path.isdir(os.path.join(directory, resultcache.RESULTS_DIR)):
             raise MultusError(f"error in gather valid attachments: {directory}/results does "
                               "not exist")
@@ -199,7 +217,7 @@ class Multus:
         """The master network of the daemon's config (STATUS and GC act on it alone)."""
         require_delegates(req.config)
         delegates = build_delegates(
-            load_settings(req.config), pod_namespace="", pod_name="", annotations=None,
+            req.effective.require_settings(), pod_namespace="", pod_name="", annotations=None,
             cni_ifname=req.ifname or "eth0", get_nad=nad_getter(self.kube, deadline))
         return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
 

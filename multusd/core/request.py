@@ -1,7 +1,8 @@
 """One CNI request as the daemon sees it: the shim's env and config, parsed and checked (F08).
 
-The daemon-config overlay (F09) is applied here, so everything downstream works on the
-merged Multus config of this request alone. The pod identity it carries (CNI_ARGS'
+The request's configuration is resolved here, once (:func:`multusd.core.effective.for_request`:
+the daemon-config overlay, F09, its directories and settings), so everything downstream works
+on the configuration of this request alone. The pod identity it carries (CNI_ARGS'
 ``K8S_POD_*``) also heads every error about the request (:func:`pod_prefix`).
 """
 
@@ -15,7 +16,9 @@ from multusd import GoObject, go_field, go_fields, go_loads
 from multusd.cni.args import parse_cni_args
 from multusd.cni.names import IFNAME_RULE, NAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.version import require_supported
-from multusd.config.daemonconf import DaemonConfig, overlay
+from multusd.config.daemonconf import DaemonConfig
+from multusd.core import effective
+from multusd.core.effective import EffectiveConfig
 from multusd.errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
 from multusd.store.valueclass import Record, field
 
@@ -62,9 +65,15 @@ class CmdArgs(PodIdentity, Record):
     netns: str
     ifname: str
     args: tuple[tuple[str, str], ...]
-    config: Mapping[str, Any]            # the merged config (request conf + daemon overlay)
+    effective: EffectiveConfig           # the configuration it is judged by (see config)
     config_bytes: bytes                  # the request's config as the runtime sent it
     env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The merged config (the runtime's, daemon-config.json over it): ``runtimeConfig``,
+        ``binDir``...; the directories are :attr:`effective`'s fields."""
+        return self.effective.merged
 
     @property
     def cni_args(self) -> Tuple[Tuple[str, str], ...]:
@@ -143,14 +152,14 @@ def _check_attribute(key: str, value: Any) -> None:
 
 
 def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArgs:
-    """Check the CNI env as upstream does and build the request with the merged config."""
+    """Check the CNI env as upstream does and build the request with its configuration."""
     command = env.get("CNI_COMMAND", "")
     if command not in COMMANDS:
         raise InvalidEnvironment(f"unexpected or missing CNI_COMMAND {command!r}; "
                                  f"expected one of {', '.join(COMMANDS)}")
-    merged = merge_config(config, daemon)
+    resolved = merge_config(config, daemon)
     if command in SANDBOX_FREE_COMMANDS:
-        return CmdArgs(command, "", "", "", (), merged, config, env)
+        return CmdArgs(command, "", "", "", (), resolved, config, env)
     for key in ("CNI_CONTAINERID", "CNI_NETNS", "CNI_ARGS"):
         if key not in env:
             raise InvalidEnvironment(f"missing {key}: the container runtime must set it")
@@ -158,7 +167,7 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
     args = tuple(parse_cni_args(env["CNI_ARGS"]))
     check_cni_args(args)
     request = CmdArgs(command, env["CNI_CONTAINERID"], env["CNI_NETNS"],
-                      env["CNI_IFNAME"], args, merged, config, env)
+                      env["CNI_IFNAME"], args, resolved, config, env)
     if not request.container_id and command != "DEL":
         raise InvalidEnvironment("CNI_CONTAINERID is empty: the container runtime must set it")
     if request.container_id and not is_valid_name(request.container_id):
@@ -174,12 +183,14 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
     return request
 
 
-def merge_config(config: bytes, daemon: DaemonConfig) -> dict[str, Any]:
-    """The request's CNI config, checked, with the daemon config laid over it (F09).
+def merge_config(config: bytes, daemon: DaemonConfig) -> EffectiveConfig:
+    """The request's configuration: its CNI config, checked, with the daemon config laid over
+    it (F09), resolved.
 
     Read as upstream's daemon reads it: into a map (a key given twice keeps its last value),
     the daemon config laid over it, written out (keys sorted) and read into its NetConf
-    struct: the merged config's members are kept in that order, for :func:`multusd.go_field`.
+    struct (:func:`multusd.config.daemonconf.overlay` keeps that order, for
+    :func:`multusd.go_field`).
     """
     try:
         conf = go_loads(config)
@@ -188,7 +199,7 @@ def merge_config(config: bytes, daemon: DaemonConfig) -> dict[str, Any]:
     if not isinstance(conf, dict):
         raise InvalidNetworkConfig("the CNI config from the runtime must be a JSON object")
     check_runtime_config(GoObject(sorted(conf.items())))  # the map, as its struct reads it
-    return GoObject(sorted(overlay(conf, daemon).items()))
+    return effective.for_request(conf, daemon)
 
 
 MAX_CNI_ARGS = 64 * 1024

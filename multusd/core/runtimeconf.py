@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 from multusd import go_field, go_loads
 from multusd.cni.args import build_delegate_args
 from multusd.cni.resultcache import RuntimeConf
-from multusd.core.settings import cni_dir_of, devinfo_dir_of
 from multusd.errors import InvalidNetworkConfig
 from multusd.node.devices import devinfo_cni_dir
 from multusd.store import go_json
@@ -52,13 +51,13 @@ def runtime_conf(req: "CmdArgs", delegate: "Delegate") -> RuntimeConf:
     """
     capability_args = delegate_capability_args(
         go_field(req.config, "runtimeConfig") or {}, delegate, container_id=req.container_id,
-        devinfo_dir=devinfo_cni_dir(devinfo_dir_of(req.config)))
+        devinfo_dir=devinfo_cni_dir(req.effective.devinfo_dir))
     legacy = legacy_cni_args(delegate)
     args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
                                req.pod_uid, legacy)
     return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
                        args=tuple(args), capability_args=capability_args,
-                       cache_dir=cni_dir_of(req.config))
+                       cache_dir=req.effective.cni_dir)
 
 
 def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],

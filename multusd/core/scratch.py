@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from multusd import DNS_KEYS, go_fields, go_loads
 from multusd.core import dra
 from multusd.core.netconf import conf_object, marshal_raw_map
-from multusd.core.delegate import Delegate, ifname_for
+from multusd.core.delegate import NAMED_BY, Delegate, ifname_for
 from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string
 from multusd.core.selection import DEVICE_ID, INFINIBAND_GUID, IPS, MAC, json_value, requested
@@ -43,8 +43,10 @@ def delegates_to_cache(delegates: Sequence[Delegate]) -> bytes:
     delegate), ``Name``, ``ifnameRequest``, ``macRequest``, ``infinibandGUIDRequest``,
     ``ipRequest``, ``default-route``, ``IsFilterV4Gateway``, ``IsFilterV6Gateway``,
     ``deviceID``, ``resourceName`` and ``Bytes`` (base64 of :attr:`Delegate.conf`); for a
-    device DRA allocated also ``draDevice`` (claim, request, driver, pool, device), which no
-    field of upstream's DelegateNetConf matches, so that upstream's reader skips it.
+    device DRA allocated also ``draDevice`` (claim, request, driver, pool, device), and last
+    what named the delegate (:data:`NAMED_BY_KEY`, :attr:`Delegate.named_by`): keys no field
+    of upstream's DelegateNetConf matches (Go's decoder matches names case-insensitively, and
+    skips these), so that upstream's reader skips them.
     """
     return encode_entries([cache_entry(d) for d in delegates])
 
@@ -150,8 +152,12 @@ def cache_entry(delegate: Delegate) -> Dict[str, Any]:
     if delegate.dra_device is not None:  # ours: upstream's reader ignores the key
         entry[dra.CACHE_KEY] = delegate.dra_device.to_cache()
     entry["Bytes"] = base64.b64encode(delegate.conf).decode()
+    if delegate.named_by:  # ours: upstream's reader ignores the key
+        entry[NAMED_BY_KEY] = delegate.named_by
     return entry
 
+
+NAMED_BY_KEY = "multusdNamedBy"  # what named the delegate (ours)
 
 # The requests upstream's DelegateNetConf records between ifnameRequest and default-route, in
 # its field order (deviceID comes after the gateway flags).
@@ -264,7 +270,7 @@ _ENTRY_FIELDS = ("Conf", "ConfList", "CNINetworkConfigList", "Name", "ifnameRequ
 
 def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
                                top_cni_version: str) -> Delegate:
-    item = go_fields(item, _ENTRY_FIELDS, nils=_ENTRY_NILS)
+    item = {**item, **go_fields(item, _ENTRY_FIELDS, nils=_ENTRY_NILS)}  # ours as written
     conf = _cached_conf(item, index)
     conf_list = item.get("ConfList") if isinstance(item.get("ConfList"), dict) else {}
     if conf_list.get("plugins") and not conf_list.get("cniVersion") and top_cni_version:
@@ -280,4 +286,5 @@ def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
         gateway_request=_cached_strings(item, "default-route", index),
         filter_v4_gateway=item.get("IsFilterV4Gateway") is True,
         filter_v6_gateway=item.get("IsFilterV6Gateway") is True,
-        dra_device=dra.from_cache(item.get(dra.CACHE_KEY)))
+        dra_device=dra.from_cache(item.get(dra.CACHE_KEY)),
+        named_by=item[NAMED_BY_KEY] if item.get(NAMED_BY_KEY) in NAMED_BY else "")

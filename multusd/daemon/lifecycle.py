@@ -23,6 +23,7 @@ loaded): everything multusd writes is already on disk, and the log handlers are 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -35,10 +36,10 @@ from typing import Any, Mapping
 
 from multusd import __version__
 from multusd.core.request import CmdArgs, decode_body, parse
-from multusd.core.settings import cni_dir_of
 from multusd.cni.invoke import RunningPlugins
 from multusd.daemon import delretry, dynnetworks, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
+from multusd.core.effective import EffectiveConfig
 from multusd.core.multus import Multus
 from multusd.core import delmarks
 from multusd.errors import InvalidEnvironment, MultusError
@@ -132,6 +133,7 @@ class Daemon:
         if self.config.metrics_port is not None:
             self.metrics = metrics.DaemonMetrics()  # imports prometheus_client
         self.multus = self._make_multus()
+        log_configuration(self.config, self.multus.node.current())
         self._start_metrics()
         self.server = Server(listener, self.handle, workers=self.config.workers,
                              request_timeout=self.config.request_timeout,
@@ -179,8 +181,7 @@ class Daemon:
                         running_plugins=self.running_plugins)
         if self.kube is not None and self.config.enable_dynamic_networks:
             self.dynamic = dynnetworks.DynamicNetworks(
-                multus, cni_dir=cni_dir_of(self.config.raw),
-                request_timeout=self.config.request_timeout)
+                multus, request_timeout=self.config.request_timeout)
         return multus
 
     def _pod_changed(self, pod: Any) -> None:
@@ -214,7 +215,7 @@ class Daemon:
         self.metrics.set_sources(
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
-            cni_dir=cni_dir_of(self.config.raw),
+            cni_dir=self.multus.node.current().cni_dir,
             marks_spare=delmarks.spare_marks_dir(self.config.socket_dir),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
@@ -361,6 +362,22 @@ class Daemon:
                 systemd.notify("WATCHDOG=1")
 
         threading.Thread(target=ping, name="multusd-watchdog", daemon=True).start()
+
+
+def log_configuration(config: DaemonConfig, node: EffectiveConfig) -> None:
+    """The daemon's configuration, once at start, as containerd logs its own: what it resolved
+    (no config bodies, no credentials: the kubeconfig's path only)."""
+    daemon = {"config": config.path, "socketDir": config.socket_dir,
+              "kubeconfig": config.kubeconfig or None, "nodeName": config.node_name or None,
+              "workers": config.workers, "requestTimeout": config.request_timeout,
+              "deleteRetryWindow": config.delete_retry_window,
+              "parallelDelegates": config.parallel_delegates,
+              "enableDynamicNetworks": config.enable_dynamic_networks,
+              "metrics": f"{config.metrics_address}:{config.metrics_port}"
+              if config.metrics_port is not None else None}
+    LOG.info("configuration: %s", json.dumps(
+        {"daemon": {k: v for k, v in daemon.items() if v is not None},
+         "node": node.describe()}, sort_keys=False))
 
 
 def exit_without_teardown(code: int) -> None:

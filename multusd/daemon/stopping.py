@@ -37,9 +37,8 @@ import time
 from typing import Any, Callable, List, Set
 
 from multusd.cni.invoke import RunningPlugins
-from multusd.core import delmarks, unreleased
+from multusd.core import delmarks, effective, sandboxconfig, unreleased
 from multusd.core.request import decode_body, parse
-from multusd.core.settings import cni_dir_of
 from multusd.daemon import systemd
 from multusd.daemon.lanes import Job
 from multusd.errors import MultusError, TryAgainLater
@@ -129,7 +128,10 @@ class Stop:
             request = parse(env, config, self.config)
             if not request.container_id:
                 return
-            cni_dir = cni_dir_of(request.config)
+            # beside the sandbox's records, where its DEL would have put the mark
+            request = sandboxconfig.sandbox_request(
+                request, LOG, other_dirs=lambda: effective.node_cni_dirs(self.config))
+            cni_dir = request.effective.cni_dir
             spare = delmarks.spare_marks_dir(self.config.socket_dir)
             earlier = delmarks.read(cni_dir, request.container_id, spare=spare)
             unreleased.record(cni_dir, request, earlier.failures if earlier else (), why,

@@ -35,7 +35,7 @@ def lanes():
 
 @pytest.fixture
 def dynamic(node, lanes):
-    made = DynamicNetworks(node.multus, cni_dir=node.cni_dir, request_timeout=30,
+    made = DynamicNetworks(node.multus, request_timeout=30,
                            policy=RetryPolicy(curve=BackoffPolicy(0.01, 0.02, jitter=0.0), attempts=3))
     made.start(lanes)
     yield made
@@ -131,7 +131,7 @@ def test_a_failure_is_retried_then_given_up_until_the_selection_changes(node, dy
 
 def test_a_pod_the_cache_no_longer_holds_is_forgotten(node, lanes):
     now = [1000.0]
-    dynamic = DynamicNetworks(node.multus, cni_dir=node.cni_dir, request_timeout=30,
+    dynamic = DynamicNetworks(node.multus, request_timeout=30,
                               clock=lambda: now[0])
     node.attach()
     dynamic.pod_changed(running(node))
@@ -143,3 +143,25 @@ def test_a_pod_the_cache_no_longer_holds_is_forgotten(node, lanes):
         now[0] += 61.0
         dynamic._forget_gone()
         assert not dynamic._pods
+
+
+def test_a_look_that_fails_is_retried_with_the_backoff_said_once_never_a_loop(node, lanes,
+                                                                              caplog):
+    node.nad("b", "hot0")
+    node.attach()
+    node.drop_record()  # an earlier multusd's sandbox...
+    node.configure(delegates=None)  # ...and settings that do not load: nothing to judge it by
+    dynamic = DynamicNetworks(node.multus, request_timeout=30, policy=RetryPolicy(
+        curve=BackoffPolicy(0.01, 0.02, jitter=0.0), attempts=3))
+    dynamic.start(lanes)
+    try:
+        dynamic.pod_changed(running(node, "b@hot0"))
+        wait_for(lambda: dynamic.status()["podsChecked"] >= 3, 20, what="three looks")
+        status = settled(dynamic)
+    finally:
+        dynamic.stop()
+    assert status["podsChecked"] == 3  # on the backoff, then given up: no fourth, no loop
+    assert sum(status["reconciliations"].values()) == 0
+    assert ("ADD", "b", "hot0") not in node.calls()
+    said = [r for r in caplog.records if "cannot be established" in r.getMessage()]
+    assert len(said) == 1
