@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -102,13 +103,41 @@ class ShimOutput:
     stderr: str
 
 
+def start_bound() -> float:
+    """The longest a starting daemon may take to answer (socket activation, its imports, its
+    Kubernetes caches): as long as the shim waits for its /readyz."""
+    from multusd.wire import shim
+
+    return shim.READY_TIMEOUT
+
+
+def unit_stop_timeout() -> float:
+    """TimeoutStopSec= of the packaged multusd.service: when systemd SIGKILLs a stop (the
+    longest a stop may take)."""
+    with open(os.path.join(REPO, "systemd", "multusd.service")) as handle:
+        return float(re.search(r"^TimeoutStopSec=(\d+)$", handle.read(), re.M).group(1))
+
+
+def shim_bound(command: str) -> float:
+    """The longest the real shim takes for ``command`` by its own bounds, its start included
+    (ANSWER_MARGIN): a test waiting for what a shim call does waits this long, never a
+    shorter guess that a busy machine may pass. (A daemon-config.json requestTimeout longer
+    than the default is the test's to add.)"""
+    from multusd.wire import shim
+
+    if command == "STATUS":
+        return shim.STATUS_PROBE_TIMEOUT + shim.STATUS_TIMEOUT + shim.ANSWER_MARGIN
+    return shim.READY_TIMEOUT + shim.REQUEST_TIMEOUT + shim.ANSWER_MARGIN
+
+
 def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", netns: str = "",
               ifname: str = "eth0", pod: tuple[str, str] = ("default", "pod"), uid: str = "",
-              cni_args: str | None = None, timeout: float = 120.0,
+              cni_args: str | None = None, timeout: float | None = None,
               env_extra: Mapping[str, str] | None = None,
               argv: Sequence[str] | None = None) -> ShimOutput:
     """Run the real shim as a runtime would; ``output`` is its parsed stdout (or None).
 
+    :param timeout: how long the shim may take: by default :func:`shim_bound` (its own).
     :param argv: another shim to run instead of multusd's (e.g. upstream's ``multus-shim``).
     """
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -120,7 +149,8 @@ def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", 
     env["CNI_ARGS"] = cni_args
     env.update(env_extra or {})
     proc = subprocess.run(list(argv or SHIM_ARGV), input=json.dumps(conf).encode(),
-                          env=env, capture_output=True, timeout=timeout)
+                          env=env, capture_output=True,
+                          timeout=shim_bound(command) if timeout is None else timeout)
     text = proc.stdout.decode().strip()
     return ShimOutput(proc.returncode, json.loads(text) if text else None, proc.stderr.decode())
 
@@ -203,12 +233,13 @@ class DaemonProcess:
                 ["systemd-socket-activate", "-l", self.socket_path, *passed, *serve],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
-        wait_for(lambda: os.path.exists(self.socket_path), 10, what="the activation socket")
+        wait_for(lambda: os.path.exists(self.socket_path), start_bound(),
+                 what="the activation socket")
         if activate:
             self.wait_healthy()
         return self
 
-    def wait_healthy(self, timeout: float = 20.0) -> None:
+    def wait_healthy(self, timeout: float | None = None) -> None:
         from multusd.wire import api
 
         def healthy() -> bool:
@@ -219,7 +250,7 @@ class DaemonProcess:
             except OSError:
                 return False
 
-        wait_for(healthy, timeout, what="multusd /healthz")
+        wait_for(healthy, start_bound() if timeout is None else timeout, what="multusd /healthz")
 
     def shim_conf(self, cni_version: str = "0.3.1", **extra: Any) -> dict:
         """What generate-config writes for this daemon: its socket and its cniDir (where the
@@ -229,13 +260,14 @@ class DaemonProcess:
     def log(self) -> str:
         return read_log(self.log_path)
 
-    def terminate(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM and wait; SIGKILL the group if it does not exit in time."""
+    def terminate(self, timeout: float | None = None) -> int | None:
+        """SIGTERM and wait (by default as long as systemd would); SIGKILL the group if it
+        does not exit in time."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            return self.proc.wait(unit_stop_timeout() if timeout is None else timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -367,7 +399,8 @@ class Cluster:
         full.update(config)  # a None is left out by DaemonProcess (its own defaults too)
         self.daemon = self.sandbox.daemon(full, env=env)
         wait_for(lambda: api.http_request(self.daemon.socket_path, "GET", "/readyz",
-                                          timeout=2).status == 200, 20, what="caches synced")
+                                          timeout=2).status == 200, start_bound(),
+                 what="caches synced")
         return self
 
     def pod(self, name: str, namespace: str = "default", annotations=None, **kw) -> dict:

@@ -5,9 +5,10 @@ ADD is :mod:`multusd.core.cmdadd`'s, DEL (and ``multusd gc --forget``) is
 running pod's changed network selections (``enableDynamicNetworks``) are
 :mod:`multusd.core.reconcile`'s; the
 commands that attach and release nothing are here: CHECK (every attachment the scratch cache
-records, each delegate whose version has CHECK), STATUS (answered at once: the readiness
-indicator file present, the pod cache synced, the cluster network's plugins ready, else code
-50 saying what is missing) and GC (the cluster network's plugins told which attachments
+records, each delegate whose version has CHECK), STATUS (answered within its deadline, a
+few seconds: the readiness indicator file present, the pod cache synced, the cluster
+network's plugins ready, else code 50 saying what is missing or which network did not
+answer) and GC (the cluster network's plugins told which attachments
 libcni's result cache still holds; it waits for the readiness file as ADD does, within the
 request's deadline). Each command
 uses the engine of its request (:meth:`Multus.engine`); ADD, DEL and CHECK run their
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, List, Mapping, Tuple
 
 from multusd import go_field
@@ -35,7 +37,7 @@ from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
 from multusd.core.runner import DelegateRunner, delegate_error
 from multusd.core.settings import require_delegates
-from multusd.errors import MultusError, NotReady
+from multusd.errors import DeadlineExceeded, MultusError, NotReady
 from multusd.node.netns import check_namespace
 
 # CNI 1.1 STATUS codes: the plugin is not available (50), and existing containers may have
@@ -169,15 +171,18 @@ class Multus:
                 raise delegate_error(req, delegate, exc).with_prefix("CHECK: ") from exc
 
     def status(self, req: CmdArgs, deadline: float, log: Any) -> None:
-        """STATUS (CNI 1.1), answered at once: nothing here waits for anything to appear.
+        """STATUS (CNI 1.1), answered by ``deadline`` (the server gives it a few seconds):
+        nothing here waits for anything to appear, and the cluster network's plugins are killed
+        at the deadline.
 
         Ready is success. Not ready is :class:`~multusd.errors.NotReady` (code 50) whose msg
         names what is missing: the readiness indicator file, the pod watch's first list (when
-        Kubernetes is configured), or the cluster network itself (it cannot be loaded, or its
-        STATUS failed: its code and msg are in ours). A cluster network answering 50 or 51
-        itself (51: existing attachments may have limited connectivity too) is passed on
-        unchanged, as upstream does.
+        Kubernetes is configured), or the cluster network itself (it cannot be loaded, its
+        STATUS did not answer by the deadline, or it failed: its code and msg are in ours). A
+        cluster network answering 50 or 51 itself (51: existing attachments may have limited
+        connectivity too) is passed on unchanged, as upstream does.
         """
+        started = time.monotonic()
         path = go_field(req.config, "readinessindicatorfile")
         if path and not os.path.exists(path):
             raise NotReady(f"multusd cannot serve ADD yet: the readiness indicator file {path} "
@@ -197,6 +202,12 @@ class Multus:
         except MultusError as exc:
             if exc.code in NOT_AVAILABLE:
                 raise  # the plugin's own "not available": it says what is missing
+            if isinstance(exc, DeadlineExceeded) and time.monotonic() >= deadline:
+                plugin = os.path.basename(getattr(exc, "plugin_path", "")) or "its plugin"
+                raise NotReady(f"multusd cannot serve ADD: its cluster network {net.name!r} "
+                               f"did not answer STATUS within {deadline - started:.0f}s "
+                               f"(plugin {plugin!r} was killed); the network's node agent may "
+                               "be stuck", exc.details) from exc
             raise NotReady(f"multusd cannot serve ADD: its cluster network {net.name!r} is not "
                            f"ready: its STATUS failed with code {exc.code}: {exc.msg}",
                            exc.details) from exc

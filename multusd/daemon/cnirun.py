@@ -4,10 +4,12 @@ The reactor (:mod:`multusd.daemon.server`) reads a whole ``/cni`` or ``/delegate
 and hands it on as a :class:`~multusd.daemon.lanes.Job`; a worker of the lanes calls
 :meth:`CniRunner.run_job`, which runs the daemon's handler within the request's deadline,
 turns every failure into a 400 with CNI error JSON, writes the answer (blocking, bounded by
-:data:`multusd.daemon.httpreq.READ_TIMEOUT`), closes the connection and gives back the bytes the request held in
-the :class:`MemoryBound` (every request read and not yet answered counts there: past the
-bound new bodies are refused "busy, retry"). At the daemon's stop :meth:`CniRunner.refuse`
-makes it answer every request not started yet "stopping, retry" instead of running it.
+:data:`multusd.daemon.httpreq.READ_TIMEOUT`), closes the connection and gives back the bytes
+the request held in the :class:`MemoryBound` (every request read and not yet answered counts
+there: past the bound new bodies are refused "busy, retry"). A node slot of the lanes (STATUS,
+GC) calls :meth:`CniRunner.run_shared` instead: the handler runs once, and its answer goes to
+every request that joined the run. At the daemon's stop :meth:`CniRunner.refuse` makes it
+answer every request not started yet "stopping, retry" instead of running it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 from multusd.daemon import httpreq
 from multusd.daemon.lanes import Job
-from multusd.errors import MultusError, TryAgainLater, from_exception
+from multusd.errors import MultusError, NotReady, TryAgainLater, from_exception
 
 LOG = logging.getLogger(__name__)
 
@@ -97,9 +99,20 @@ class CniRunner:
         with self._counts_lock:
             return dict(self.counts)
 
-    def too_late(self) -> tuple[int, bytes]:
-        """The answer to a request that waited past its deadline for a worker (counted)."""
+    def too_late(self, job: Optional[Job] = None) -> tuple[int, bytes]:
+        """The answer to a request that waited past its deadline (counted): for pod work, no
+        worker became free; for STATUS and GC, an earlier run of it still ran (STATUS: "not
+        available", code 50, as a STATUS that did not answer in time is)."""
         self.count("failed")
+        command = job.command if job is not None else ""
+        if command == "STATUS":
+            return error_answer(NotReady(
+                "multusd cannot serve ADD: the STATUS of its cluster network did not answer "
+                "in time (an earlier STATUS of it was still running)"))
+        if command == "GC":
+            return error_answer(TryAgainLater(
+                "multusd is busy: an earlier GC of the cluster network was still running "
+                "when this one's deadline passed; retry"))
         return error_answer(TryAgainLater(
             f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
             "raise \"workers\" in daemon-config.json or retry"))
@@ -124,10 +137,27 @@ class CniRunner:
         if self.refusal is not None:
             status, payload = self.refused(job)
         elif time.monotonic() >= job.deadline:
-            status, payload = self.too_late()
+            status, payload = self.too_late(job)
         else:
             status, payload = self.run_cni(job.path, job.body, job.deadline)
         self.answer(job, status, payload)
+
+    def run_shared(self, first: Job) -> Callable[[Job], None]:
+        """On a node slot's thread: run ``first`` once, within its deadline (the run's
+        bound); returns how to answer it and each request that joined its run with the same
+        answer (each counted). Refused, or past its deadline already: each is answered so."""
+        if self.refusal is not None:
+            return lambda job: self.answer(job, *self.refused(job))
+        if time.monotonic() >= first.deadline:
+            return lambda job: self.answer(job, *self.too_late(job))
+        status, payload = self.run_cni(first.path, first.body, first.deadline)
+
+        def answer(job: Job) -> None:
+            if job is not first:
+                self.count("ok" if status == 200 else "failed")
+            self.answer(job, status, payload)
+
+        return answer
 
     def answer(self, job: Job, status: int, payload: bytes,
                timeout: float = httpreq.READ_TIMEOUT) -> None:

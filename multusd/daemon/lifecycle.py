@@ -45,7 +45,7 @@ from multusd.core import delmarks
 from multusd.errors import InvalidEnvironment, MultusError
 from multusd.config import nodename
 from multusd.daemon.kubestart import BackgroundKube
-from multusd.daemon.lanes import del_lane_workers
+from multusd.daemon.lanes import NODE_COMMANDS, del_lane_workers
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.daemon.server import Server
 from multusd.daemon.stopping import Stop
@@ -59,9 +59,10 @@ KUBE_STREAMS = 3
 
 
 def kube_connections(workers: int) -> int:
-    """Idle API connections worth keeping: the workers of both lanes (the server's DEL/STATUS
-    lane has :func:`~multusd.daemon.lanes.del_lane_workers`) and :data:`KUBE_STREAMS`."""
-    return workers + del_lane_workers(workers) + KUBE_STREAMS
+    """Idle API connections worth keeping: the workers of both lanes (the server's DEL lane
+    has :func:`~multusd.daemon.lanes.del_lane_workers`), the STATUS and GC slots' threads
+    (a NAD as the cluster network) and :data:`KUBE_STREAMS`."""
+    return workers + del_lane_workers(workers) + len(NODE_COMMANDS) + KUBE_STREAMS
 
 
 class StartupError(Exception):

@@ -398,8 +398,9 @@ def test_the_daemon_answers_a_probe_and_a_del_beside_64_idle_connections(sandbox
 
 def test_cni_requests_never_take_the_slots_probes_need(served):
     recorder = Recorder()
-    # 70 connections: 1 + 1 workers, 64 kept for probes and the like, so 4 may wait
-    server = served(handler=recorder, workers=1, del_workers=1, max_connections=70)
+    # 72 connections: 1 + 1 workers, the STATUS and GC slots' runs, 64 kept for probes and the
+    # like, so 4 may wait
+    server = served(handler=recorder, workers=1, del_workers=1, max_connections=72)
     assert server.server.lanes.max_queued == 4
     recorder.hold[("ADD", "a")] = threading.Event()
     server.post("a", "ADD", "a")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -18,19 +17,13 @@ import uuid
 
 import pytest
 
-from harness import REPO, call_shim
+from harness import call_shim, shim_bound, start_bound, unit_stop_timeout
 from multusd.core import delmarks, markadoption
 from multusd.daemon.stopping import STOP_TIMEOUT
 from multusd.wire import api
 from testlib import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
-
-
-def unit_stop_timeout() -> float:
-    """TimeoutStopSec= of the packaged multusd.service: when systemd SIGKILLs a stop."""
-    with open(os.path.join(REPO, "systemd", "multusd.service")) as handle:
-        return float(re.search(r"^TimeoutStopSec=(\d+)$", handle.read(), re.M).group(1))
 
 
 def pod(cid: str, name: str) -> dict:
@@ -76,14 +69,18 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
         "ADD", conf, netns=namespaces[hung_add], **pod(hung_add, "hung-add")))
     pids = {cid: hold_dir / f"{cid}.{command}.pids"
             for cid, command in ((hung_del, "DEL"), (hung_add, "ADD"))}
-    wait_for(lambda: all(path.exists() for path in pids.values()), 30,
-             what="the DEL and the ADD to hang in their plugin")
+
+    def hanging() -> bool:  # bounded by the shims' own bound; failing at once if one ended
+        assert first_del.is_alive() and add.is_alive(), (first_del_out, add_out)
+        return all(path.exists() for path in pids.values())
+
+    wait_for(hanging, shim_bound("ADD"), what="the DEL and the ADD to hang in their plugin")
     plugins = [int(pid) for path in pids.values() for pid in path.read_text().split()]
 
     signalled = time.monotonic()
     daemon.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: api.http_request(daemon.socket_path, "GET", "/readyz",
-                                      timeout=5).status == 500, 10, what="/readyz 500")
+                                      timeout=5).status == 500, STOP_TIMEOUT, what="/readyz 500")
     assert api.http_request(daemon.socket_path, "GET", "/healthz", timeout=5).status == 200
     # a DEL arriving during the stop is served
     served = call_shim("DEL", conf, netns=namespaces[quick_del], **pod(quick_del, "quick-del"))
@@ -97,12 +94,12 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
     assert daemon.proc.wait(unit_stop_timeout()) == 0
     stop_seconds = time.monotonic() - signalled
     for thread in (first_del, add, retry):
-        thread.join(30)
+        thread.join(shim_bound("DEL"))  # answered by the exit at the latest
     print(f"\nstop with a hung DEL and a hung ADD: {stop_seconds:.1f}s "
           f"(budget {STOP_TIMEOUT:.0f}s, TimeoutStopSec {unit_stop_timeout():.0f}s)")
     assert "stop: 2 request(s) still running" in daemon.log()
-    wait_for(lambda: not any(alive(pid) for pid in plugins), 10,
-             what="the hung plugins and their children killed")
+    wait_for(lambda: not any(alive(pid) for pid in plugins), STOP_TIMEOUT,
+             what="the hung plugins and their children killed")  # at the cut, before the exit
 
     # what was cut: the runtime was told, and it is recorded
     for out in (first_del_out[0], add_out[0], retry_out[0]):
@@ -131,10 +128,11 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
         CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=hung-del;K8S_POD_UID=uid-hung-del"),
         json.dumps(conf).encode())
     queued, queued_out = in_thread(lambda: api.http_request(
-        daemon.socket_path, "POST", api.CNI_ENDPOINT, body, timeout=60))
+        daemon.socket_path, "POST", api.CNI_ENDPOINT, body,
+        timeout=start_bound() + shim_bound("DEL")))
     # ... and the next daemon on the same socket serves it and releases what was cut
     daemon.start(activate=False)
-    queued.join(60)
+    queued.join(start_bound() + shim_bound("DEL"))
     assert queued_out and queued_out[0].status == 200, queued_out
     assert delmarks.read(daemon.cni_dir, hung_del) is None
     assert not markadoption.has_records(daemon.cni_dir, hung_del)

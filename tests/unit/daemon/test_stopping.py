@@ -151,9 +151,13 @@ def test_while_draining_a_del_is_served_and_an_add_refused(node):
 def test_the_cut_kills_the_plugins_refuses_what_waits_and_records_the_dels(node):
     node.hang += ["hung-add", "hung-del"]
     sent = [node.send("hung-add", "ADD", "hung-add")]
-    wait_for(lambda: node.running.running() == ["stub-hang ADD"], 30, what="the ADD hanging")
+    # a plugin starts within its request's deadline (or fails by it, and the request ends)
+    wait_for(lambda: node.running.running() == ["stub-hang ADD"] or not sent[0].is_alive(),
+             node.server.request_timeout, what="the ADD hanging")
     sent.append(node.send("hung-del", "DEL", "hung-del"))
-    wait_for(lambda: len(node.running.running()) == 2, 30, what="the DEL hanging too")
+    wait_for(lambda: len(node.running.running()) == 2 or not sent[1].is_alive(),
+             node.server.request_timeout, what="the DEL hanging too")
+    assert len(node.running.running()) == 2, node.answers
     sent += [node.send("retry", "DEL", "hung-del"),   # parked behind its sandbox's DEL
              node.send("queued", "CHECK", "other")]   # waiting for the busy general worker
     wait_for(lambda: node.server.lanes.queued == 2, 10, what="two requests waiting")
