@@ -23,13 +23,12 @@ same sandbox, the runtime's or the daemon's own retry. Otherwise (no daemon, or 
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from multusd import clock_now
+from multusd import clock_now, go_field, go_loads
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
 from multusd.core import delmarks, markadoption, records, settings
@@ -143,7 +142,7 @@ def _forget_via_daemon(config, env: Dict[str, str], conf: bytes
         return "in-process", (f"the daemon on {config.socket_path} has no {api.FORGET_ENDPOINT} "
                               f"(upstream's, or an older multusd): HTTP {response.status}"), None
     try:
-        answer = json.loads(response.body)
+        answer = go_loads(response.body)
     except ValueError:
         answer = None
     if response.status != 200 or not isinstance(answer, dict) or \
@@ -270,7 +269,7 @@ def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], 
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": record.container_id,
            "CNI_NETNS": record.netns, "CNI_IFNAME": record.master_ifname,
            "CNI_ARGS": format_cni_args(pairs),
-           "CNI_PATH": ":".join(search_path(str(config.raw.get("binDir") or "")))}
+           "CNI_PATH": ":".join(search_path(str(go_field(config.raw, "binDir") or "")))}
     return env, common.runtime_conf(config)
 
 
