@@ -7,11 +7,17 @@ daemon's records and the marks of a failed DEL meet), where those marks are, the
 (:func:`mark_json`, :func:`parse_mark`) and the clock their windows are counted on; besides
 the error hierarchy, this package is the one module all of them may import, so each of these
 is defined here, once.
-Nothing is imported here at load time, on purpose: the shim is imported through this package
-once per pod sandbox and must start fast, and the error hierarchy imports this package. So a
+Nothing is imported here at load time but :mod:`multusd.gojson` (standard library only,
+importing nothing itself), on purpose: the shim is imported through this package once per pod
+sandbox and must start fast, and the error hierarchy imports this package. So a
 result that cannot be converted is reported as a :class:`ResultError` carrying its CNI error
 code; :func:`multusd.errors.from_exception` makes it the error it stands for (the engine's
 :func:`multusd.cni.result.convert_result` and the shim do).
+
+JSON is read as upstream reads it (architecture invariant 15) by :mod:`multusd.gojson`, which
+every layer reaches through this package: :func:`go_loads` is Go's ``json.Unmarshal`` into an
+``interface{}``, :func:`go_field`/:func:`go_fields` read a Go struct's fields out of what it
+returns; Go's ``json.Marshal`` is :func:`multusd.store.go_json` (the daemon's alone).
 
 Result conversion follows libcni's converters: a result is first read into the fields the
 spec defines for its version (unknown keys are dropped, as libcni's typed decode does), then
@@ -70,12 +76,12 @@ def cni_dir_of(conf: dict) -> str:
     where a sandbox's records and the marks of its failed DEL are. The shim and the daemon
     both read it here, so that they always agree.
 
-    Absent, null, "" or not a string (a config upstream would refuse): Multus's default; a
-    relative path is taken from ``/``, the working directory of the daemon under systemd (and
-    of upstream's), so that the shim, whatever its runtime's working directory, finds the
-    same place.
+    Read as upstream's NetConf struct reads it (``"CNIDir"`` too). Absent, null, "" or not a
+    string (a config upstream would refuse): Multus's default; a relative path is taken from
+    ``/``, the working directory of the daemon under systemd (and of upstream's), so that the
+    shim, whatever its runtime's working directory, finds the same place.
     """
-    value = conf.get("cniDir") if hasattr(conf, "get") else None
+    value = go_field(conf, "cniDir")
     if not isinstance(value, str) or not value or "\0" in value:
         return DEFAULT_CNI_DIR
     return value if value.startswith("/") else "/" + value
@@ -369,3 +375,8 @@ def _copy(value: object) -> object:
     if isinstance(value, dict):
         return {k: _copy(v) for k, v in value.items()}
     return value
+
+
+# JSON as Go reads it: a module of its own (its size), part of this shared root.
+from multusd.gojson import (MAX_JSON_DEPTH, GoObject, ascii_json, go_field,  # noqa: E402
+                            go_fields, go_fold, go_loads)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from multusd import go_field
 from multusd.core.dra import DraDevice
 from multusd.core.netconf import conf_object
 from multusd.core.selection import DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection
@@ -52,24 +53,26 @@ class Delegate(Record):
 
     @property
     def is_conflist(self) -> bool:
-        """True for a conflist (no top-level ``type``), as upstream decides."""
-        return not conf_object(self.conf).get("type")
+        """True for a conflist (no top-level ``type``), as upstream decides (its NetConf
+        struct: ``"Type"`` counts)."""
+        return not go_field(conf_object(self.conf), "type")
 
     @property
     def conf_name(self) -> str:
-        """The ``name`` inside the config: libcni's network name (its result-cache key)."""
-        name = conf_object(self.conf).get("name")
+        """The ``name`` inside the config: libcni's network name (its result-cache key), as
+        upstream's NetConf/NetConfList structs read it."""
+        name = go_field(conf_object(self.conf), "name")
         return name if isinstance(name, str) else ""
 
     @property
     def plugin_type(self) -> str:
         """The plugin type (a conflist's first plugin), for messages."""
         data = conf_object(self.conf)
-        if data.get("type"):
-            return str(data["type"])
+        if go_field(data, "type"):
+            return str(go_field(data, "type"))
         plugins = data.get("plugins")
         if isinstance(plugins, list) and plugins and isinstance(plugins[0], dict):
-            return str(plugins[0].get("type", ""))
+            return str(go_field(plugins[0], "type", ""))
         return ""
 
 

@@ -39,7 +39,7 @@ import logging
 import threading
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from multusd import DEFAULT_CNI_DIR, cni_dir_of
+from multusd import DEFAULT_CNI_DIR, cni_dir_of, go_field, go_loads
 from multusd.config.daemonconf import DaemonConfig, overlay
 from multusd.config.multusconf import runtime_conf_paths, stat_key
 from multusd.core.settings import SETTINGS_SOURCE, MultusSettings, load_settings
@@ -94,7 +94,7 @@ class EffectiveConfig(Record):
                                "deviceInfoDir": self.devinfo_dir,
                                "kubeletRootDir": self.kubelet_dir,
                                "auxiliaryCNIChainName": self.auxiliary_chain or None,
-                               "binDir": self.merged.get("binDir") or None}
+                               "binDir": go_field(self.merged, "binDir") or None}
         settings = self.settings
         if settings is None:
             out["settings"] = f"do not load: {self.why_no_settings}"
@@ -114,11 +114,12 @@ class EffectiveConfig(Record):
 
 class RuntimeConfOnDisk(Record):
     """The runtime's multus config as the node has it now: ``conf`` None when there is none
-    to read (``problem`` says why)."""
+    to read (``problem`` says why); ``data`` its bytes, what a runtime sends the shim."""
 
     path: str
     conf: Optional[Dict[str, Any]]
     problem: str = ""
+    data: bytes = field(default=b"", repr=False)
 
 
 def for_request(runtime_conf: Mapping[str, Any], daemon: DaemonConfig) -> EffectiveConfig:
@@ -151,12 +152,12 @@ def read_runtime_conf(daemon: DaemonConfig) -> RuntimeConfOnDisk:
         if data is None:
             continue
         try:
-            conf = json.loads(data)
+            conf = go_loads(data)
         except ValueError as exc:
             return RuntimeConfOnDisk(path, None, f"{path} is not valid JSON: {exc}")
         if not isinstance(conf, dict):
             return RuntimeConfOnDisk(path, None, f"{path} is not a JSON object")
-        return RuntimeConfOnDisk(path, conf)
+        return RuntimeConfOnDisk(path, conf, data=data)
     return RuntimeConfOnDisk(paths[0], None, f"{' nor '.join(paths)} does not exist (yet): "
                              "the daemon's configuration is read alone")
 
@@ -172,7 +173,7 @@ def node_cni_dirs(daemon: DaemonConfig, runtime: Optional[RuntimeConfOnDisk] = N
     found = [for_node(daemon, runtime).cni_dir, cni_dir_of(daemon.raw)]
     for path in runtime_conf_paths(daemon.raw):
         conf = runtime.conf if path == runtime.path else _read_object(path)
-        if conf is not None and conf.get("cniDir"):
+        if conf is not None and go_field(conf, "cniDir"):
             found.append(cni_dir_of(conf))
     found.append(DEFAULT_CNI_DIR)
     return tuple(dict.fromkeys(found))
@@ -242,14 +243,14 @@ def _directory(merged: Mapping[str, Any], key: str, default: str) -> str:
 
 
 def _string(merged: Mapping[str, Any], key: str) -> str:
-    value = merged.get(key)
+    value = go_field(merged, key)  # as upstream's NetConf struct reads it
     return value if isinstance(value, str) else ""
 
 
 def _read_object(path: str) -> Optional[Dict[str, Any]]:
     try:
         data = read_or_none(path)
-        conf = json.loads(data) if data is not None else None
+        conf = go_loads(data) if data is not None else None
     except (IOFailure, ValueError):  # unreadable: it names no cniDir
         return None
     return conf if isinstance(conf, dict) else None

@@ -24,6 +24,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from multusd import go_field
 from multusd.core.delegate import (BY_AUXILIARY_CHAIN, BY_CLUSTER_NETWORK, BY_DEFAULT_NETWORKS,
                                    BY_DEFAULT_NETWORK_ANNOTATION, BY_DELEGATES,
                                    BY_NETWORKS_ANNOTATION, Delegate, ifname_for)
@@ -139,7 +140,7 @@ def mark_gateway_filters(delegates: Sequence[Delegate]) -> List[Delegate]:
     v4 = [(d.name, gw) for d in delegates for gw in d.gateway_request or () if _is_v4(gw)]
     v6 = [(d.name, gw) for d in delegates for gw in d.gateway_request or () if not _is_v4(gw)]
     if len(v4) > 1 or len(v6) > 1:
-        listed = ", ".join(f"{gw} ({name})" for name, gw in v4 + v6)
+        listed = ", ".join(f"{gw or 'an empty gateway'} ({name})" for name, gw in v4 + v6)
         raise InvalidNetworkConfig(
             f"multus does not support ECMP for default-route: the pod's networks request "
             f"{listed}; request at most one IPv4 and one IPv6 default-route gateway in total")
@@ -154,9 +155,9 @@ def mark_gateway_filters(delegates: Sequence[Delegate]) -> List[Delegate]:
 
 def add_device_id(conf: bytes, device_id: str) -> bytes:
     """Put ``deviceID`` and ``pciBusID`` in a conf, or in every plugin of a conflist (F41)."""
-    data = conf_object(conf)
-    targets = [data] if data.get("type") else [p for p in data.get("plugins") or []
-                                               if isinstance(p, dict)]
+    data = conf_object(conf)  # upstream: its NetConf struct decides ("Type" counts), a map edits
+    targets = [data] if go_field(data, "type") else [p for p in data.get("plugins") or []
+                                                     if isinstance(p, dict)]
     for plugin in targets:
         plugin["deviceID"] = device_id
         plugin["pciBusID"] = device_id
@@ -299,6 +300,10 @@ def _assign_ifnames(delegates: Sequence[Delegate], cni_ifname: str) -> List[Dele
 
 
 def _is_v4(gateway: str) -> bool:
+    """Go's ``To4() != nil``: an IPv4 or IPv4-mapped address. "" (Go's nil IP, from ``""`` or
+    ``null`` in ``default-route``) is not, so upstream counts it as an IPv6 gateway."""
+    if gateway == "":
+        return False
     ip = parse_ip(gateway)
     return ip.version == 4 or getattr(ip, "ipv4_mapped", None) is not None
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from multusd import DNS_KEYS
+from multusd import DNS_KEYS, go_fields, go_loads
 from multusd.core import dra
 from multusd.core.netconf import conf_object, marshal_raw_map
 from multusd.core.delegate import NAMED_BY, Delegate, ifname_for
@@ -63,7 +62,7 @@ def cache_entries(data: bytes) -> List[Dict[str, Any]]:
     :raises DecodeFailure: ``data`` is not a JSON list of objects.
     """
     try:
-        items = json.loads(data)
+        items = go_loads(data)
     except ValueError as exc:
         raise DecodeFailure(f"the multus scratch cache is not valid JSON: {exc}") from None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
@@ -111,7 +110,7 @@ def _plugin_conf_view(data: Mapping[str, Any]) -> Dict[str, Any]:
             view["dns"] = kept
     if isinstance(data.get("prevResult"), dict) and data["prevResult"]:
         view["prevResult"] = data["prevResult"]
-    return json.loads(go_json(view, sort_keys=True))
+    return go_loads(go_json(view, sort_keys=True))
 
 
 def _conflist_view(data: Mapping[str, Any]) -> Dict[str, Any]:
@@ -142,7 +141,9 @@ def cache_entry(delegate: Delegate) -> Dict[str, Any]:
         entry["ifnameRequest"] = delegate.ifname_request
     _put_requests(entry, delegate, _CACHED_REQUESTS)
     if delegate.gateway_request is not None:
-        entry["default-route"] = [go_ip_string(gw) for gw in delegate.gateway_request]
+        # Go's MarshalText of a nil IP (an empty gateway) is ""
+        entry["default-route"] = [go_ip_string(gw) if gw else "" for gw in
+                                  delegate.gateway_request]
     entry["IsFilterV4Gateway"] = delegate.filter_v4_gateway
     entry["IsFilterV6Gateway"] = delegate.filter_v6_gateway
     _put_requests(entry, delegate, (DEVICE_ID,))
@@ -211,7 +212,7 @@ def _executed_conflist(item: Mapping[str, Any]) -> Optional[bytes]:
     for plugin in plugins:
         encoded = plugin.get("Bytes") if isinstance(plugin, dict) else None
         try:
-            raw = json.loads(base64.b64decode(encoded or "", validate=True))
+            raw = go_loads(base64.b64decode(encoded or "", validate=True))
         except (binascii.Error, ValueError):
             return None
         if not isinstance(raw, dict):
@@ -259,8 +260,17 @@ def _inject_cni_version(conf: bytes, cni_version: str) -> bytes:
     return marshal_raw_map(data, {}).encode()
 
 
+# Upstream's DelegateNetConf fields, which it reads the cache back into (Go's struct rules:
+# "name" sets Name); the slices among them, which null sets to nil.
+_ENTRY_NILS = ("ipRequest", "default-route", "Bytes")
+_ENTRY_FIELDS = ("Conf", "ConfList", "CNINetworkConfigList", "Name", "ifnameRequest",
+                 "macRequest", "infinibandGUIDRequest", "IsFilterV4Gateway", "IsFilterV6Gateway",
+                 "deviceID", "resourceName", dra.CACHE_KEY) + _ENTRY_NILS
+
+
 def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
                                top_cni_version: str) -> Delegate:
+    item = {**item, **go_fields(item, _ENTRY_FIELDS, nils=_ENTRY_NILS)}  # ours as written
     conf = _cached_conf(item, index)
     conf_list = item.get("ConfList") if isinstance(item.get("ConfList"), dict) else {}
     if conf_list.get("plugins") and not conf_list.get("cniVersion") and top_cni_version:

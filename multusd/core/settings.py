@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
+from multusd import go_field, go_fields
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig
 from multusd.store.valueclass import Record
@@ -47,6 +48,8 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
         clusterNetwork).
     """
     problems = reader = ConfigReader()
+    # As upstream's NetConf struct reads them: "ClusterNetwork" sets clusterNetwork.
+    netconf = go_fields(netconf, _SETTINGS_KEYS, nils=_SETTINGS_LISTS)
     settings = MultusSettings(
         conf_dir=reader.string(netconf, "confDir") or DEFAULT_CONF_DIR,
         multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
@@ -68,12 +71,17 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
     return settings
 
 
+_SETTINGS_LISTS = ("systemNamespaces", "defaultNetworks", "delegates")
+_SETTINGS_KEYS = ("confDir", "multusNamespace", "globalNamespaces", "namespaceIsolation",
+                  "clusterNetwork", "auxiliaryCNIChainName", "cniVersion") + _SETTINGS_LISTS
+
+
 def require_delegates(netconf: Mapping[str, Any]) -> None:
     """Refuse, before any work, a config that names no network at all (upstream's check).
 
     :raises InvalidNetworkConfig: neither ``clusterNetwork`` nor ``delegates`` is set.
     """
-    if not netconf.get("clusterNetwork") and not netconf.get("delegates"):
+    if not go_field(netconf, "clusterNetwork") and not go_field(netconf, "delegates"):
         raise InvalidNetworkConfig(f"{NO_NETWORKS}: set \"clusterNetwork\" (or \"delegates\") "
                                    "in daemon-config.json or the runtime's CNI config")
 

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd import MARKED_BY_SHIM, as_instant, clock_now
+from multusd import MARKED_BY_SHIM, as_instant, clock_now, go_field, go_loads
 from multusd.config import daemonconf, nodename
 from multusd.errors import ConfigError
 from multusd.wire import api
@@ -146,7 +146,7 @@ def daemon_state(config: daemonconf.DaemonConfig, *, activate: bool = False) -> 
     state["running"] = True
     if response.status == 200:
         try:
-            state["info"] = json.loads(response.body)
+            state["info"] = go_loads(response.body)
         except ValueError:
             state["info"] = None
     else:  # an older multusd without /status, or upstream's daemon: it answers, that is all
@@ -268,7 +268,7 @@ def failed_delete_line(record: Any, now: Any = None) -> str:
 
 def _redacted_conf(conf: bytes, records: Any) -> Any:
     try:
-        return records.redact(json.loads(conf))
+        return records.redact(go_loads(conf))
     except ValueError:
         return "<not JSON>"
 
@@ -358,8 +358,8 @@ def runtime_conf(config) -> bytes:
     least a shim needs."""
     from multusd.core import effective
 
-    conf = effective.read_runtime_conf(config).conf
-    if conf is None:
-        conf = {"cniVersion": str(config.raw.get("cniVersion") or "1.0.0"),
-                "name": "multus-cni-network", "type": "multus-shim"}
-    return json.dumps(conf).encode()
+    runtime = effective.read_runtime_conf(config)
+    if runtime.conf is not None:
+        return runtime.data
+    return json.dumps({"cniVersion": str(go_field(config.raw, "cniVersion") or "1.0.0"),
+                       "name": "multus-cni-network", "type": "multus-shim"}).encode()

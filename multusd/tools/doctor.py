@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from multusd import clock_now
+from multusd import clock_now, go_field, go_loads
 from multusd.tools import common
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
@@ -327,11 +327,11 @@ class Doctor:
         problems = []
         try:
             with open(path, "rb") as handle:
-                data = json.loads(handle.read())
+                data = go_loads(handle.read())
         except (OSError, ValueError) as exc:
             return Check("00-multus.conf", FAIL, f"{path} is not valid JSON ({exc})",
                          common.REGENERATE)
-        shim = str(self.config.raw.get("type") or "multus-shim")
+        shim = str(go_field(self.config.raw, "type") or "multus-shim")
         if not isinstance(data, dict) or data.get("type") != shim:
             problems.append(f"its type is {data.get('type') if isinstance(data, dict) else '?'!r}"
                             f", not {shim!r}")
@@ -351,7 +351,7 @@ class Doctor:
                      "calls multus-shim, mode 0600")
 
     def check_readiness(self) -> Check:
-        path = self.config.raw.get("readinessindicatorfile")
+        path = go_field(self.config.raw, "readinessindicatorfile")
         if not path:
             return Check("readiness", SKIP, "no readinessindicatorfile configured")
         if os.path.exists(path):

@@ -23,13 +23,12 @@ same sandbox, the runtime's or the daemon's own retry. Otherwise (no daemon, or 
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from multusd import clock_now
+from multusd import clock_now, go_field, go_loads
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
 from multusd.core import delmarks, effective, markadoption, records
@@ -146,7 +145,7 @@ def _forget_via_daemon(config, env: Dict[str, str], conf: bytes
         return "in-process", (f"the daemon on {config.socket_path} has no {api.FORGET_ENDPOINT} "
                               f"(upstream's, or an older multusd): HTTP {response.status}"), None
     try:
-        answer = json.loads(response.body)
+        answer = go_loads(response.body)
     except ValueError:
         answer = None
     if response.status != 200 or not isinstance(answer, dict) or \
@@ -276,7 +275,7 @@ def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], 
            "CNI_NETNS": record.netns, "CNI_IFNAME": record.master_ifname,
            "CNI_ARGS": format_cni_args(pairs),
            "CNI_PATH": ":".join(search_path(str(
-               effective.for_node(config).merged.get("binDir") or "")))}
+               go_field(effective.for_node(config).merged, "binDir") or "")))}
     return env, common.runtime_conf(config)
 
 

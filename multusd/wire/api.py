@@ -33,7 +33,7 @@ import time
 # _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
 import _socket
 
-from multusd.wire import quickjson
+from multusd import ascii_json, go_field, go_loads
 
 CNI_ENDPOINT = "/cni"
 DELEGATE_ENDPOINT = "/delegate"
@@ -63,7 +63,7 @@ def encode_request(env: dict, config: bytes,
                   "config": binascii.b2a_base64(config, newline=False).decode()}
     if interface_attributes is not None:
         body["interfaceAttributes"] = dict(interface_attributes)
-    return quickjson.dumps(body).encode()
+    return ascii_json(body).encode()
 
 
 def forgotten_networks(outcome) -> list:
@@ -154,10 +154,10 @@ def post_failure(sock_path: str, endpoint: str, body: bytes, timeout: float) -> 
     if response.status == 200:
         return ""
     try:
-        answer = quickjson.loads(response.body)
+        answer = go_loads(response.body)
     except ValueError:
         answer = None
-    msg = answer.get("msg") if isinstance(answer, dict) else None
+    msg = go_field(answer, "msg")
     return str(msg or f"HTTP {response.status} from the daemon")
 
 

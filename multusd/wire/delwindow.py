@@ -34,10 +34,10 @@ DEL failed: a DEL that succeeds costs nothing.
 import os
 import time
 
-from multusd import (MARKED_BY_SHIM, WINDOW_FILE, as_instant, cni_dir_of, mark_json,
-                     mark_request, marks_places, parse_mark, seconds_of, unreleased_marks_dir,
-                     window_end, window_left)
-from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
+from multusd import (MARKED_BY_SHIM, WINDOW_FILE, as_instant, ascii_json, cni_dir_of,
+                     go_field, go_loads, mark_json, mark_request, marks_places, parse_mark,
+                     seconds_of, unreleased_marks_dir, window_end,
+                     window_left)  # not json: it imports re and enum, ~13 ms of a shim run
 
 # Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
 # after the failure (its pod workers' back-off, 10 s with up to 50% jitter), so its first
@@ -60,8 +60,8 @@ def window(directory: str) -> float:
 def _published_window(directory: str) -> "float | None":
     try:
         with open(os.path.join(directory, WINDOW_FILE), "rb") as handle:
-            value = quickjson.loads(handle.read()).get("deleteRetryWindow")
-    except (OSError, ValueError, AttributeError):
+            value = go_field(go_loads(handle.read()), "deleteRetryWindow")
+    except (OSError, ValueError):
         return None
     return seconds_of(value)
 
@@ -70,7 +70,7 @@ def read_mark(path: str) -> "dict | None":
     """The mark at ``path``; None when there is none or it cannot be read as one."""
     try:
         with open(path, "rb") as handle:
-            mark = quickjson.loads(handle.read())
+            mark = go_loads(handle.read())
     except (OSError, ValueError):
         return None
     return mark if isinstance(mark, dict) else None
@@ -117,7 +117,7 @@ def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
         mark = dict(mark, lastFailure=now[0], error=error, attempts=mark["attempts"] + 1)
         if mark["bootId"] != now[1]:  # written in another boot: on this boot's clock now
             mark.update(window_end(seconds_of(mark["window"]) or DEFAULT_WINDOW, mark, now))
-    data = quickjson.dumps(mark).encode()
+    data = ascii_json(mark).encode()
     for place in places:
         try:  # the first failure must survive a power loss; a lost count costs nothing
             _write(place, container_id, data, durable=first)

@@ -27,8 +27,9 @@ import time
 import posix
 
 from multusd import (COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, ResultError,
-                     __version__, convert, seconds_of, wire)
-from multusd.wire import api, quickjson
+                     __version__, ascii_json, convert, go_field, go_fields, go_loads,
+                     seconds_of, wire)
+from multusd.wire import api
 
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
@@ -46,19 +47,21 @@ LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
 
 
 class ShimConfig:
-    """The few keys of the runtime's config that the shim itself reads."""
+    """The few keys of the runtime's config that the shim itself reads, as upstream's shim reads
+    them (its ShimNetConf struct: "CNIVersion" sets cniVersion)."""
 
     def __init__(self, conf: dict) -> None:
         self.raw = conf  # the rest is read only on a failure path (cniDir, for a failed DEL)
-        self.cni_version = _setting(conf, "cniVersion", str)
-        self.socket_dir = _path_setting(conf, "daemonSocketDir") or api.DEFAULT_SOCKET_DIR
-        self.log_file = _path_setting(conf, "logFile")
-        level = _setting(conf, "logLevel", str).lower()
+        settings = go_fields(conf, tuple(_SETTINGS), check=_check_setting)
+        self.cni_version = settings.get("cniVersion", "")
+        self.socket_dir = _path_setting(settings, "daemonSocketDir") or api.DEFAULT_SOCKET_DIR
+        self.log_file = _path_setting(settings, "logFile")
+        level = settings.get("logLevel", "").lower()
         if level and level not in LEVELS:
             raise wire.errors().DecodeFailure(f"invalid \"logLevel\" {level!r} in the multus-shim config: "
                                 f"use one of {', '.join(LEVELS)}")
         self.log_level = LEVELS.get(level, 0)
-        self.log_to_stderr = _setting(conf, "logToStderr", bool) is True
+        self.log_to_stderr = settings.get("logToStderr") is True
 
     def log(self, level: str, message: str) -> None:
         """Upstream's line format, to logFile and/or stderr as configured."""
@@ -84,23 +87,23 @@ class ShimConfig:
                 pass
 
 
+# The keys the shim reads (upstream's ShimNetConf fields) and their JSON types.
+_SETTINGS = {"cniVersion": str, "daemonSocketDir": str, "logFile": str, "logLevel": str,
+             "logToStderr": bool}
 _TYPE_NAMES = {str: "a string", bool: "a boolean"}
 
 
-def _setting(conf: dict, key: str, kind: type):
-    """``conf[key]`` if it has the JSON type ``kind``; "" when absent or null."""
-    value = conf.get(key)
-    if value is None:
-        return ""
+def _check_setting(key: str, value: object) -> None:
+    """Every value a setting is given must have its JSON type (null leaves it unset)."""
+    kind = _SETTINGS[key]
     if type(value) is not kind:
         raise wire.errors().DecodeFailure(f"invalid \"{key}\" in the multus-shim config: it must be "
                             f"{_TYPE_NAMES[kind]}, not {value!r:.40}")
-    return value
 
 
-def _path_setting(conf: dict, key: str) -> str:
+def _path_setting(settings: dict, key: str) -> str:
     """An absolute path setting: the shim never writes or connects relative to its cwd."""
-    value = _setting(conf, key, str)
+    value = settings.get(key, "")
     if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
         raise wire.errors().DecodeFailure(f"invalid \"{key}\" {value!r:.80} in the multus-shim config: it "
                             "must be an absolute path")
@@ -115,7 +118,7 @@ def parse_config(stdin: bytes) -> ShimConfig:
         raise wire.errors().DecodeFailure(f"invalid CNI configuration passed to multus-shim: {len(stdin)} "
                             f"bytes, over the limit of {MAX_STDIN}")
     try:
-        conf = quickjson.loads(stdin)
+        conf = go_loads(stdin)
         if not isinstance(conf, dict):
             raise ValueError("the configuration is not a JSON object")
     except ValueError as exc:
@@ -228,7 +231,7 @@ def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
     if response.status == 200:
         return response.body
     try:
-        error = quickjson.loads(response.body)
+        error = go_loads(response.body)
     except ValueError:
         error = None
     if isinstance(error, dict) and error.get("msg"):
@@ -253,8 +256,8 @@ def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
     """daemon-config.json's ``requestTimeout`` (seconds), None when absent or unreadable."""
     try:
         with open(path, "rb") as handle:
-            value = quickjson.loads(handle.read()).get("requestTimeout")
-    except (OSError, ValueError, AttributeError):
+            value = go_field(go_loads(handle.read()), "requestTimeout")
+    except (OSError, ValueError):
         return None
     return seconds_of(value)
 
@@ -262,10 +265,10 @@ def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
 def add_result(body: bytes, cni_version: str) -> dict:
     """The ADD result from the daemon's ``{"Result": ...}``, converted to the config's version."""
     try:
-        result = quickjson.loads(body).get("Result") if body else None
-    except (ValueError, AttributeError):
+        result = go_field(go_loads(body), "Result", nil=True) if body else None
+    except ValueError:
         raise wire.errors().DecodeFailure(f"failed to decode the result from multusd: {body[:200]!r}") from None
-    if result is None:
+    if not isinstance(result, dict):
         raise wire.errors().DecodeFailure("multusd answered ADD without a result")
     if cni_version and cni_version != result.get("cniVersion"):
         try:
@@ -336,8 +339,8 @@ def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, err
 
 def version_info(stdin: bytes) -> dict:
     try:
-        requested = quickjson.loads(stdin).get("cniVersion") if stdin.strip() else None
-    except (ValueError, AttributeError):
+        requested = go_field(go_loads(stdin), "cniVersion") if stdin.strip() else None
+    except ValueError:
         requested = None
     if not isinstance(requested, str) or not requested:
         requested = CURRENT_VERSION
@@ -359,9 +362,9 @@ def main(argv: "list[str] | None" = None) -> int:
     try:
         stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
         code, output = run(environment(), stdin)
-        text = quickjson.dumps(output) + "\n" if output is not None else ""
+        text = ascii_json(output) + "\n" if output is not None else ""
     except Exception as exc:  # noqa: B902 - last line of defence: still a CNI error
-        code, text = 1, quickjson.dumps(wire.errors().MultusError(
+        code, text = 1, ascii_json(wire.errors().MultusError(
             f"multus-shim failed unexpectedly: {type(exc).__name__}: {exc!s:.500}")
             .to_cni_error()) + "\n"
     if text:
