@@ -1,7 +1,11 @@
-"""A shim whose config names no cniDir (an operator's static 00-multus.conf) marks a failed DEL
-in Multus's default cniDir, while daemon-config.json keeps the records in another: that mark
-goes once its sandbox is released, by the daemon's DEL at once, or at the daemon's next look
-when something else released it (``gc --forget`` with no daemon). Before, it stayed for ever.
+"""A shim whose config names no cniDir (an operator's static 00-multus.conf) and that cannot read
+daemon-config.json (here, none is at its packaged path: the daemon's is the test's; a shim
+older than issue 37 never read it) marks a failed DEL in Multus's default cniDir, while
+daemon-config.json keeps the records in another: that mark goes once its sandbox is released,
+by the daemon's DEL at once, by ``gc --forget`` with no daemon, or at the daemon's next look
+when something else released it (upstream's daemon). Before, it stayed for ever.
+(tests/integration/test_recorded_dels: a shim that reads daemon-config.json marks beside the
+records.)
 
 The real daemon (systemd-socket-activate) and the real shim, each in a mount namespace of its
 own where a directory of the test is bound on /var/lib: Multus's default cniDir,
