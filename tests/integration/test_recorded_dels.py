@@ -176,7 +176,7 @@ def node(request, sandbox, kube_api, tmp_path) -> Node:
     return Node(sandbox, kube_api, tmp_path, request.param)
 
 
-def test_a_del_recorded_in_the_requests_cni_dir_is_retried_shown_and_released(node, capsys):
+def test_a_del_recorded_in_the_requests_cni_dir_is_retried_shown_and_released(node):
     node.start()
     pod, ns_path, cid = node.attach("leaky", "vendor")
     assert os.path.exists(os.path.join(node.cni_dir, cid))  # the static file's, or the daemon's
@@ -209,8 +209,7 @@ def test_a_del_recorded_in_the_requests_cni_dir_is_retried_shown_and_released(no
     os.symlink(node.target, node.plugin)  # the plugin is back
     took = node.released(cid)
 
-    with capsys.disabled():
-        print(f"\n[{node.mode}] released {took:.1f}s after the plugin came back")
+    print(f"[{node.mode}] released {took:.1f}s after the plugin came back")  # (pytest -s)
     assert not os.path.exists(os.path.join(node.cni_dir, MARKS, cid))
     assert node.gauge() == 0
     assert cid not in [s["containerId"] for s in node.tool("status")[1]["sandboxes"]]
