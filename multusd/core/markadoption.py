@@ -119,10 +119,10 @@ def drop_if_released(cni_dirs: Sequence[str], container_id: str, spare: str = ""
     """Every mark of ``container_id`` dropped when its sandbox has no records left in any of
     ``cni_dirs``; True if one was. Costs an open of a missing file per place when nothing
     is marked (what nearly every DEL finds)."""
-    dirs = _distinct(cni_dirs)
     if not any(os.path.exists(os.path.join(place, container_id))
-               for place in _places(dirs, spare)):
+               for place in _places(list(dict.fromkeys(cni_dirs)), spare)):
         return False
+    dirs = _distinct(cni_dirs)
     index = _Records()
     if any(index.held(d, container_id) for d in dirs):
         return False
