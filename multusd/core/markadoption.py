@@ -66,7 +66,7 @@ def node_marks(cni_dirs: Sequence[str], spare: str = "") -> Dict[str, FailedDele
         home = index.home(mark, dirs)
         if not home:
             continue
-        rank = (0 if place == unreleased_marks_dir(home) else 1 if place == spare else 2,
+        rank = (0 if _beside(place, home) else 1 if place == spare else 2,
                 0 if mark.by == MARKED_BY_DAEMON else 1, -mark.last_failure)
         kept = found.get(mark.container_id)
         if kept is None or rank < kept[0]:
@@ -83,7 +83,7 @@ def mark_of(cni_dirs: Sequence[str], container_id: str, spare: str = ""
     for place in _places(dirs, spare):
         mark = read_in(place, container_id)
         home = index.home(mark, dirs) if mark is not None else ""
-        if home and (best is None or place == unreleased_marks_dir(home)):
+        if home and (best is None or _beside(place, home)):
             best = replace(mark, cni_dir=home)
     return best
 
@@ -106,7 +106,7 @@ def tidy(cni_dirs: Sequence[str], spare: str = "") -> Tidied:
         if not home:
             if _clear_everywhere(dirs, cid, spare):
                 dropped.append(cid)
-        elif place not in (unreleased_marks_dir(home), spare):
+        elif place != spare and not _beside(place, home):
             if read(home, cid, spare=spare) is None:
                 write(home, replace(mark, cni_dir=home), spare, mark)
             else:
@@ -147,8 +147,9 @@ class _Records:
     def home(self, mark: FailedDelete, dirs: Sequence[str]) -> str:
         found_in = next((d for d in dirs if unreleased_marks_dir(d) == mark.place), "")
         for directory in _distinct([mark.cni_dir, found_in, *dirs]):
-            if self.held(directory, mark.container_id):
-                return directory
+            if self.held(directory, mark.container_id):  # as the node spells it
+                real = os.path.realpath(directory)
+                return next((d for d in dirs if os.path.realpath(d) == real), directory)
         return ""
 
     def _listing(self, cni_dir: str) -> Set[str]:
@@ -172,6 +173,11 @@ def _distinct(cni_dirs: Iterable[str]) -> List[str]:
             seen.add(real)
             out.append(directory)
     return out
+
+
+def _beside(place: str, cni_dir: str) -> bool:
+    """``place`` is ``cni_dir``'s marks directory (however either is spelled)."""
+    return os.path.realpath(place) == os.path.realpath(unreleased_marks_dir(cni_dir))
 
 
 def _places(dirs: Sequence[str], spare: str) -> List[str]:

@@ -118,3 +118,15 @@ def test_a_released_sandboxs_stray_marks_go_after_its_del(tmp_path):
                                                           dropped=("other",))
     assert list(delmarks.read_all(default)) == ["held-there"]
     assert list(delmarks.read_all(cni_dir)) == ["held-here"]
+
+
+def test_a_mark_naming_its_cni_dir_another_way_is_where_it_belongs(tmp_path):
+    cni_dir = str(tmp_path / "cni")
+    os.symlink(cni_dir, str(tmp_path / "link"))
+    write_records(cni_dir, "c0ffee")
+    unreleased.record(str(tmp_path / "link") + "/", del_request(cni_dir), FAILED, "m",
+                      window=60, now=990.0)  # the request's cniDir, spelled another way
+
+    assert markadoption.tidy([cni_dir, str(tmp_path / "link")]) == markadoption.Tidied()
+    assert markadoption.node_marks([cni_dir])["c0ffee"].cni_dir == cni_dir
+    assert delmarks.read(cni_dir, "c0ffee") is not None  # never moved onto itself, and lost
