@@ -31,15 +31,18 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from multusd import MARKED_BY_DAEMON, unreleased_marks_dir
 from multusd.cni.resultcache import RESULTS_DIR
 from multusd.core.delmarks import FailedDelete, clear, read, read_in, read_place, write
+from multusd.errors import MultusError
 from multusd.store.valueclass import Record, replace
 
 
 class Tidied(Record):
     """What :func:`tidy` did: marks moved beside their records, marks of released sandboxes
-    dropped (container IDs)."""
+    dropped (container IDs), and why a mark could not be moved (it stays where it is, read
+    from there)."""
 
     moved: Tuple[str, ...] = ()
     dropped: Tuple[str, ...] = ()
+    problems: Tuple[str, ...] = ()
 
 
 def has_records(cni_dir: str, container_id: str) -> bool:
@@ -91,15 +94,14 @@ def mark_of(cni_dirs: Sequence[str], container_id: str, spare: str = ""
 def tidy(cni_dirs: Sequence[str], spare: str = "") -> Tidied:
     """Each mark in ``cni_dirs`` moved beside its sandbox's records when it is elsewhere (a
     mark kept there already stands, the stray copy goes), and every mark of a sandbox with
-    no records left dropped (in ``spare`` too).
-
-    :raises IOFailure: a mark cannot be written beside its records nor in ``spare`` (it stays
-        where it is, read from there).
+    no records left dropped (in ``spare`` too). Never raises: a mark that can be written
+    neither beside its records nor in ``spare`` stays where it is (``problems`` says why).
     """
     dirs = _distinct(cni_dirs)
     index = _Records()
     moved: List[str] = []
     dropped: List[str] = []
+    problems: List[str] = []
     for place, mark in _every_mark(dirs, spare):
         home = index.home(mark, dirs)
         cid = mark.container_id
@@ -107,12 +109,16 @@ def tidy(cni_dirs: Sequence[str], spare: str = "") -> Tidied:
             if _clear_everywhere(dirs, cid, spare):
                 dropped.append(cid)
         elif place != spare and not _beside(place, home):
-            if read(home, cid, spare=spare) is None:
-                write(home, replace(mark, cni_dir=home), spare, mark)
-            else:
-                _remove(place, cid)
+            try:
+                if read(home, cid, spare=spare) is None:
+                    write(home, replace(mark, cni_dir=home), spare, mark)
+                else:
+                    _remove(place, cid)
+            except MultusError as exc:
+                problems.append(exc.msg)
+                continue
             moved.append(cid)
-    return Tidied(moved=tuple(moved), dropped=tuple(dropped))
+    return Tidied(moved=tuple(moved), dropped=tuple(dropped), problems=tuple(problems))
 
 
 def drop_if_released(cni_dirs: Sequence[str], container_id: str, spare: str = "") -> bool:

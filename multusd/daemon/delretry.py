@@ -186,11 +186,9 @@ class DelRetrier:
     def _tidy(self) -> None:
         """The marks found elsewhere than beside their records moved there, the marks of
         released sandboxes dropped (see :func:`~multusd.core.markadoption.tidy`)."""
-        try:
-            tidied = markadoption.tidy(self.cni_dirs(), self.spare)
-        except MultusError as exc:  # said; the mark stays where it is until the next scan
-            LOG.warning("%s", exc.msg)
-            return
+        tidied = markadoption.tidy(self.cni_dirs(), self.spare)
+        for problem in tidied.problems:  # the mark stays where it is until the next look
+            LOG.warning("%s", problem)
         for container_id in tidied.moved:
             LOG.info("the mark of sandbox %s's failed DEL, found in another cniDir than its "
                      "records (written by a shim whose config names another), is now kept "

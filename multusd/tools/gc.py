@@ -52,7 +52,9 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
     if (left and not dry_run) or (release and stale):
         via = "daemon" if common.healthz(config.socket_path)[0] else "in-process"
     if not dry_run:
-        markadoption.tidy(common.cni_dirs(config), common.spare_of(config))
+        for problem in markadoption.tidy(common.cni_dirs(config),
+                                         common.spare_of(config)).problems:
+            print(f"multusd gc: {problem}", file=sys.stderr)
     retried = [retry_one(config, r, via) for r in left] if not dry_run else []
     outcomes = [release_one(config, r, via) for r in stale] if release else []
     unreleased_docs = _docs(left, retried)
