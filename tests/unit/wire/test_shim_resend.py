@@ -147,7 +147,7 @@ def test_a_del_or_status_the_daemon_did_not_start_is_not_sent_again(scripted, tm
 def test_resending_ends_with_the_daemons_refusal_once_the_readiness_bound_passed(scripted,
                                                                                  tmp_path):
     daemon = scripted([(api.NOT_STARTED, STOPPING)] * 10_000)
-    conf = shim.ShimConfig({})
+    conf = shim.parse_config(b"{}")
     with pytest.raises(MultusError) as caught:  # the daemon's own error, forwarded
         shim.post_when_ready(conf, str(tmp_path / "multus.sock"), {"CNI_COMMAND": "ADD"},
                              b"{}", timeout=0.3)
