@@ -277,7 +277,7 @@ def test_status_counts_requests_in_flight_but_itself(served):
     node.handler.gate = threading.Event()
     threading.Thread(target=lambda: node.call("POST", api.CNI_ENDPOINT, cni_body()),
                      daemon=True).start()
-    wait_for(lambda: node.handler.calls, what="the request to run")
+    wait_for(lambda: node.handler.calls, node.server.request_timeout, what="the request to run")
     status = json.loads(node.call("GET", api.STATUS_ENDPOINT).body)
     assert (status["inFlight"], status["running"]) == (1, 1)
     node.handler.gate.set()

@@ -134,7 +134,8 @@ def test_an_idle_stop_tells_systemd_its_budget_and_ends_at_once(node, tmp_path, 
 def test_while_draining_a_del_is_served_and_an_add_refused(node):
     node.gates["slow"] = threading.Event()
     slow = node.send("slow", "ADD", "slow")
-    wait_for(lambda: node.started == ["slow"], 10, what="the ADD running")
+    wait_for(lambda: node.started == ["slow"], node.server.request_timeout,
+             what="the ADD running")
     stop = node.stop(budget=3600.0)
     stop.begin("received SIGTERM")
     node.send("del", "DEL", "other").join(30)
@@ -162,7 +163,8 @@ def test_the_cut_kills_the_plugins_refuses_what_waits_and_records_the_dels(node)
     assert len(node.running.running()) == 2, node.answers
     sent += [node.send("retry", "DEL", "hung-del"),   # parked behind its sandbox's DEL
              node.send("queued", "CHECK", "other")]   # waiting for the busy general worker
-    wait_for(lambda: node.server.lanes.queued == 2, 10, what="two requests waiting")
+    wait_for(lambda: node.server.lanes.queued == 2, node.server.request_timeout,
+             what="two requests waiting")
     stop = node.stop(budget=2.0, cut_grace=1.0)
     stop.begin("received SIGTERM")
     node.thread.join(30)
@@ -191,7 +193,8 @@ def test_the_cut_kills_the_plugins_refuses_what_waits_and_records_the_dels(node)
 def test_a_del_still_running_at_the_deadline_is_recorded_before_the_exit(node):
     node.gates["stuck"] = threading.Event()  # held outside any plugin: the cut cannot end it
     node.send("stuck", "DEL", "stuck")
-    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
     stop = node.stop(budget=1.0, cut_grace=0.5)
     stop.begin("received SIGTERM")
     node.thread.join(30)
@@ -205,7 +208,8 @@ def test_a_del_still_running_at_the_deadline_is_recorded_before_the_exit(node):
 def test_a_request_still_waiting_at_the_exit_is_answered_not_started(node):
     node.gates["stuck"] = threading.Event()  # held outside any plugin: the cut cannot end it
     node.send("stuck", "DEL", "stuck")
-    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
     waiting = node.send("later", "CHECK", "stuck")  # parked behind its sandbox's DEL
     wait_for(lambda: node.server.lanes.queued == 1, node.server.request_timeout,
              what="the CHECK waiting")
@@ -226,7 +230,8 @@ def test_a_del_that_cannot_be_recorded_is_said_and_the_stop_goes_on(node, caplog
             handle.write("a file where a directory of marks should be")
     node.gates["stuck"] = threading.Event()
     node.send("stuck", "DEL", "stuck")
-    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
     stop = node.stop(budget=1.0, cut_grace=0.5)
     stop.begin("received SIGTERM")
     node.thread.join(30)
@@ -251,7 +256,8 @@ def test_a_reconciliation_still_waiting_at_the_exit_is_dropped_not_answered(node
 
     node.gates["stuck"] = threading.Event()
     node.send("stuck", "DEL", "stuck")
-    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
     ran: List[Job] = []
     task = Job(None, "", "", b"", math.inf, "RECONCILE", "stuck", task=ran.append)
     assert node.server.lanes.submit(task)  # parked behind its sandbox's DEL: no connection
