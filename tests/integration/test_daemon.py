@@ -187,6 +187,7 @@ def test_a_hung_delegate_is_killed_at_the_deadline(sandbox, tmp_path):
         assert timeout < REQUEST_TIMEOUT, "stub-hang never started within a request deadline"
         daemon.terminate()
         timeout *= 2
+    print(f"\nstub-hang started within a requestTimeout of {timeout}s")
     pids = [int(p) for p in open(pid_file).read().split()]
     for pid in pids:
         wait_for(lambda: not _alive(pid), 10, what=f"stub process {pid} to be gone")

@@ -150,6 +150,7 @@ def test_hanging_plugin_and_its_children_are_killed_at_the_deadline(stub_bin, tm
         # the daemon's request deadline (what a plugin gets to run in)
         assert timeout < REQUEST_TIMEOUT, "stub-hang never started within a request deadline"
         timeout *= 2
+    print(f"\nstub-hang started within a deadline of {timeout:g}s")
     assert "'stub-hang'" in err.value.msg and "deadline" in err.value.msg
     assert err.value.code == 11
     plugin_pid, child_pid = (int(p) for p in pid_file.read_text().split())
