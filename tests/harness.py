@@ -120,6 +120,39 @@ def start_bound() -> float:
     return shim.READY_TIMEOUT
 
 
+def watch_bound() -> float:
+    """The longest a daemon's (or a KubeClient's) watch caches take to hold what the API server
+    holds now, whatever they were doing (a watch open, or failing while the server was away):
+    one wait of their backoff at its longest (kube.retries.API_SERVER: each wait in [d, 2d),
+    d at most its cap), then a list as long as a start's (:func:`start_bound`)."""
+    from multusd.kube.retries import API_SERVER
+
+    return API_SERVER.cap * (1 + API_SERVER.jitter) + start_bound()
+
+
+def reconcile_bound() -> float:
+    """The longest a daemon with ``enableDynamicNetworks`` takes to act on a pod's change: its
+    watch delivers it (:func:`watch_bound`), then the reconciliation runs in the sandbox's lane
+    within a request's deadline (the daemon's requestTimeout: the shim's REQUEST_TIMEOUT unless
+    the test configures another)."""
+    from multusd.wire import shim
+
+    return watch_bound() + shim.REQUEST_TIMEOUT
+
+
+def events_bound(count: int = 1, request_timeout: float | None = None) -> float:
+    """The longest ``count`` pod events queued by a daemon (or a KubeClient) take to reach the
+    API server: they are sent one at a time, each a request of its Kubernetes client, bounded
+    by that client's request timeout (by default the daemon's: KubeClient's default)."""
+    import inspect
+
+    from multusd.kube.client import KubeClient
+
+    if request_timeout is None:
+        request_timeout = inspect.signature(KubeClient).parameters["request_timeout"].default
+    return count * request_timeout
+
+
 def unit_stop_timeout() -> float:
     """TimeoutStopSec= of the packaged multusd.service: when systemd SIGKILLs a stop (the
     longest a stop may take)."""

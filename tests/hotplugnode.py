@@ -14,7 +14,7 @@ from multusd.core.multus import Multus
 from multusd.kube.client import KubeClient
 from multusd.kube.objects import pod_from_object
 
-from harness import STUBS
+from harness import STUBS, events_bound, watch_bound
 from stubnode import LOG, RUNTIME_CONF, stub_calls
 from testlib import wait_for
 
@@ -37,7 +37,7 @@ class Node:
         self.calls_file = str(tmp_path / "calls.jsonl")
         self.client = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
         self.client.start()
-        assert self.client.wait_synced(10, nads=True), self.client.last_error
+        assert self.client.wait_synced(watch_bound(), nads=True), self.client.last_error
         self.configure(**daemon)
         self.cid = uuid.uuid4().hex
 
@@ -63,7 +63,8 @@ class Node:
         """The pod's sandbox ADD, as the runtime asks it."""
         meta = self.api.add_pod(namespace, name, annotations={NETWORKS: networks} if networks
                                 else {})["metadata"]
-        wait_for(lambda: self.client.cached_pod(namespace, name), 10, what="the pod cached")
+        wait_for(lambda: self.client.cached_pod(namespace, name), watch_bound(),
+                 what="the pod cached")
         env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": self.cid, "CNI_NETNS": self.netns,
                "CNI_IFNAME": "eth0", "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};"
                f"K8S_POD_NAME={name};K8S_POD_UID={meta['uid']}"}
@@ -108,6 +109,11 @@ class Node:
 
     def events(self, reason: str) -> list:
         return [e for e in self.api.events if e.get("reason") == reason]
+
+    def events_bound(self) -> float:
+        """How long an event this node's client queued may take to reach the API server,
+        behind the others of a test here (an attach's and a reconciliation's: four at most)."""
+        return events_bound(4, self.client.request_timeout)
 
     def status(self, name: str = "web") -> list:
         value = self.api.pod("default", name)["metadata"]["annotations"].get(STATUS)

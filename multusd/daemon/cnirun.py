@@ -9,7 +9,8 @@ the request held in the :class:`MemoryBound` (every request read and not yet ans
 there: past the bound new bodies are refused "busy, retry"). A node slot of the lanes (STATUS,
 GC) calls :meth:`CniRunner.run_shared` instead: the handler runs once, and its answer goes to
 every request that joined the run. At the daemon's stop :meth:`CniRunner.refuse` makes it
-answer every request not started yet "stopping, retry" instead of running it.
+answer every request not started yet "stopping, retry" instead of running it, with status 503
+(:func:`not_started_answer`: nothing was done for it, the next daemon may serve it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 from multusd.daemon import httpreq
 from multusd.daemon.lanes import Job
 from multusd.errors import MultusError, NotReady, TryAgainLater, from_exception
+from multusd.wire import api
 
 LOG = logging.getLogger(__name__)
 
@@ -34,6 +36,13 @@ Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
 def error_answer(error: MultusError) -> tuple[int, bytes]:
     """(status, body) of a refused or failed request: 400 with the CNI error JSON."""
     return 400, json.dumps(error.to_cni_error()).encode()
+
+
+def not_started_answer(error: MultusError) -> tuple[int, bytes]:
+    """(status, body) of a request refused because the daemon stops, before anything was done
+    for it: :data:`~multusd.wire.api.NOT_STARTED` (503) with the CNI error JSON, which tells
+    multusd's shim that it may send it again to the next daemon (upstream's sees an error)."""
+    return api.NOT_STARTED, json.dumps(error.to_cni_error()).encode()
 
 
 class MemoryBound:
@@ -118,8 +127,8 @@ class CniRunner:
             "raise \"workers\" in daemon-config.json or retry"))
 
     def refuse(self, why: str, told: Callable[[Job], None]) -> None:
-        """From now on, run no job: answer each TryAgainLater ``why``, after telling ``told``
-        (the daemon's stop records a DEL it did not run)."""
+        """From now on, run no job: answer each TryAgainLater ``why`` (503: not started),
+        after telling ``told`` (the daemon's stop records a DEL it did not run)."""
         self.refusal = (why, told)
 
     def refused(self, job: Job) -> tuple[int, bytes]:
@@ -130,7 +139,7 @@ class CniRunner:
         except Exception:  # noqa: BLE001 - the request is still answered
             LOG.exception("recording a refused %s request failed", job.command or "CNI")
         self.count("failed")
-        return error_answer(TryAgainLater(why))
+        return not_started_answer(TryAgainLater(why))
 
     def run_job(self, job: Job) -> None:
         """On a worker thread: run one CNI request, answer it, close the connection."""

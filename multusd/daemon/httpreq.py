@@ -26,7 +26,7 @@ MAX_HEADERS = 100
 MAX_HEAD = 65536  # request line and headers together
 STATUS_PHRASES = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found",
                   405: "Method Not Allowed", 408: "Request Timeout",
-                  500: "Internal Server Error"}
+                  500: "Internal Server Error", 503: "Service Unavailable"}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _SINGLE_HEADERS = ("content-length", "transfer-encoding")

@@ -18,7 +18,8 @@ held in all (:class:`~multusd.daemon.cnirun.MemoryBound`: a declared body counts
 its head is read, a chunked one as it comes; past the bound either is refused "busy, retry").
 A refused request is answered 400 with CNI error JSON (the connections themselves, their
 timers, answers and closing: :mod:`multusd.daemon.reactor`). At the daemon's stop
-(:meth:`Server.begin_stop`) ``/readyz`` answers 500 and only DEL and STATUS are still run.
+(:meth:`Server.begin_stop`) ``/readyz`` answers 500 and only DEL and STATUS are still run;
+the others are answered 503 (not started: the shim sends them again to the next daemon).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any, Callable, List, Mapping
 
 from multusd.daemon import httpreq
 from multusd.daemon.httpreq import LINGER, READ_TIMEOUT, READING, READY_WAIT, Connection
-from multusd.daemon.cnirun import CniRunner, Handler, MemoryBound, error_answer
+from multusd.daemon.cnirun import (CniRunner, Handler, MemoryBound, error_answer,
+                                   not_started_answer)
 from multusd.daemon.lanes import NODE_COMMANDS, Job, Lanes, del_lane_workers
 from multusd.daemon.reactor import LINGER_BYTES, LINGER_TIMEOUT, Reactor  # noqa: F401 (were here)
 from multusd.errors import DecodeFailure, MultusError, TryAgainLater
@@ -143,8 +145,9 @@ class Server(Reactor):
 
     def begin_stop(self) -> None:
         """The daemon is stopping: ``/readyz`` answers 500, and of the CNI requests read from
-        now on only DEL and STATUS run; the others are answered "stopping, retry" (the next
-        daemon serves the retry). Probes are answered until :meth:`stop`."""
+        now on only DEL and STATUS run; the others are answered "stopping, retry" with 503
+        (not started: the next daemon serves the retry, multusd's shim sends it again).
+        Probes are answered until :meth:`stop`."""
         self.ready = False
         self.stopping = True
 
@@ -298,7 +301,7 @@ class Server(Reactor):
         command, key = httpreq.peek_env(parser.body)
         if self.stopping and command not in SERVED_WHILE_STOPPING:
             self.runner.count("failed")
-            return self._answer(conn, *error_answer(TryAgainLater(
+            return self._answer(conn, *not_started_answer(TryAgainLater(
                 f"multusd is stopping: {command or 'the request'} was not started; retry it "
                 "(the socket stays open: the next multusd serves it)")))
         node = command in NODE_COMMANDS

@@ -6,7 +6,11 @@ HTTP/1.1 over the unix socket ``<socketDir>/multus.sock``:
   shim's whole environment (the ``CNI_*`` variables and the rest, as upstream's shim sends
   ``os.Environ()``); ADD answers 200 ``{"Result": <result>}`` at the daemon's newest version
   (1.1.0 from multusd, 1.0.0 from upstream's), the other commands 200 with an empty body, a
-  failure 400 with CNI error JSON.
+  failure 400 with CNI error JSON. multusd answers a request it did not start because it is
+  stopping :data:`NOT_STARTED` (503) with the same CNI error JSON: nothing was done for it,
+  and the socket (systemd's) keeps the next connection for the next daemon, so a client may
+  send it again once ``/readyz`` answers 200 (multusd's shim does, for ADD, CHECK and GC).
+  Upstream's daemon never answers 503, and upstream's shim reports every answer but 200 alike.
 * ``POST /delegate``: the same plus ``"interfaceAttributes"`` (hot-plug of one interface).
 * ``GET|POST /healthz`` (always 200 while serving), ``/readyz`` (500 once stopping).
 * ``GET /status``: the daemon's own facts as JSON (version, uptime, request counts), for
@@ -41,6 +45,8 @@ HEALTH_ENDPOINT = "/healthz"
 READY_ENDPOINT = "/readyz"
 STATUS_ENDPOINT = "/status"
 FORGET_ENDPOINT = "/forget"
+#: a request the daemon refused without starting it (it is stopping): safe to send again
+NOT_STARTED = 503
 DEFAULT_SOCKET_DIR = "/run/multus/"
 SOCKET_NAME = "multus.sock"
 #: what a request that ran out of time raises (socket.timeout: TimeoutError from 3.10)

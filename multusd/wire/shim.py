@@ -8,6 +8,12 @@ config, answers VERSION itself, and POSTs everything else to ``/cni`` on the dae
 and so does STATUS, whose job is to say "not ready" at once: it never waits for ``/readyz``,
 and a daemon that does not answer its probe within seconds is CNI error 50, as the daemon's
 own "not ready" is.
+A daemon that answers ADD, CHECK or GC with HTTP 503 (:data:`~multusd.wire.api.NOT_STARTED`)
+did not start it: it is stopping (a restart or upgrade), and systemd's socket keeps the next
+connection for the next daemon. The shim then waits for ``/readyz`` again and sends the
+request once more, as long as the readiness wait's own bound (:data:`READY_TIMEOUT`, from the
+first wait) has not passed; every other answer, 400 among them, is final (a DEL is served
+while the daemon drains; STATUS answers at once).
 The call to ``/cni`` is bounded, whole: the daemon's request deadline (``requestTimeout``,
 :data:`REQUEST_TIMEOUT` unless daemon-config.json says longer, read only once that has
 passed) plus :data:`ANSWER_MARGIN` (STATUS: :data:`STATUS_TIMEOUT`); a daemon that does not
@@ -169,13 +175,14 @@ def check_command_allowed(command: str, cni_version: str) -> None:
         raise wire.errors().IncompatibleCNIVersion(f"config version does not allow {command}")
 
 
-def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
-    """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds.
+def wait_ready(sock: str, timeout: float = READY_TIMEOUT, since: "float | None" = None) -> None:
+    """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds
+    (counted from the monotonic instant ``since``, by default now; polled at least once).
 
     A 404 means a daemon without a readiness endpoint (upstream's v4.2 and older): it is
     polled on /healthz instead, at once, as upstream's shim does.
     """
-    deadline = time.monotonic() + timeout
+    deadline = (time.monotonic() if since is None else since) + timeout
     last = "no answer"
     pause = READY_POLL_FIRST
     endpoint = api.READY_ENDPOINT
@@ -264,9 +271,42 @@ def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
     except ValueError:
         error = None
     if isinstance(error, dict) and error.get("msg"):
-        raise wire.errors().ForwardedError(error)
-    text = response.body.decode("utf-8", "replace").strip()
-    raise wire.errors().MultusError(f"CNI request failed with status {response.status}: '{text}'")
+        failure = wire.errors().ForwardedError(error)
+    else:
+        text = response.body.decode("utf-8", "replace").strip()
+        failure = wire.errors().MultusError(
+            f"CNI request failed with status {response.status}: '{text}'")
+    if response.status == api.NOT_STARTED:
+        raise NotStarted(failure)
+    raise failure
+
+
+class NotStarted(Exception):
+    """The daemon answered 503 (:data:`~multusd.wire.api.NOT_STARTED`): it did not start the
+    request, which may be sent again; :attr:`error` is its CNI error, for when it is not."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def post_when_ready(conf: ShimConfig, sock: str, env: "dict[str, str]", stdin: bytes,
+                    timeout: float = READY_TIMEOUT, daemon: "DaemonFile | None" = None
+                    ) -> bytes:
+    """ADD, CHECK, GC: wait for ``/readyz``, then :func:`post_cni` (``daemon``: its
+    daemon-config.json); a request the daemon did not start (503: it is stopping) is sent
+    again once a daemon is ready, while ``timeout`` seconds from the first wait (the readiness
+    wait's own bound) have not passed."""
+    started = time.monotonic()
+    while True:
+        wait_ready(sock, timeout, since=started)
+        try:
+            return post_cni(sock, env, stdin, daemon=daemon)
+        except NotStarted as refusal:
+            if time.monotonic() - started >= timeout:
+                raise refusal.error from None
+            conf.log("verbose", f"{env.get('CNI_COMMAND', '')} (shim): multusd did not start "
+                                f"it ({refusal}); sending it again once multusd is ready")
 
 
 def no_answer_message(sock: str, command: str, waited: float,
@@ -324,10 +364,12 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
             check_alive(sock, STATUS_PROBE_TIMEOUT, not_ready=True)
         elif command == "DEL":
             check_alive(sock)  # DEL must proceed while the daemon drains
+        if command in ("STATUS", "DEL"):
+            body = post_cni(sock, env, stdin,
+                            timeout=STATUS_TIMEOUT if command == "STATUS" else None,
+                            not_ready=command == "STATUS", daemon=daemon)
         else:
-            wait_ready(sock)
-        body = post_cni(sock, env, stdin, timeout=STATUS_TIMEOUT if command == "STATUS" else None,
-                        not_ready=command == "STATUS", daemon=daemon)
+            body = post_when_ready(conf, sock, env, stdin, daemon=daemon)
         conf.log("verbose", f"{command} (shim): done for {env.get('CNI_CONTAINERID', '')}")
         if command == "ADD":
             return 0, add_result(body, conf.cni_version)
@@ -336,6 +378,8 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             raise
         errors = wire.errors()
+        if isinstance(exc, NotStarted):  # a DEL or STATUS is not sent again
+            exc = exc.error
         if not isinstance(exc, errors.MultusError):
             exc = errors.MultusError(f"multus-shim failed unexpectedly: {type(exc).__name__}: "
                                      f"{exc!s:.500}")

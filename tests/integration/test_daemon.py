@@ -23,6 +23,7 @@ from harness import (DaemonProcess, NotifyListener, call_shim, netns_addresses, 
 from multusd.daemon.stopping import STOP_TIMEOUT
 from testlib import free_port, metric_value, raw_exchange, wait_for
 from multusd.wire import api
+from multusd.wire.shim import REQUEST_TIMEOUT
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
 
@@ -171,12 +172,22 @@ def test_config_without_type_is_rejected_clearly(sandbox):
 def test_a_hung_delegate_is_killed_at_the_deadline(sandbox, tmp_path):
     pid_file = str(tmp_path / "hang.pid")
     hang = {"cniVersion": "0.4.0", "name": "hangs", "type": "stub-hang", "pidFile": pid_file}
-    daemon = sandbox.daemon({"requestTimeout": 3, "delegates": [hang]})
-    ns_name, ns_path = sandbox.netns()
-    add = call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(uuid.uuid4().hex))
-    assert add.code == 1
-    assert add.output["code"] == 11, add.output
-    assert "hangs" in add.output["msg"]
+    timeout = 3
+    while True:  # until the plugin had started (written its pids) by the deadline
+        daemon = sandbox.daemon({"requestTimeout": timeout, "delegates": [hang]})
+        ns_name, ns_path = sandbox.netns()
+        add = call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod_args(uuid.uuid4().hex))
+        assert add.code == 1
+        assert add.output["code"] == 11, add.output
+        assert "hangs" in add.output["msg"]
+        if os.path.exists(pid_file):
+            break
+        # a loaded machine did not even start it in time: again, with twice as long, up to
+        # the default request deadline
+        assert timeout < REQUEST_TIMEOUT, "stub-hang never started within a request deadline"
+        daemon.terminate()
+        timeout *= 2
+    print(f"\nstub-hang started within a requestTimeout of {timeout}s")
     pids = [int(p) for p in open(pid_file).read().split()]
     for pid in pids:
         wait_for(lambda: not _alive(pid), 10, what=f"stub process {pid} to be gone")

@@ -140,3 +140,57 @@ def test_a_stop_cuts_what_hangs_records_it_and_the_next_daemon_releases_it(sandb
     assert deleted.code == 0, deleted.output  # the runtime's DEL after the failed ADD
     assert not markadoption.has_records(daemon.cni_dir, hung_add)
     assert sandbox.leases_held() == []
+
+
+def test_an_add_the_stop_did_not_start_is_sent_again_by_the_shim_to_the_next_daemon(
+        sandbox, tmp_path):
+    """The stop refuses an ADD that waited for a worker (503: not started); multusd's shim
+    waits for /readyz again and the next daemon on the same socket serves it. A request that
+    failed (400: the held ADD, cut) is not sent again."""
+    hold_dir = tmp_path / "hold"
+    hold_dir.mkdir()
+    record = tmp_path / "calls.jsonl"
+    vendor = {"cniVersion": "0.3.1", "name": "vendor", "type": "stub-hold",
+              "holdDir": str(hold_dir), "holdOn": ["ADD"], "recordFile": str(record)}
+    daemon = sandbox.daemon({"delegates": [sandbox.net("cluster", "10.77.0.0/24"), vendor],
+                             "workers": 1}, hold_socket=True)
+    conf = daemon.shim_conf()
+    held, waiting = uuid.uuid4().hex, uuid.uuid4().hex
+    namespaces = {cid: sandbox.netns()[1] for cid in (held, waiting)}
+    (hold_dir / held).touch()  # its ADD holds the one general worker
+    first, first_out = in_thread(lambda: call_shim(
+        "ADD", conf, netns=namespaces[held], **pod(held, "held")))
+    wait_for(lambda: (hold_dir / f"{held}.ADD.pids").exists() or not first.is_alive(),
+             shim_bound("ADD"), what="the first ADD to hang in its plugin")
+    assert first.is_alive(), first_out
+    second, second_out = in_thread(lambda: call_shim(
+        "ADD", conf, netns=namespaces[waiting], **pod(waiting, "waiting")))
+
+    def queued() -> bool:  # past its /readyz, read, waiting for the busy worker
+        assert second.is_alive(), second_out
+        status = api.http_request(daemon.socket_path, "GET", api.STATUS_ENDPOINT, timeout=5)
+        return json.loads(status.body)["queued"] == 1
+
+    wait_for(queued, shim_bound("ADD"), what="the second ADD waiting for a worker")
+
+    daemon.proc.send_signal(signal.SIGTERM)  # the cut refuses the waiting ADD, not started
+    assert daemon.proc.wait(unit_stop_timeout()) == 0
+    assert "stop: 1 request(s) still running after" in daemon.log()
+    assert "(ADD), 1 waiting" in daemon.log()
+    first.join(shim_bound("ADD"))  # answered at the cut: failed (400), not sent again
+    assert first_out[0].code == 1, first_out[0].output
+    assert "was killed: multusd stopped it at its stop deadline" in first_out[0].output["msg"]
+    os.unlink(hold_dir / held)
+    assert second.is_alive(), second_out  # waiting for a ready daemon to send it again
+
+    daemon.start(activate=False)  # the next daemon on the same socket
+    second.join(start_bound() + shim_bound("ADD"))
+    assert second_out and second_out[0].code == 0, second_out
+    assert second_out[0].output["ips"], second_out[0].output  # the cluster network's address
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    added = [call["container"] for call in calls if call["command"] == "ADD"]
+    assert added == [held, waiting]  # each ADD ran once: the first was not resent
+    for cid, name in ((held, "held"), (waiting, "waiting")):
+        deleted = call_shim("DEL", conf, netns=namespaces[cid], **pod(cid, name))
+        assert deleted.code == 0, deleted.output
+    assert sandbox.leases_held() == []

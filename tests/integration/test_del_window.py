@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 
-from harness import SHIM_ARGV, Cluster, shim_bound, start_bound
+from harness import SHIM_ARGV, Cluster, events_bound, shim_bound, start_bound, watch_bound
 from multusd.daemon import delretry
 from testlib import free_port, metric_value, wait_for
 
@@ -200,7 +200,9 @@ def test_a_plugin_whose_del_fails_for_good_holds_the_pod_only_for_the_window(clu
                             "failed since" in text else None)(cluster.daemon.log()),
                    retry_bound(), what="the journal's warning")
     assert "stays recorded as unreleased" in log
-    [event] = wait_for(lambda: cluster.events("NetworkNotReleased"), 10, what="the Event")
+    # behind the attach's two AddedInterface events at most
+    [event] = wait_for(lambda: cluster.events("NetworkNotReleased"), events_bound(3),
+                       what="the Event")
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "drained"
     assert "net1" in event["message"] and "multusd gc" in event["message"]
     assert cluster.shim("DEL", pod, ns_path, cid).code == 0  # the runtime's DEL on remove
@@ -317,7 +319,7 @@ def test_a_pod_gone_from_the_api_does_not_shorten_the_window(cluster):
     present = cluster.shim("DEL", pod, ns_path, cid)
     assert present.code == 1
     cluster.kube.delete_pod("default", "forced")  # `kubectl delete --force`: nobody waits on it
-    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 0, 10,
+    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 0, watch_bound(),
              what="the watch to deliver the deletion")
     gone = cluster.shim("DEL", pod, ns_path, cid)
 

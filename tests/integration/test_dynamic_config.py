@@ -21,7 +21,8 @@ import uuid
 
 import pytest
 
-from harness import Cluster, call_shim, netns_addresses
+from harness import (Cluster, call_shim, events_bound, netns_addresses, reconcile_bound,
+                     start_bound)
 from multusd.core import sandboxconfig, scratch
 from multusd.wire import api
 from testlib import wait_for
@@ -99,7 +100,8 @@ class Node:
             json.dump({k: v for k, v in config.items() if v is not None}, handle)
         daemon.start()
         wait_for(lambda: api.http_request(daemon.socket_path, "GET", "/readyz",
-                                          timeout=2).status == 200, 20, what="caches synced")
+                                          timeout=2).status == 200, start_bound(),
+                 what="caches synced")
         self.generate()
 
     def running_pod(self, name: str, networks: str):
@@ -122,7 +124,7 @@ class Node:
                                               timeout=5).body)["dynamicNetworks"]
             return doc if doc["pending"] == 0 and not doc["retrying"] and \
                 doc["podsChecked"] >= looks else None
-        return wait_for(state, 20, what="every pod change dealt with")
+        return wait_for(state, reconcile_bound(), what="every pod change dealt with")
 
 
 def links(ns_name: str) -> dict:
@@ -141,7 +143,7 @@ def test_default_networks_and_isolation_hold_for_a_running_pod(node):
     assert os.path.exists(os.path.join(node.cni_dir, cid))  # the static file's cniDir
 
     node.select("web", "net-a@net5,net-b@net6")  # the annotation gains a network
-    wait_for(lambda: "net6" in links(ns_name), 20, what="net6")
+    wait_for(lambda: "net6" in links(ns_name), reconcile_bound(), what="net6")
     node.settled()
     assert set(links(ns_name)) == {"eth0", "net1", "net5", "net6"}
     assert len(node.cluster.sandbox.leases_held()) == 4
@@ -149,7 +151,8 @@ def test_default_networks_and_isolation_hold_for_a_running_pod(node):
 
     # another namespace's NAD: refused as the ADD refuses it, with its message
     node.select("web", "net-a@net5,net-b@net6,elsewhere/other@net7")
-    wait_for(lambda: node.cluster.events("FailedAddingInterface"), 20, what="the Warning")
+    wait_for(lambda: node.cluster.events("FailedAddingInterface"),  # behind four others
+             reconcile_bound() + events_bound(5), what="the Warning")
     (event,) = node.cluster.events("FailedAddingInterface")
     assert event["type"] == "Warning"
     assert event["message"].startswith("namespace isolation enabled, annotation violates "
@@ -169,7 +172,7 @@ def test_default_networks_and_isolation_hold_for_a_running_pod(node):
     assert f'"clusterNetwork": "{node.cluster.cluster_path}"' in started[-1]
     assert '"defaultNetworks": []' in started[-1] and node.cni_dir in started[-1]
     node.select("web", "net-b@net6")
-    wait_for(lambda: "net5" not in links(ns_name), 20, what="net5 removed")
+    wait_for(lambda: "net5" not in links(ns_name), reconcile_bound(), what="net5 removed")
     node.settled()
     assert set(links(ns_name)) == {"eth0", "net1", "net6"}  # storage stays
     assert [e["message"] for e in node.cluster.events("RemovedInterface")] == \
@@ -195,10 +198,11 @@ def test_a_sandbox_an_earlier_multusd_attached_is_judged_as_configured_now(node)
     node.restart()
 
     node.select("web", "net-b@net6")
-    wait_for(lambda: "net5" not in links(ns_name) and "net6" in links(ns_name), 20,
+    wait_for(lambda: "net5" not in links(ns_name) and "net6" in links(ns_name),
+             reconcile_bound(),
              what="net5 swapped for net6")
     node.select("web", "net-b@net6,net-a@net8")
-    wait_for(lambda: "net8" in links(ns_name), 20, what="net8")
+    wait_for(lambda: "net8" in links(ns_name), reconcile_bound(), what="net8")
     node.settled()
     assert set(links(ns_name)) == {"eth0", "net1", "net6", "net8"}  # storage: defaultNetworks
     log = node.cluster.daemon.log()

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from harness import call_shim
+from harness import call_shim, shim_bound
 from multusd.wire import api
 from testlib import wait_for
 
@@ -88,21 +88,23 @@ def test_forget_waits_for_the_sandboxs_running_del_and_runs_in_the_daemon(node, 
     thread = threading.Thread(target=lambda: runtime.append(call_shim(
         "DEL", node.shim_conf(), container_id=cid, netns=netns, pod=("default", "web"))))
     thread.start()
-    wait_for(lambda: (node.hold / f"{cid}.DEL.pids").exists(), 30,
+    wait_for(lambda: (node.hold / f"{cid}.DEL.pids").exists(), shim_bound("DEL"),
              what="the runtime's DEL to hang in its plugin")
 
     tool = forget(node, cid)
     try:
         # the forget waits in the sandbox's lane behind the runtime's DEL: nothing of it has
         # run (before, it ran in the tool's process at once, beside the DEL)
-        wait_for(lambda: status(node)["queued"] == 1, 30, what="the forget parked in the lane")
+        # (the tool's start, then its request, bounded as a shim's)
+        wait_for(lambda: status(node)["queued"] == 1, shim_bound("DEL"),
+                 what="the forget parked in the lane")
         assert dels(node, cid) == 1 and tool.poll() is None
     finally:
         (node.hold / cid).unlink()  # the DEL goes on: "stuck" fails it, the records stay
-        thread.join(60)
+        thread.join(shim_bound("DEL"))
     assert runtime[0].code == 1 and "its daemon is down" in runtime[0].output["msg"]
 
-    code, doc = answered(tool, 60)
+    code, doc = answered(tool, shim_bound("DEL"))
 
     assert code == 0 and doc["via"] == "daemon" and "viaReason" not in doc
     assert doc["networks"] == [

@@ -101,7 +101,8 @@ def test_namespace_isolation_refuses_a_new_selection_as_the_add_did(node):
 
     assert outcome.result == reconcile.REFUSED and not outcome.retry
     assert ("ADD", "other", "net7") not in node.calls()
-    wait_for(lambda: node.events("FailedAddingInterface"), 10, what="the Warning event")
+    wait_for(lambda: node.events("FailedAddingInterface"), node.events_bound(),
+             what="the Warning event")
     (event,) = node.events("FailedAddingInterface")
     assert event["type"] == "Warning" and event["message"] == outcome.problems[0]
     assert "namespace isolation enabled" in event["message"]

@@ -15,6 +15,7 @@ from multusd.core import reconcile, scratch
 from multusd.core.hotplugrecord import ADDED, ADDING, read_marks
 from multusd.errors import MultusError
 
+from harness import watch_bound
 from hotplugnode import NETWORKS, STATUS, Node, result
 from stubnode import LOG
 from testlib import run, wait_for
@@ -47,7 +48,8 @@ def test_an_added_selection_runs_its_add_is_recorded_and_network_status_is_writt
     assert node.api.count("PUT") == before + 1
     # events go out asynchronously: the attach's own (eth0) may land after this one
     added = wait_for(lambda: [e for e in node.events("AddedInterface")
-                              if "hot0" in e["message"]], 10, what="hot0's AddedInterface")
+                              if "hot0" in e["message"]], node.events_bound(),
+                     what="hot0's AddedInterface")
     assert [e["message"] for e in added] == ["Add hot0 [10.9.0.2/24] from default/b"]
 
     calls = len(node.calls())
@@ -74,7 +76,7 @@ def test_a_removed_selection_runs_its_del_and_the_later_unnamed_ones_keep_their_
     assert node.recorded() == [("cluster", "eth0"), ("default/b", "net2")]  # not net1
     assert read_marks(node.scratch())[1][0].ifname == "net1"
     assert resultcache.read(node.cni_dir, "a", node.cid, "net1") is None
-    wait_for(lambda: node.events("RemovedInterface"), 10, what="RemovedInterface")
+    wait_for(lambda: node.events("RemovedInterface"), node.events_bound(), what="RemovedInterface")
     assert node.status() == [("cluster", "eth0"), ("default/b", "net2")]
     assert node.reconcile().result == reconcile.UNCHANGED
 
@@ -94,7 +96,8 @@ def test_a_failed_add_is_rolled_back_and_its_entry_dropped(node):
     assert node.recorded() == [("cluster", "eth0")]
     assert read_marks(node.scratch()) == ([None], ())
     assert node.status() == status
-    wait_for(lambda: node.events("FailedAddingInterface"), 10, what="the Warning event")
+    wait_for(lambda: node.events("FailedAddingInterface"), node.events_bound(),
+             what="the Warning event")
     message = node.events("FailedAddingInterface")[0]["message"]
     assert "hot0 (default/b): its ADD failed and was rolled back: its daemon is down" in message
 
@@ -153,7 +156,7 @@ def test_a_missing_nad_fails_with_no_network_found(node):
     node.attach()
     outcome = node.reconcile(node.select("ghost@hot0"))
     assert outcome.result == reconcile.FAILED
-    wait_for(lambda: node.events("NoNetworkFound"), 10, what="NoNetworkFound")
+    wait_for(lambda: node.events("NoNetworkFound"), node.events_bound(), what="NoNetworkFound")
     assert node.recorded() == [("cluster", "eth0")]
 
 
@@ -165,7 +168,8 @@ def test_an_annotation_that_does_not_parse_changes_nothing(node):
     assert outcome.result == reconcile.REFUSED
     assert len(node.calls()) == calls
     assert node.recorded() == [("cluster", "eth0"), ("default/a", "net1")]
-    wait_for(lambda: node.events("FailedAddingInterface"), 10, what="the Warning event")
+    wait_for(lambda: node.events("FailedAddingInterface"), node.events_bound(),
+             what="the Warning event")
     (event,) = node.events("FailedAddingInterface")
     assert event["message"] == outcome.problems[0]  # the ADD's message, as the ADD says it
     add, name = refused_add(node, "[{not json")
@@ -222,7 +226,7 @@ def refused_add(node, networks: str, namespace: str = "default"):
 
     name = f"other-{uuid.uuid4().hex[:6]}"
     meta = node.api.add_pod(namespace, name, annotations={NETWORKS: networks})["metadata"]
-    wait_for(lambda: node.client.cached_pod(namespace, name), 10, what="the pod cached")
+    wait_for(lambda: node.client.cached_pod(namespace, name), watch_bound(), what="the pod cached")
     env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": node.netns,
            "CNI_IFNAME": "eth0", "CNI_ARGS": f"K8S_POD_NAMESPACE={namespace};K8S_POD_NAME="
            f"{name};K8S_POD_UID={meta['uid']}"}

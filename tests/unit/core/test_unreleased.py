@@ -13,6 +13,7 @@ from multusd import store
 from multusd.core import delmarks, markadoption, unreleased
 from multusd.errors import MultusError
 from multusd.wire import delwindow
+from harness import events_bound, watch_bound
 from failingdel import BOOT, CONF, FAILED, del_request, write_records
 from testlib import wait_for
 
@@ -128,7 +129,7 @@ def client(kube_api):
 
     made = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
     made.start()
-    assert made.wait_synced(10), made.last_error
+    assert made.wait_synced(watch_bound()), made.last_error
     yield made
     made.stop()
 
@@ -136,9 +137,11 @@ def client(kube_api):
 def test_a_pod_gone_from_the_api_changes_no_window(tmp_path, kube_api, client):
     cni_dir = str(tmp_path)
     uid = kube_api.add_pod("default", "web")["metadata"]["uid"]
-    wait_for(lambda: client.cached_pod("default", "web") is not None, what="the pod cached")
+    wait_for(lambda: client.cached_pod("default", "web") is not None, watch_bound(),
+             what="the pod cached")
     kube_api.delete_pod("default", "web")  # `kubectl delete --force`
-    wait_for(lambda: client.cached_pod("default", "web") is None, what="the deletion cached")
+    wait_for(lambda: client.cached_pod("default", "web") is None, watch_bound(),
+             what="the deletion cached")
 
     with pytest.raises(MultusError) as raised:
         unreleased.report(cni_dir, del_request(cni_dir, uid=uid), FAILED, "DEL failed",
@@ -153,7 +156,8 @@ def test_report_raises_within_the_window_and_announces_once_after_it(tmp_path, c
                                                                      kube_api, client):
     cni_dir = str(tmp_path)
     uid = kube_api.add_pod("default", "web")["metadata"]["uid"]
-    wait_for(lambda: client.cached_pod("default", "web") is not None, what="the pod cached")
+    wait_for(lambda: client.cached_pod("default", "web") is not None, watch_bound(),
+             what="the pod cached")
     req = del_request(cni_dir, uid=uid)
     with pytest.raises(MultusError) as raised:
         unreleased.report(cni_dir, req, FAILED, "DEL failed", window=3600, kube=client, log=LOG)
@@ -169,7 +173,8 @@ def test_report_raises_within_the_window_and_announces_once_after_it(tmp_path, c
         unreleased.report(cni_dir, req, FAILED, "DEL failed", window=3600, kube=client, log=LOG)
 
     [event] = wait_for(lambda: [e for e in kube_api.events
-                                if e.get("reason") == "NetworkNotReleased"], what="the Event")
+                                if e.get("reason") == "NetworkNotReleased"],
+                       events_bound(1, client.request_timeout), what="the Event")
     assert event["type"] == "Warning" and event["involvedObject"]["uid"] == uid
     assert "net1 (default/vendor): plugin gone" in event["message"]
     assert "`multusd gc`" in event["message"]
