@@ -3,7 +3,8 @@
 The shim (``wire/``: the standard library and :mod:`multusd.errors` only), the engine
 (``cni/``) and the core (``core/``) need the spec's versions, what each command requires, the
 conversion of a result between versions, how a config names its ``cniDir`` (where the
-daemon's records and the marks of a failed DEL meet), where those marks are, their format
+daemon's records and the marks of a failed DEL meet) and how daemon-config.json is laid over
+the runtime's (:func:`overlaid`), where those marks are, their format
 (:func:`mark_json`, :func:`parse_mark`) and the clock their windows are counted on; besides
 the error hierarchy, this package is the one module all of them may import, so each of these
 is defined here, once.
@@ -85,6 +86,19 @@ def cni_dir_of(conf: dict) -> str:
     if not isinstance(value, str) or not value or "\0" in value:
         return DEFAULT_CNI_DIR
     return value if value.startswith("/") else "/" + value
+
+
+def overlaid(conf: dict, daemon: dict) -> dict:
+    """``conf`` (the runtime's multus config) with every top-level key of ``daemon``
+    (daemon-config.json) laid over it, nested values replaced whole: upstream's overlay (F09),
+    what a request's merged config is (:func:`multusd.config.daemonconf.overlay`) and what the
+    shim reads ``cniDir`` from when a DEL failed, so that both find the same one. As
+    upstream's: two maps (keys exactly as written, the daemon's winning), the result with its
+    keys sorted, as upstream writes it out and reads it into its NetConf struct, so that a
+    struct read of it (:func:`go_field`) meets its members in that order."""
+    merged = dict(conf)
+    merged.update(daemon)
+    return GoObject(sorted(merged.items()))
 
 
 def unreleased_marks_dir(directory: str) -> str:

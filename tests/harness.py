@@ -33,6 +33,15 @@ SHIM_ARGV = [os.path.realpath(PYTHON), "-IS", "-c",
              "sys.exit(main())"]
 
 
+def launcher_argv(name: str) -> list[str]:
+    """``packaging/<name>.launcher`` run as the package installs it (its #! line: the system's
+    python3 -IS, the distribution's package directories), its code path pointed at this tree:
+    ``multusd`` (the daemon and the tools) or ``multus-shim``."""
+    with open(os.path.join(REPO, "packaging", f"{name}.launcher")) as handle:
+        shebang, text = handle.readline(), handle.read()
+    return shebang[2:].split() + ["-c", text.replace('"/usr/lib/multusd"', repr(REPO))]
+
+
 class NotifyListener:
     """A NOTIFY_SOCKET for a daemon under test: the sd_notify messages it sent, in order."""
 
@@ -422,15 +431,17 @@ class Cluster:
         self.kube.add_nad(namespace, name, json.dumps(conf))
         return conf
 
-    def start(self, env: Mapping[str, str] | None = None, **config: Any) -> "Cluster":
-        """Start the daemon; a config key given as None is left out (e.g. ``nodeName=None``)."""
+    def start(self, env: Mapping[str, str] | None = None,
+              command: Sequence[str] | None = None, **config: Any) -> "Cluster":
+        """Start the daemon (``command``: how to run multusd, e.g. its packaged launcher,
+        :func:`launcher_argv`); a config key given as None is left out (``nodeName=None``)."""
         from multusd.wire import api
 
         full = {"cniVersion": "0.4.0", "kubeconfig": self.kube.kubeconfig_path,
                 "nodeName": self.kube.node, "confDir": self.conf_dir,
                 "clusterNetwork": self.cluster_path, "multusNamespace": "kube-system"}
         full.update(config)  # a None is left out by DaemonProcess (its own defaults too)
-        self.daemon = self.sandbox.daemon(full, env=env)
+        self.daemon = self.sandbox.daemon(full, env=env, command=command)
         wait_for(lambda: api.http_request(self.daemon.socket_path, "GET", "/readyz",
                                           timeout=2).status == 200, start_bound(),
                  what="caches synced")

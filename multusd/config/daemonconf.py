@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any, Mapping
 
-from multusd import GoObject, go_field, go_fields, go_fold, go_loads
+from multusd import GoObject, go_field, go_fields, go_fold, go_loads, overlaid
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
 from multusd.store.valueclass import Record, field
@@ -166,11 +166,10 @@ def overlay(request_conf: Mapping[str, Any], daemon: DaemonConfig) -> dict[str, 
     result written out with its keys sorted and read into its NetConf struct, so a struct read
     of it (:func:`multusd.go_field`) meets its members in that order.
     """
-    merged = dict(request_conf)
-    merged.update(daemon.raw)
+    merged = overlaid(request_conf, daemon.raw)
     if daemon.raw.get("multusConfigFile", "auto") == "auto":
-        merged.pop("readinessindicatorfile", None)
-    return GoObject(sorted(merged.items()))
+        merged = GoObject([(k, v) for k, v in merged.pairs if k != "readinessindicatorfile"])
+    return merged
 
 
 class _Problems(ConfigReader):

@@ -32,7 +32,7 @@ from multusd import store
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine
 from multusd.cni.invoke import missing_plugin
-from multusd.core import sandboxconfig, scratch, unreleased
+from multusd.core import delmarks, sandboxconfig, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.request import CmdArgs, pod_prefix
 from multusd.core.runner import DelegateRunner, Failures, as_cni_error
@@ -50,7 +50,7 @@ def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
 
     :param window: the daemon's ``deleteRetryWindow``.
     :param spare: the marks' directory for when ``<cniDir>`` cannot take one
-        (:func:`~multusd.core.unreleased.spare_marks_dir`).
+        (:func:`~multusd.core.delmarks.spare_marks_dir`).
     :param notices: what was said of sandboxes already; ``other_dirs``: every ``cniDir`` the
         node names, where the records are looked for when they are not in the request's.
     :raises MultusError: a delegate's DEL failed, while the sandbox's window lasts.
@@ -60,14 +60,14 @@ def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
         return
     req = sandboxconfig.sandbox_request(req, log, notices=notices, other_dirs=other_dirs)
     cni_dir = req.effective.cni_dir
-    earlier = unreleased.read(cni_dir, req.container_id, spare=spare)
+    earlier = delmarks.read(cni_dir, req.container_id, spare=spare)
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates,
                    skip=earlier.released if earlier is not None else ())
     if done.failures:
         # kept until every delegate's DEL succeeds (upstream's retryDeleteOnError, always);
         # the error reaches the runtime for the sandbox's window, then DEL answers success
-        found = [unreleased.Failure(network=delegate.name, ifname=delegate.ifname,
-                                    error=as_cni_error(exc, log).msg)
+        found = [delmarks.Failure(network=delegate.name, ifname=delegate.ifname,
+                                  error=as_cni_error(exc, log).msg)
                  for delegate, exc in done.failures]
         unreleased.report(cni_dir, done.req, found, f"{pod_prefix(req)}: DEL failed for "
                           f"{len(found)} network(s), the runtime will retry: "
@@ -84,20 +84,22 @@ def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
                           window=window, kube=kube, log=log, released=done.released,
                           spare=spare)
         return
-    if unreleased.clear(cni_dir, req.container_id, spare=spare):
+    if delmarks.clear(cni_dir, req.container_id, spare=spare):
         log.info("DEL: the sandbox's earlier DEL failures are over")
     log.info("DEL: %d network(s) released", len(done.delegates) - len(done.skipped))
 
 
 def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
-           parallel_delegates: bool = False) -> List[Tuple[Delegate, str]]:
-    """DEL every delegate of the sandbox, then drop its records whatever failed.
+           parallel_delegates: bool = False, spare: str = "",
+           other_dirs: Callable[[], Sequence[str]] = tuple) -> List[Tuple[Delegate, str]]:
+    """DEL every delegate of the sandbox, then drop its records and its mark whatever failed.
 
     For ``multusd gc --forget``: the operator's knowing decision for a sandbox whose DEL
     cannot succeed (a plugin binary that is gone for good). Returns ``(delegate, "")``
     for each delegate released and ``(delegate, why not)`` for each that was not.
+    ``spare`` and ``other_dirs`` as for :func:`cmd_del`.
     """
-    req = sandboxconfig.sandbox_request(req, log)
+    req = sandboxconfig.sandbox_request(req, log, other_dirs=other_dirs)
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
     cni_dir = req.effective.cni_dir
     failed = {id(d): as_cni_error(exc, log).msg for d, exc in done.failures}
@@ -106,7 +108,7 @@ def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
             resultcache.delete(cni_dir, str(entry["networkName"]), req.container_id,
                                str(entry["ifName"]))
     store.remove(done.scratch_path)
-    unreleased.clear(cni_dir, req.container_id)
+    delmarks.clear(cni_dir, req.container_id, spare=spare)
     outcome = [(d, failed.get(id(d), "")) for d in done.delegates]
     for delegate, why in outcome:
         if why:
@@ -129,16 +131,16 @@ class Release(Record):
     skipped: Tuple[Delegate, ...] = ()
 
     @property
-    def released(self) -> Tuple[unreleased.Released, ...]:
+    def released(self) -> Tuple[delmarks.Released, ...]:
         """Every delegate released by now: skipped, or whose DEL succeeded."""
         failed = {id(delegate) for delegate, _ in self.failures}
-        return tuple(unreleased.Released(network=d.name, ifname=d.ifname)
+        return tuple(delmarks.Released(network=d.name, ifname=d.ifname)
                      for d in self.delegates if id(d) not in failed)
 
 
 def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
             parallel_delegates: bool = False,
-            skip: Sequence[unreleased.Released] = ()) -> Release:
+            skip: Sequence[delmarks.Released] = ()) -> Release:
     """DEL of every delegate the sandbox recorded, best-effort complete: a failed delegate
     does not stop the others; those in ``skip`` (released by an earlier DEL of the sandbox)
     are not run again. The records are the caller's to keep or drop."""

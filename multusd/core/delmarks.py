@@ -154,35 +154,49 @@ def mark_path(cni_dir: str, container_id: str) -> str:
 def read(cni_dir: str, container_id: str, *, spare: str = "") -> Optional[FailedDelete]:
     """The mark of ``container_id`` (``<cniDir>``'s, else the spare one); None when there is
     none (or it is not a mark)."""
-    if not is_valid_name(container_id):
-        return None
     for place in marks_places(cni_dir, spare):
-        mark = _parse(container_id, store.read_json_object(os.path.join(place, container_id),
-                                                           "unreleased-sandbox mark"), place)
+        mark = read_in(place, container_id)
         if mark is not None:
             return mark
     return None
+
+
+def read_in(place: str, container_id: str) -> Optional[FailedDelete]:
+    """The mark of ``container_id`` in the marks directory ``place`` alone."""
+    if not is_valid_name(container_id):
+        return None
+    return _parse(container_id, store.read_json_object(os.path.join(place, container_id),
+                                                       "unreleased-sandbox mark"), place)
 
 
 def read_all(cni_dir: str, *, spare: str = "") -> Dict[str, FailedDelete]:
     """Every mark under ``cni_dir`` and in ``spare``, by container ID (``<cniDir>``'s first)."""
     marks: Dict[str, FailedDelete] = {}
     for place in marks_places(cni_dir, spare):
-        try:
-            names = os.listdir(place)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as exc:
-            LOG.warning("cannot list %s: %s", place, exc.strerror)
-            continue
-        for name in sorted(names):
-            if name in marks or not is_valid_name(name):
-                continue
-            mark = _parse(name, store.read_json_object(os.path.join(place, name),
-                                                       "unreleased-sandbox mark"), place)
-            if mark is not None:
-                marks[name] = mark
+        for name, mark in read_place(place).items():
+            marks.setdefault(name, mark)
     return dict(sorted(marks.items()))
+
+
+def read_place(place: str) -> Dict[str, FailedDelete]:
+    """Every mark in the marks directory ``place`` (``<cniDir>/.multusd-unreleased`` or the
+    spare one), by container ID; {} when there is none."""
+    try:
+        names = os.listdir(place)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except OSError as exc:
+        LOG.warning("cannot list %s: %s", place, exc.strerror)
+        return {}
+    marks: Dict[str, FailedDelete] = {}
+    for name in sorted(names):
+        if not is_valid_name(name):
+            continue
+        mark = _parse(name, store.read_json_object(os.path.join(place, name),
+                                                   "unreleased-sandbox mark"), place)
+        if mark is not None:
+            marks[name] = mark
+    return marks
 
 
 def write(cni_dir: str, mark: FailedDelete, spare: str,

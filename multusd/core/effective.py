@@ -114,11 +114,12 @@ class EffectiveConfig(Record):
 
 class RuntimeConfOnDisk(Record):
     """The runtime's multus config as the node has it now: ``conf`` None when there is none
-    to read (``problem`` says why)."""
+    to read (``problem`` says why); ``data`` its bytes, what a runtime sends the shim."""
 
     path: str
     conf: Optional[Dict[str, Any]]
     problem: str = ""
+    data: bytes = field(default=b"", repr=False)
 
 
 def for_request(runtime_conf: Mapping[str, Any], daemon: DaemonConfig) -> EffectiveConfig:
@@ -156,7 +157,7 @@ def read_runtime_conf(daemon: DaemonConfig) -> RuntimeConfOnDisk:
             return RuntimeConfOnDisk(path, None, f"{path} is not valid JSON: {exc}")
         if not isinstance(conf, dict):
             return RuntimeConfOnDisk(path, None, f"{path} is not a JSON object")
-        return RuntimeConfOnDisk(path, conf)
+        return RuntimeConfOnDisk(path, conf, data=data)
     return RuntimeConfOnDisk(paths[0], None, f"{' nor '.join(paths)} does not exist (yet): "
                              "the daemon's configuration is read alone")
 
@@ -179,8 +180,9 @@ def node_cni_dirs(daemon: DaemonConfig, runtime: Optional[RuntimeConfOnDisk] = N
 
 
 class NodeConfig:
-    """The node's effective configuration, kept: resolved again only when the runtime's
-    multus config on disk changes (a ``stat`` a look); each new resolution logged once.
+    """The node's effective configuration and every cniDir it names, kept: resolved again
+    only when the runtime's multus config on disk changes (a ``stat`` of its files a look);
+    each new resolution logged once.
 
     :param daemon: the daemon's configuration (loaded once, at start).
     """
@@ -191,24 +193,31 @@ class NodeConfig:
         self._lock = threading.Lock()
         self._key: Optional[tuple] = None
         self._current: Optional[EffectiveConfig] = None
+        self._cni_dirs: Tuple[str, ...] = ()
 
     def current(self) -> EffectiveConfig:
         """The node's configuration as it resolves now (see :func:`for_node`)."""
+        return self._resolved()[0]
+
+    def cni_dirs(self) -> Tuple[str, ...]:
+        """Every cniDir the node names now (see :func:`node_cni_dirs`), its own first."""
+        return self._resolved()[1]
+
+    def _resolved(self) -> Tuple[EffectiveConfig, Tuple[str, ...]]:
         key = tuple(stat_key(path) for path in runtime_conf_paths(self.daemon.raw))
         with self._lock:
             if self._current is not None and key == self._key:
-                return self._current
-            resolved = for_node(self.daemon)
+                return self._current, self._cni_dirs
+            runtime = read_runtime_conf(self.daemon)
+            resolved = for_node(self.daemon, runtime)
             changed = self._current is not None and resolved != self._current
             self._key, self._current = key, resolved
+            self._cni_dirs = node_cni_dirs(self.daemon, runtime)
+            cni_dirs = self._cni_dirs
         if changed:
             self._log.info("the runtime's multus config changed on disk; the node's "
                            "configuration is now %s", json.dumps(resolved.describe()))
-        return resolved
-
-    def cni_dirs(self) -> Tuple[str, ...]:
-        """:func:`node_cni_dirs`, now."""
-        return node_cni_dirs(self.daemon)
+        return resolved, cni_dirs
 
 
 # --- internals -----------------------------------------------------------------------------

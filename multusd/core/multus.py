@@ -100,7 +100,9 @@ class Multus:
         """``multusd gc --forget``: see :func:`multusd.core.cmddel.forget`."""
         engine = self.engine(req.config)
         return cmddel.forget(req, deadline, log, engine=engine,
-                             parallel_delegates=self.config.parallel_delegates)
+                             parallel_delegates=self.config.parallel_delegates,
+                             spare=delmarks.spare_marks_dir(self.config.socket_dir),
+                             other_dirs=self.node.cni_dirs)
 
     def hotplug(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
                 log: Any) -> dict | None:

@@ -24,7 +24,7 @@ import os
 from typing import Any, List, Optional, Tuple
 
 from multusd.cni import resultcache
-from multusd.core import dra, netstatus, records, sandboxconfig, unreleased
+from multusd.core import delmarks, dra, netstatus, records, sandboxconfig
 from multusd.core.delegate import Delegate
 from multusd.core.effective import EffectiveConfig
 from multusd.core.hotplugrecord import HotplugMark, ScratchEntries
@@ -189,7 +189,7 @@ def sandbox_of(pod: Any, entries: List[dict], cni_dir: str, *, spare: str = ""
     ``entries``: libcni's result cache (:func:`multusd.cni.resultcache.list_entries`). A
     sandbox of the pod's namespace, name and UID (any UID for a static pod: its mirror's
     differs), with a scratch cache, no failed DEL (its mark in ``<cniDir>`` or in ``spare``,
-    :func:`~multusd.core.unreleased.spare_marks_dir`) and its network namespace present; of
+    :func:`~multusd.core.delmarks.spare_marks_dir`) and its network namespace present; of
     several (a sandbox being replaced), the one recorded last.
     """
     netns_of = {}
@@ -211,7 +211,7 @@ def sandbox_of(pod: Any, entries: List[dict], cni_dir: str, *, spare: str = ""
             mtime = os.stat(path).st_mtime
         except OSError:
             continue
-        if unreleased.read(cni_dir, container_id, spare=spare) is None and \
+        if delmarks.read(cni_dir, container_id, spare=spare) is None and \
                 records.netns_state(netns) == records.PRESENT:
             found.append((mtime, container_id))
     return max(found)[1] if found else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from multusd import cni_dir_of  # noqa: F401 - for the tools until they use core.effective
 from multusd import go_field, go_fields
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig

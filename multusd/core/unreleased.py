@@ -21,15 +21,11 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence
 
 from multusd import MARKED_BY_DAEMON, as_instant, mark_request, window_end
-from multusd.core.delmarks import (FailedDelete, Failure, Released, read, read_all,
-                                   set_announced, stamp, write)
-from multusd.core.markadoption import has_records
+from multusd.core.delmarks import (FailedDelete, Failure, Released, read, set_announced,
+                                   stamp, write)
+from multusd.core.markadoption import node_marks
 from multusd.core.unreleasedwarning import announce
 from multusd.errors import MultusError
-
-# The DEL path (core/cmddel, core/reconcile) and daemon/dynnetworks still reach these through
-# this module; their home is core/delmarks.
-from multusd.core.delmarks import clear, spare_marks_dir  # noqa: F401
 
 LOG = logging.getLogger(__name__)
 
@@ -91,19 +87,21 @@ def report(cni_dir: str, request: Any, failures: Sequence[Failure], msg: str, *,
                  "until multusd releases them", mark.attempts, mark.what_failed())
 
 
-def unreleased(cni_dir: str, now: Any = None, *, spare: str = "") -> List[FailedDelete]:
-    """The unreleased sandboxes: marks past their window whose sandbox still has records."""
+def unreleased(cni_dirs: Sequence[str], now: Any = None, *,
+               spare: str = "") -> List[FailedDelete]:
+    """The unreleased sandboxes wherever the node records them (each of ``cni_dirs``, every
+    cniDir the node names, and ``spare``): marks past their window whose sandbox still has
+    records (:func:`~multusd.core.markadoption.node_marks`)."""
     now = as_instant(now)
-    return [m for m in read_all(cni_dir, spare=spare).values()
-            if m.is_unreleased(now) and has_records(m.cni_dir or cni_dir, m.container_id)]
+    return [m for m in node_marks(cni_dirs, spare).values() if m.is_unreleased(now)]
 
 
-def count_unreleased(cni_dir: str, *, spare: str = "") -> Optional[int]:
+def count_unreleased(cni_dirs: Sequence[str], *, spare: str = "") -> Optional[int]:
     """For the ``multusd_unreleased_sandboxes`` gauge; None when the marks cannot be read."""
     try:
-        return len(unreleased(cni_dir, spare=spare))
+        return len(unreleased(cni_dirs, spare=spare))
     except (OSError, MultusError) as exc:
-        LOG.debug("cannot count the unreleased sandboxes in %s: %s", cni_dir, exc)
+        LOG.debug("cannot count the unreleased sandboxes in %s: %s", ", ".join(cni_dirs), exc)
         return None
 
 

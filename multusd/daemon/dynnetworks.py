@@ -40,7 +40,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from multusd.cni import resultcache
-from multusd.core import podsandbox, reconcile, unreleased
+from multusd.core import delmarks, podsandbox, reconcile
 from multusd.core.selection import NETWORKS_ANNOTATION
 from multusd.daemon.lanes import Job, Lanes
 from multusd.daemon.log import RequestLogger, request_fields
@@ -298,7 +298,7 @@ class DynamicNetworks:
         """
         container_id = podsandbox.sandbox_of(
             pod, entries, cni_dir,
-            spare=unreleased.spare_marks_dir(self.multus.config.socket_dir))
+            spare=delmarks.spare_marks_dir(self.multus.config.socket_dir))
         if container_id is None:
             return  # not attached by multusd (host network, ...)
         log = _logger(pod, container_id, "check")

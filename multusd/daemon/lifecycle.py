@@ -216,7 +216,7 @@ class Daemon:
         self.metrics.set_sources(
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
-            cni_dir=self.multus.node.current().cni_dir,
+            cni_dirs=self.multus.node.cni_dirs,
             marks_spare=delmarks.spare_marks_dir(self.config.socket_dir),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),

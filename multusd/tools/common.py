@@ -274,13 +274,23 @@ def _redacted_conf(conf: bytes, records: Any) -> Any:
 
 
 def load_records(config: daemonconf.DaemonConfig) -> List[Any]:
-    from multusd.core import records, settings
+    """Every sandbox the node records (:func:`multusd.core.records.read_node`: every cniDir
+    its configuration names, the marks wherever they are kept)."""
+    from multusd.core import records
     from multusd.errors import MultusError
 
     try:
-        return records.read_sandboxes(settings.cni_dir_of(config.raw), spare=spare_of(config))
+        return records.read_node(cni_dirs(config), spare=spare_of(config))
     except MultusError as exc:
         raise ToolError(exc.msg, EXIT_PROBLEM) from None
+
+
+def cni_dirs(config: daemonconf.DaemonConfig) -> Tuple[str, ...]:
+    """Every cniDir the node's configuration names, its own first
+    (:func:`multusd.core.effective.node_cni_dirs`): where the tools find sandboxes."""
+    from multusd.core import effective
+
+    return effective.node_cni_dirs(config)
 
 
 def spare_of(config: daemonconf.DaemonConfig) -> str:
@@ -343,15 +353,13 @@ REGENERATE = ("run `systemctl start multusd-config.service` (or `multusd generat
 
 
 def runtime_conf(config) -> bytes:
-    """What the runtime passes on stdin: 00-multus.conf when there is a valid one."""
-    path = multus_conf_state(config).get("path")
-    if path:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-            if isinstance(go_loads(data), dict):
-                return data
-        except (OSError, ValueError):
-            pass
+    """What the runtime passes on stdin: its multus config as it is on disk now
+    (:func:`multusd.core.effective.read_runtime_conf`), or, while there is none to read, the
+    least a shim needs."""
+    from multusd.core import effective
+
+    runtime = effective.read_runtime_conf(config)
+    if runtime.conf is not None:
+        return runtime.data
     return json.dumps({"cniVersion": str(go_field(config.raw, "cniVersion") or "1.0.0"),
                        "name": "multus-cni-network", "type": "multus-shim"}).encode()

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from multusd import clock_now, go_field, go_loads
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
-from multusd.core import delmarks, markadoption, records, settings
+from multusd.core import delmarks, effective, markadoption, records
 from multusd.tools import common
 
 LOG = logging.getLogger("multusd.gc")
@@ -52,7 +52,9 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
     if (left and not dry_run) or (release and stale):
         via = "daemon" if common.healthz(config.socket_path)[0] else "in-process"
     if not dry_run:
-        markadoption.prune(settings.cni_dir_of(config.raw), spare=common.spare_of(config))
+        for problem in markadoption.tidy(common.cni_dirs(config),
+                                         common.spare_of(config)).problems:
+            print(f"multusd gc: {problem}", file=sys.stderr)
     retried = [retry_one(config, r, via) for r in left] if not dry_run else []
     outcomes = [release_one(config, r, via) for r in stale] if release else []
     unreleased_docs = _docs(left, retried)
@@ -73,14 +75,14 @@ def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int
     """``multusd gc --forget CONTAINER_ID``: DEL what can be released, drop every record."""
     try:
         config = common.load_config(config_path)
-        cni_dir = settings.cni_dir_of(config.raw)
-        record = records.read_sandbox(cni_dir, container_id, spare=common.spare_of(config))
+        cni_dirs = common.cni_dirs(config)
+        record = records.find_sandbox(cni_dirs, container_id, spare=common.spare_of(config))
     except common.ToolError as exc:
         print(f"multusd gc: {exc}", file=sys.stderr)
         return exc.code
     if record is None:
-        print(f"multusd gc: no sandbox {container_id!r} is recorded in {cni_dir} (give the "
-              "full container ID the DEL error names)", file=sys.stderr)
+        print(f"multusd gc: no sandbox {container_id!r} is recorded in {', '.join(cni_dirs)} "
+              "(give the full container ID the DEL error names)", file=sys.stderr)
         return common.EXIT_NOT_FOUND
     env, conf = del_request(config, record)
     try:
@@ -92,7 +94,10 @@ def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int
         return common.EXIT_PROBLEM
     if networks is None:
         networks = _forget_in_process(config, env, conf)
-    left = records.read_sandbox(cni_dir, container_id)
+        # a copy of its mark in another cniDir than its records (a shim's): the daemon drops
+        # it once it answered, here it is this process's to drop
+        markadoption.drop_if_released(cni_dirs, container_id, common.spare_of(config))
+    left = records.read_sandbox(record.cni_dir, container_id)
     doc = {"containerId": container_id,
            "pod": {"namespace": record.pod_namespace, "name": record.pod_name},
            "via": via, **({"viaReason": why} if why else {}),
@@ -249,18 +254,20 @@ def retry_one(config, record: records.SandboxRecord, via: str) -> Dict[str, Any]
             config, env, conf)
     except Exception as exc:  # noqa: BLE001 - one sandbox's failure must not stop the rest
         error = f"{type(exc).__name__}: {exc}"
-    cni_dir = settings.cni_dir_of(config.raw)
-    if records.read_sandbox(cni_dir, record.container_id) is None:
+    if records.read_sandbox(record.cni_dir, record.container_id) is None:
         return {"released": True, "error": ""}
     if not error:
-        again = delmarks.read(cni_dir, record.container_id, spare=common.spare_of(config))
+        again = markadoption.mark_of(common.cni_dirs(config), record.container_id,
+                                     common.spare_of(config))
         error = ("DEL failed again: " + again.what_failed() if again is not None else
                  "DEL succeeded but records remain")
     return {"released": False, "error": error}
 
 
 def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], bytes]:
-    """The env and config of the DEL the runtime would send for ``record``."""
+    """The env and config of the DEL the runtime would send for ``record``: the runtime's
+    multus config as it is on disk, ``CNI_PATH`` its ``binDir`` (daemon-config.json's over
+    it). The daemon judges it by the configuration the sandbox recorded."""
     pairs = [("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", record.pod_namespace),
              ("K8S_POD_NAME", record.pod_name),
              ("K8S_POD_INFRA_CONTAINER_ID", record.arg("K8S_POD_INFRA_CONTAINER_ID")
@@ -269,7 +276,8 @@ def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], 
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": record.container_id,
            "CNI_NETNS": record.netns, "CNI_IFNAME": record.master_ifname,
            "CNI_ARGS": format_cni_args(pairs),
-           "CNI_PATH": ":".join(search_path(str(go_field(config.raw, "binDir") or "")))}
+           "CNI_PATH": ":".join(search_path(str(
+               go_field(effective.for_node(config).merged, "binDir") or "")))}
     return env, common.runtime_conf(config)
 
 
@@ -287,7 +295,7 @@ def release_one(config, record: records.SandboxRecord, via: str) -> Dict[str, An
         error = f"{type(exc).__name__}: {exc}"
     if error:
         return {"released": False, "error": error}
-    left = records.read_sandbox(settings.cni_dir_of(config.raw), record.container_id)
+    left = records.read_sandbox(record.cni_dir, record.container_id)
     if left is not None:
         return {"released": False, "error": "DEL succeeded but records remain: "
                 + ", ".join(left.files)}

@@ -8,9 +8,12 @@ terminate and a drain finishes. What the sandbox set up stays recorded: multusd 
 
 The window of a sandbox is kept on disk, where the daemon finds it and a restart does not
 lose it: ``<cniDir>/.multusd-unreleased/<containerID>``, a JSON file (root only, written
-atomically) whose ``until``/``untilBoot`` end the window. ``cniDir`` is the one in the shim's
-config (00-multus.conf carries daemon-config.json's, as upstream's generator writes it), read
-by the rule the daemon uses (:func:`multusd.cni_dir_of`): beside the sandbox's records, in a
+atomically) whose ``until``/``untilBoot`` end the window. ``cniDir`` is the one the daemon
+judges the request by: daemon-config.json's laid over the shim's config (:func:`multusd.overlaid`,
+read by :func:`multusd.cni_dir_of`), so that an operator's static multus config that names
+no cniDir (upstream's needs none) still has its marks beside the daemon's records and reads
+the daemon's published window; 00-multus.conf in auto mode carries daemon-config.json's
+anyway, as upstream's generator writes it. The mark is beside the sandbox's records, in a
 directory whose name (a leading dot) is never a container ID, so it cannot collide with
 upstream's files. When ``<cniDir>`` cannot take the mark (a full or read-only disk, a file
 where the directory should be) it goes to the same name in the socket's directory
@@ -35,8 +38,8 @@ import os
 import time
 
 from multusd import (MARKED_BY_SHIM, WINDOW_FILE, as_instant, ascii_json, cni_dir_of,
-                     go_field, go_loads, mark_json, mark_request, marks_places, parse_mark,
-                     seconds_of, unreleased_marks_dir, window_end,
+                     go_field, go_loads, mark_json, mark_request, marks_places, overlaid,
+                     parse_mark, seconds_of, unreleased_marks_dir, window_end,
                      window_left)  # not json: it imports re and enum, ~13 ms of a shim run
 
 # Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
@@ -84,18 +87,20 @@ def expired(mark: dict, now: object = None) -> bool:
 
 def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
                  now: object = None, *, socket_dir: str = "",
-                 warn: "object | None" = None) -> "dict | None":
+                 warn: "object | None" = None, daemon: "dict | None" = None) -> "dict | None":
     """Record that this DEL failed; return the sandbox's mark (None: it cannot be marked).
 
     A mark the daemon wrote is only read (the daemon counted this failure itself when it
-    answered); the shim's own mark gets one more attempt. The mark goes to ``<cniDir>``;
-    when that fails, to ``socket_dir``'s marks directory, and ``warn`` (a callable) is told.
+    answered); the shim's own mark gets one more attempt. The mark goes to ``<cniDir>``
+    (``daemon``'s, daemon-config.json's, laid over ``conf``'s: the daemon's records are
+    there); when that fails, to ``socket_dir``'s marks directory, and ``warn`` (a callable)
+    is told.
     """
     container_id = env.get("CNI_CONTAINERID", "")
     if not _is_file_name(container_id):
         return None
     now = as_instant(now)
-    cni_dir = cni_dir_of(conf)
+    cni_dir = marks_cni_dir(conf, daemon)
     places = marks_places(cni_dir, unreleased_marks_dir(socket_dir) if socket_dir else "")
     mark, found_in = None, ""
     for place in places:
@@ -137,6 +142,12 @@ def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
                 pass
         return mark
     return None
+
+
+def marks_cni_dir(conf: dict, daemon: "dict | None") -> str:
+    """The cniDir a failed DEL is marked in: the one the daemon judges the request by,
+    ``daemon`` (daemon-config.json, None: not there) laid over ``conf`` (the shim's)."""
+    return cni_dir_of(overlaid(conf, daemon) if daemon else conf)
 
 
 def give_up_message(mark: dict, now: object = None) -> str:

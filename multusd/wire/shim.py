@@ -22,8 +22,11 @@ runtime waiting forever.
 Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
 leaking addresses, but only for a bounded window (:mod:`multusd.wire.delwindow`): after it
 the shim answers success, so that the pod can terminate, and the sandbox stays recorded as
-unreleased for multusd to show and release. A DEL of something already gone succeeds in the
-daemon.
+unreleased for multusd to show and release, its mark beside the daemon's records (the
+``cniDir`` of daemon-config.json laid over the shim's config, as the daemon judges the
+request). A DEL of something already gone succeeds in the daemon.
+daemon-config.json (:class:`DaemonFile`) is read at most once per run, and only on those two
+paths: a call the daemon has not answered within the default deadline, a DEL that failed.
 """
 
 import sys
@@ -50,6 +53,31 @@ STATUS_TIMEOUT = 5.0  # STATUS answers at once: a daemon silent this long is not
 ANSWER_MARGIN = 10.0
 DAEMON_CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
 LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
+
+
+class DaemonFile:
+    """daemon-config.json at :data:`DAEMON_CONFIG` (where ``multusd serve`` reads it), read as
+    the daemon reads it, at most once per shim run and only when asked: its
+    ``requestTimeout`` once the default has passed, the whole of it for a failed DEL's mark.
+    Absent, unreadable or no JSON object: ``{}`` (the shim's own config alone counts)."""
+
+    def __init__(self, path: str = DAEMON_CONFIG) -> None:
+        self.path = path
+        self._doc: "dict | None" = None
+
+    def doc(self) -> dict:
+        if self._doc is None:
+            try:
+                with open(self.path, "rb") as handle:
+                    doc = go_loads(handle.read())
+            except (OSError, ValueError):
+                doc = None
+            self._doc = doc if isinstance(doc, dict) else {}
+        return self._doc
+
+    def request_timeout(self) -> "float | None":
+        """``requestTimeout`` (seconds), None when it names none (or the file is not there)."""
+        return seconds_of(go_field(self.doc(), "requestTimeout"))
 
 
 class ShimConfig:
@@ -204,11 +232,12 @@ def unreachable_hint(exc: "OSError | None") -> str:
 
 
 def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
-             timeout: "float | None" = None, not_ready: bool = False) -> bytes:
+             timeout: "float | None" = None, not_ready: bool = False,
+             daemon: "DaemonFile | None" = None) -> bytes:
     """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise.
 
     :param timeout: seconds the whole call may take; by default the daemon's requestTimeout
-        (:data:`REQUEST_TIMEOUT`, or the longer one of :data:`DAEMON_CONFIG`) plus
+        (:data:`REQUEST_TIMEOUT`, or the longer one of ``daemon``, daemon-config.json) plus
         :data:`ANSWER_MARGIN`.
     :param not_ready: STATUS: no answer is CNI error 50 ("not available"), not 11.
     """
@@ -216,7 +245,7 @@ def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
     waited_for = [REQUEST_TIMEOUT if timeout is None else None]
 
     def longer() -> float:  # the default has passed: does the daemon take longer?
-        configured = configured_request_timeout()
+        configured = (daemon or DaemonFile()).request_timeout()
         if configured is None or configured <= REQUEST_TIMEOUT:
             return 0.0
         waited_for[0] = configured
@@ -262,15 +291,17 @@ class NotStarted(Exception):
 
 
 def post_when_ready(conf: ShimConfig, sock: str, env: "dict[str, str]", stdin: bytes,
-                    timeout: float = READY_TIMEOUT) -> bytes:
-    """ADD, CHECK, GC: wait for ``/readyz``, then :func:`post_cni`; a request the daemon did
-    not start (503: it is stopping) is sent again once a daemon is ready, while ``timeout``
-    seconds from the first wait (the readiness wait's own bound) have not passed."""
+                    timeout: float = READY_TIMEOUT, daemon: "DaemonFile | None" = None
+                    ) -> bytes:
+    """ADD, CHECK, GC: wait for ``/readyz``, then :func:`post_cni` (``daemon``: its
+    daemon-config.json); a request the daemon did not start (503: it is stopping) is sent
+    again once a daemon is ready, while ``timeout`` seconds from the first wait (the readiness
+    wait's own bound) have not passed."""
     started = time.monotonic()
     while True:
         wait_ready(sock, timeout, since=started)
         try:
-            return post_cni(sock, env, stdin)
+            return post_cni(sock, env, stdin, daemon=daemon)
         except NotStarted as refusal:
             if time.monotonic() - started >= timeout:
                 raise refusal.error from None
@@ -292,12 +323,7 @@ def no_answer_message(sock: str, command: str, waited: float,
 
 def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
     """daemon-config.json's ``requestTimeout`` (seconds), None when absent or unreadable."""
-    try:
-        with open(path, "rb") as handle:
-            value = go_field(go_loads(handle.read()), "requestTimeout")
-    except (OSError, ValueError):
-        return None
-    return seconds_of(value)
+    return DaemonFile(path).request_timeout()
 
 
 def add_result(body: bytes, cni_version: str) -> dict:
@@ -321,6 +347,7 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
     command = env.get("CNI_COMMAND", "")
     config_version = ""
     conf = None
+    daemon = DaemonFile()  # read only if needed, once
     try:
         if command == "VERSION":
             return 0, version_info(stdin)
@@ -340,9 +367,9 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
         if command in ("STATUS", "DEL"):
             body = post_cni(sock, env, stdin,
                             timeout=STATUS_TIMEOUT if command == "STATUS" else None,
-                            not_ready=command == "STATUS")
+                            not_ready=command == "STATUS", daemon=daemon)
         else:
-            body = post_when_ready(conf, sock, env, stdin)
+            body = post_when_ready(conf, sock, env, stdin, daemon=daemon)
         conf.log("verbose", f"{command} (shim): done for {env.get('CNI_CONTAINERID', '')}")
         if command == "ADD":
             return 0, add_result(body, conf.cni_version)
@@ -358,13 +385,16 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
                                      f"{exc!s:.500}")
         elif conf is not None:
             conf.log("error", f"{command} (shim): {exc.msg}")
-        if command == "DEL" and conf is not None and del_window_passed(conf, env, stdin, exc.msg):
+        if command == "DEL" and conf is not None and \
+                del_window_passed(conf, env, stdin, exc.msg, daemon):
             return 0, None
         return 1, exc.to_cni_error(config_version or errors.DEFAULT_CNI_VERSION)
 
 
-def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, error: str) -> bool:
-    """Mark the sandbox whose DEL failed; True once its window is over (answer success)."""
+def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, error: str,
+                      daemon: "DaemonFile | None" = None) -> bool:
+    """Mark the sandbox whose DEL failed (beside the records of the daemon that ``daemon``,
+    daemon-config.json, configures); True once its window is over (answer success)."""
     from multusd.wire import delwindow
 
     def say(message: str) -> None:
@@ -372,7 +402,7 @@ def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, err
         delwindow.to_syslog(message)
 
     mark = delwindow.note_failure(conf.raw, env, stdin, error, socket_dir=conf.socket_dir,
-                                  warn=say)
+                                  warn=say, daemon=(daemon or DaemonFile()).doc())
     if mark is None or not delwindow.expired(mark):
         return False
     say(delwindow.give_up_message(mark))

@@ -1,7 +1,11 @@
-"""A shim whose config names no cniDir (an operator's static 00-multus.conf) marks a failed DEL
-in Multus's default cniDir, while daemon-config.json keeps the records in another: that mark
-goes once its sandbox is released, by the daemon's DEL at once, or at the daemon's next look
-when something else released it (``gc --forget`` with no daemon). Before, it stayed for ever.
+"""A shim whose config names no cniDir (an operator's static 00-multus.conf) and that cannot read
+daemon-config.json (here, none is at its packaged path: the daemon's is the test's; a shim
+older than issue 37 never read it) marks a failed DEL in Multus's default cniDir, while
+daemon-config.json keeps the records in another: that mark goes once its sandbox is released,
+by the daemon's DEL at once, by ``gc --forget`` with no daemon, or at the daemon's next look
+when something else released it (upstream's daemon). Before, it stayed for ever.
+(tests/integration/test_recorded_dels: a shim that reads daemon-config.json marks beside the
+records.)
 
 The real daemon (systemd-socket-activate) and the real shim, each in a mount namespace of its
 own where a directory of the test is bound on /var/lib: Multus's default cniDir,
@@ -91,17 +95,32 @@ def test_the_daemons_next_look_drops_the_shims_mark_of_a_sandbox_released_withou
     node.daemon.terminate()
     assert node.shim("DEL", cid).code == 1  # no daemon: the shim marks it
     assert os.path.exists(node.shims_mark(cid))
-    node.fixed.touch()
-    forget = subprocess.run([sys.executable, "-m", "multusd", "gc", "--forget", cid, "--config",
-                             node.daemon.config_path], capture_output=True, text=True,
-                            timeout=120)
-    assert forget.returncode == 0, forget.stdout + forget.stderr
-    assert forget.stdout.startswith("run in this process")  # released, the daemon down
+    # released by something that drops no marks (upstream's daemon, say): its records go
+    results = os.path.join(node.daemon.cni_dir, "results")
+    for name in [n for n in os.listdir(results) if f"-{cid}-" in n] + [os.path.join("..", cid)]:
+        os.unlink(os.path.join(results, name))
     assert os.path.exists(node.shims_mark(cid))
 
     node.daemon.start()  # its first look is at its start; the next SCAN_INTERVAL later
 
     wait_for(lambda: not os.path.exists(node.shims_mark(cid)), SCAN_INTERVAL + 10,
              what="the daemon's look to drop the shim's mark")
-    assert f"the mark of sandbox {cid}'s failed DEL, written by the shim in " \
-        "/var/lib/cni/multus (its config names no cniDir), is dropped" in node.daemon.log()
+    assert f"the mark of sandbox {cid}'s failed DEL is dropped: the sandbox is released" in \
+        node.daemon.log()
+
+
+def test_gc_forget_without_the_daemon_drops_the_shims_mark_too(node):
+    cid = uuid.uuid4().hex
+    assert node.shim("ADD", cid).code == 0
+    node.daemon.terminate()
+    assert node.shim("DEL", cid).code == 1  # no daemon: the shim marks it
+    node.fixed.touch()
+
+    forget = subprocess.run([*node.private(), PYTHON, "-m", "multusd", "gc", "--forget", cid,
+                             "--config", node.daemon.config_path], capture_output=True,
+                            text=True, timeout=120)
+
+    assert forget.returncode == 0, forget.stdout + forget.stderr
+    assert forget.stdout.startswith("run in this process")  # released, the daemon down
+    assert not os.path.exists(os.path.join(node.daemon.cni_dir, cid))
+    assert not os.path.exists(node.shims_mark(cid))  # (it stayed for the daemon's next look)

@@ -8,7 +8,7 @@ import os
 
 import multusd
 from multusd.config import daemonconf
-from multusd.core import delmarks, settings, unreleased
+from multusd.core import delmarks, effective, unreleased
 from multusd.wire import delwindow
 from failingdel import CONF, FAILED, del_request, write_records
 
@@ -20,10 +20,11 @@ def test_the_same_place_rule_and_window_as_the_shims():
     assert daemonconf.from_dict({}).delete_retry_window == delwindow.DEFAULT_WINDOW
     for conf in ({}, {"cniDir": ""}, {"cniDir": None}, {"cniDir": 7}, {"cniDir": "a\0b"},
                  {"cniDir": "/srv/cni"}, {"cniDir": "var/lib/x"}):
-        assert settings.cni_dir_of(conf) == delwindow.cni_dir_of(conf) == \
+        # the daemon's (a request's effective cniDir) and the shim's
+        assert effective.for_request(conf, daemonconf.from_dict({})).cni_dir == \
             multusd.cni_dir_of(conf)
-    assert settings.cni_dir_of({"cniDir": 7}) == multusd.DEFAULT_CNI_DIR
-    assert settings.cni_dir_of({"cniDir": "var/lib/x"}) == "/var/lib/x"  # from /, as systemd's
+    assert multusd.cni_dir_of({"cniDir": 7}) == multusd.DEFAULT_CNI_DIR
+    assert multusd.cni_dir_of({"cniDir": "var/lib/x"}) == "/var/lib/x"  # from /, as systemd's
 
 
 def test_the_shims_first_failure_starts_the_window_and_the_daemon_takes_the_mark_over(tmp_path):
@@ -97,8 +98,8 @@ def test_a_mark_cni_dir_cannot_take_goes_beside_the_socket_and_is_read_there(tmp
     assert delmarks.read(cni_dir, "c0ffee", spare=spare) == mark
     assert delmarks.read(cni_dir, "c0ffee") is None  # a reader that does not look there
     assert list(delmarks.read_all(cni_dir, spare=spare)) == ["c0ffee"]
-    assert [m.container_id for m in unreleased.unreleased(cni_dir, spare=spare)] == ["c0ffee"]
-    assert unreleased.count_unreleased(cni_dir, spare=spare) == 1
+    assert [m.container_id for m in unreleased.unreleased([cni_dir], spare=spare)] == ["c0ffee"]
+    assert unreleased.count_unreleased([cni_dir], spare=spare) == 1
     blocker.unlink()  # cniDir takes marks again: the next one goes home, and only there
     moved = unreleased.record(cni_dir, req, FAILED, "m", window=1, now=2.0, spare=spare)
     assert (moved.place, moved.attempts, moved.first_failure) == (

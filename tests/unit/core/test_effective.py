@@ -148,8 +148,12 @@ def test_the_node_configuration_is_kept_until_the_runtime_conf_changes_on_disk(t
     second = node.current()
     assert second.require_settings().cluster_network == "cn" and second.source == path
     assert node.current() is second
-    write(path, dict(RUNTIME, clusterNetwork="other-network"))
+    assert node.cni_dirs() == (DEFAULT_CNI_DIR,) and node.cni_dirs() is node.cni_dirs()
+    write(path, dict(RUNTIME, clusterNetwork="other-network", cniDir="/rt"))
     assert node.current().require_settings().cluster_network == "other-network"
+    assert node.cni_dirs() == ("/rt", DEFAULT_CNI_DIR)  # every cniDir it names, as it is now
+    with open(path, "rb") as handle:
+        assert effective.read_runtime_conf(config).data == handle.read()
 
 
 def test_the_logged_description_names_networks_never_config_bodies(tmp_path):

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from multusd.cni import resultcache
-from multusd.core import podsandbox, reconcile, sandboxconfig, scratch, unreleased
+from multusd.core import delmarks, podsandbox, reconcile, sandboxconfig, scratch
 from multusd.kube.objects import pod_from_object
 
 from hotplugnode import STATUS, Node, result
@@ -169,7 +169,7 @@ def test_the_sandbox_of_a_pod_is_the_one_its_records_name(node):
 def test_a_sandbox_whose_failed_del_is_marked_in_the_spare_directory_is_none(node, tmp_path):
     node.attach()
     entries = resultcache.list_entries(node.cni_dir)
-    spare = unreleased.spare_marks_dir(str(tmp_path / "run"))
+    spare = delmarks.spare_marks_dir(str(tmp_path / "run"))
     assert podsandbox.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) == node.cid
     os.makedirs(spare)
     with open(os.path.join(spare, node.cid), "w") as handle:  # <cniDir> could not take it

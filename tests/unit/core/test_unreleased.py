@@ -96,14 +96,14 @@ def test_unreleased_are_marks_past_their_window_whose_sandbox_has_records(tmp_pa
     with open(os.path.join(cni_dir, "results", "net-a-released-eth0"), "w") as handle:
         handle.write("{}")
 
-    assert sorted(m.container_id for m in unreleased.unreleased(cni_dir)) == ["held", "released"]
+    assert sorted(m.container_id for m in unreleased.unreleased([cni_dir])) == ["held", "released"]
     os.unlink(os.path.join(cni_dir, "results", "net-a-released-eth0"))
-    assert [m.container_id for m in unreleased.unreleased(cni_dir)] == ["held"]
-    assert unreleased.count_unreleased(cni_dir) == 1
-    assert markadoption.prune(cni_dir) == ["released"]
+    assert [m.container_id for m in unreleased.unreleased([cni_dir])] == ["held"]
+    assert unreleased.count_unreleased([cni_dir]) == 1
+    assert markadoption.tidy([cni_dir]).dropped == ("released",)
     assert sorted(delmarks.read_all(cni_dir)) == ["held", "young"]
     assert delmarks.clear(cni_dir, "held") and not delmarks.clear(cni_dir, "held")
-    assert unreleased.count_unreleased(str(tmp_path / "absent")) == 0
+    assert unreleased.count_unreleased([str(tmp_path / "absent")]) == 0
 
 
 def test_a_mark_that_can_be_written_nowhere_leaves_the_delegates_error(tmp_path, caplog):
