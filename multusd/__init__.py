@@ -3,14 +3,22 @@
 The shim (``wire/``: the standard library and :mod:`multusd.errors` only), the engine
 (``cni/``) and the core (``core/``) need the spec's versions, what each command requires, the
 conversion of a result between versions, how a config names its ``cniDir`` (where the
-daemon's records and the marks of a failed DEL meet), where those marks are, and the clock
-their windows are counted on; besides the error hierarchy, this package is the one module all
-of them may import, so each of these is defined here, once.
-Nothing is imported here at load time, on purpose: the shim is imported through this package
-once per pod sandbox and must start fast, and the error hierarchy imports this package. So a
+daemon's records and the marks of a failed DEL meet) and how daemon-config.json is laid over
+the runtime's (:func:`overlaid`), where those marks are, their format
+(:func:`mark_json`, :func:`parse_mark`) and the clock their windows are counted on; besides
+the error hierarchy, this package is the one module all of them may import, so each of these
+is defined here, once.
+Nothing is imported here at load time but :mod:`multusd.gojson` (standard library only,
+importing nothing itself), on purpose: the shim is imported through this package once per pod
+sandbox and must start fast, and the error hierarchy imports this package. So a
 result that cannot be converted is reported as a :class:`ResultError` carrying its CNI error
 code; :func:`multusd.errors.from_exception` makes it the error it stands for (the engine's
 :func:`multusd.cni.result.convert_result` and the shim do).
+
+JSON is read as upstream reads it (architecture invariant 15) by :mod:`multusd.gojson`, which
+every layer reaches through this package: :func:`go_loads` is Go's ``json.Unmarshal`` into an
+``interface{}``, :func:`go_field`/:func:`go_fields` read a Go struct's fields out of what it
+returns; Go's ``json.Marshal`` is :func:`multusd.store.go_json` (the daemon's alone).
 
 Result conversion follows libcni's converters: a result is first read into the fields the
 spec defines for its version (unknown keys are dropped, as libcni's typed decode does), then
@@ -48,8 +56,9 @@ COMMAND_MIN_VERSION: dict = {"CHECK": "0.4.0", "STATUS": "1.1.0", "GC": "1.1.0"}
 DEFAULT_CNI_DIR: str = "/var/lib/cni/multus"
 
 #: The marks of a DEL that failed, one file per container ID in ``<cniDir>/<UNRELEASED_DIR>``
-#: (a name no container ID has), written by the shim when the daemon cannot answer
-#: (``wire/delwindow``) and by the daemon (``core/unreleased``): who wrote a mark, the runtime's
+#: (a name no container ID has), written by the shim when the daemon cannot answer, or answers
+#: an error (``wire/delwindow``), and by the daemon (``core/delmarks``), both in the one format
+#: :func:`mark_json` writes and :func:`parse_mark` reads: who wrote a mark, the runtime's
 #: request env kept in it (to run the DEL again), and the daemon's ``deleteRetryWindow`` for
 #: the shim, in ``<UNRELEASED_DIR>/<WINDOW_FILE>``. When ``<cniDir>`` cannot take a mark (a
 #: full or read-only disk, a file where the directory should be), it goes to the same name in
@@ -68,15 +77,28 @@ def cni_dir_of(conf: dict) -> str:
     where a sandbox's records and the marks of its failed DEL are. The shim and the daemon
     both read it here, so that they always agree.
 
-    Absent, null, "" or not a string (a config upstream would refuse): Multus's default; a
-    relative path is taken from ``/``, the working directory of the daemon under systemd (and
-    of upstream's), so that the shim, whatever its runtime's working directory, finds the
-    same place.
+    Read as upstream's NetConf struct reads it (``"CNIDir"`` too). Absent, null, "" or not a
+    string (a config upstream would refuse): Multus's default; a relative path is taken from
+    ``/``, the working directory of the daemon under systemd (and of upstream's), so that the
+    shim, whatever its runtime's working directory, finds the same place.
     """
-    value = conf.get("cniDir") if hasattr(conf, "get") else None
+    value = go_field(conf, "cniDir")
     if not isinstance(value, str) or not value or "\0" in value:
         return DEFAULT_CNI_DIR
     return value if value.startswith("/") else "/" + value
+
+
+def overlaid(conf: dict, daemon: dict) -> dict:
+    """``conf`` (the runtime's multus config) with every top-level key of ``daemon``
+    (daemon-config.json) laid over it, nested values replaced whole: upstream's overlay (F09),
+    what a request's merged config is (:func:`multusd.config.daemonconf.overlay`) and what the
+    shim reads ``cniDir`` from when a DEL failed, so that both find the same one. As
+    upstream's: two maps (keys exactly as written, the daemon's winning), the result with its
+    keys sorted, as upstream writes it out and reads it into its NetConf struct, so that a
+    struct read of it (:func:`go_field`) meets its members in that order."""
+    merged = dict(conf)
+    merged.update(daemon)
+    return GoObject(sorted(merged.items()))
 
 
 def unreleased_marks_dir(directory: str) -> str:
@@ -165,6 +187,93 @@ def seconds_of(value: object) -> "float | None":
     """A JSON number of seconds, positive (a window, a timeout a config names); else None."""
     number = number_of(value)
     return number if number is not None and number > 0 else None
+
+
+# --- the mark of a failed DEL: one format, two writers -----------------------------------
+# The shim (wire/delwindow: standard library only, and only when a DEL failed) and the daemon
+# (core/delmarks, whose FailedDelete is the typed view) write and read the same file: these
+# two functions are its one definition, here so that the shim imports nothing more for it.
+
+
+def mark_request(env: dict, config: bytes) -> dict:
+    """The runtime's DEL request as a mark keeps it, to run it again as sent: its
+    :data:`MARK_REQUEST_ENV` variables (never the rest of its environment) and its config."""
+    return {"env": {key: env[key] for key in MARK_REQUEST_ENV if key in env},
+            "config": config.decode("utf-8", "replace")}
+
+
+def mark_json(container_id: str, *, by: str, first_failure: float, last_failure: float,
+              end: dict, window: float, attempts: int, error: str, cni_dir: str,
+              request: "dict | None", failures: "list | tuple" = (),
+              released: "list | tuple" = (), announced: bool = False) -> dict:
+    """The mark of ``container_id``'s failed DEL as it is written.
+
+    ``by``: :data:`MARKED_BY_SHIM` or :data:`MARKED_BY_DAEMON`; times: seconds since the
+    epoch; ``end``: the window's end as :func:`window_end` gives it (``until``, ``bootId``,
+    ``untilBoot``); ``cni_dir``: where the sandbox's records are; ``request``:
+    :func:`mark_request`'s; ``failures``: ``(network, interface, error)`` of each delegate
+    whose DEL failed and ``released``: ``(network, interface)`` of each released already
+    (the daemon's; the shim knows neither); ``announced``: the journal and the pod were told.
+    """
+    return {"containerId": container_id, "by": by, "firstFailure": first_failure,
+            "lastFailure": last_failure, "until": end["until"],
+            "bootId": end.get("bootId") or "", "untilBoot": end.get("untilBoot"),
+            "window": window, "attempts": attempts, "error": error,
+            "failures": [{"network": network, "interface": ifname, "error": why}
+                         for network, ifname, why in failures],
+            "released": [{"network": network, "interface": ifname}
+                         for network, ifname in released],
+            "cniDir": cni_dir or None, "announced": announced, "request": request}
+
+
+def parse_mark(container_id: str, data: object) -> "dict | None":
+    """``data`` (a mark file's JSON) read as the mark of ``container_id``: every key of
+    :func:`mark_json`, of its type (one missing or of another type: its default); None when
+    it is no mark (not an object, another container's, or no first failure).
+
+    Defaults: ``lastFailure`` and ``until`` the first failure, ``attempts`` 1, ``by`` the
+    shim (a mark that does not say), ``window`` 0, ``cniDir`` None (not an absolute path:
+    the reader's own).
+    """
+    if not isinstance(data, dict) or data.get("containerId", container_id) != container_id:
+        return None
+    first = number_of(data.get("firstFailure"))
+    if not first:
+        return None
+    attempts, request, cni_dir = data.get("attempts"), data.get("request"), data.get("cniDir")
+    return mark_json(
+        container_id, by=str(data.get("by") or MARKED_BY_SHIM), first_failure=first,
+        last_failure=_number_or(data.get("lastFailure"), first),
+        end={"until": _number_or(data.get("until"), first),
+             "bootId": str(data.get("bootId") or ""),
+             "untilBoot": number_of(data.get("untilBoot"))},
+        window=_number_or(data.get("window"), 0.0),
+        attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 1,
+        error=str(data.get("error") or ""),
+        failures=[(str(f.get("network", "")), str(f.get("interface", "")),
+                   str(f.get("error", ""))) for f in _objects(data.get("failures"))],
+        released=[(str(r.get("network", "")), str(r.get("interface", "")))
+                  for r in _objects(data.get("released"))],
+        cni_dir=cni_dir if isinstance(cni_dir, str) and cni_dir.startswith("/") else "",
+        request=request if isinstance(request, dict) else None,
+        announced=data.get("announced") is True)
+
+
+def marks_places(cni_dir: str, spare: str = "") -> list:
+    """Where the marks of ``cni_dir``'s sandboxes are, in the order they are looked for and
+    written: ``<cniDir>``'s marks directory, then ``spare`` (the socket directory's, for a
+    mark ``<cniDir>`` cannot take) when there is another."""
+    home = unreleased_marks_dir(cni_dir)
+    return [home] + ([spare] if spare and spare != home else [])
+
+
+def _number_or(value: object, default: float) -> float:
+    number = number_of(value)
+    return default if number is None else number
+
+
+def _objects(value: object) -> list:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 #: The keys of the spec's DNS object (a result's ``dns``, a network config's ``dns``).
@@ -280,3 +389,8 @@ def _copy(value: object) -> object:
     if isinstance(value, dict):
         return {k: _copy(v) for k, v in value.items()}
     return value
+
+
+# JSON as Go reads it: a module of its own (its size), part of this shared root.
+from multusd.gojson import (MAX_JSON_DEPTH, GoObject, ascii_json, go_field,  # noqa: E402
+                            go_fields, go_fold, go_loads)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from multusd import __version__
+from multusd import __version__, go_field
 from multusd.config.daemonconf import DEFAULT_CONFIG_PATH
 
 DESCRIPTION = ("multusd: Multus CNI's thick plugin as a host service. The container runtime "
@@ -125,7 +125,7 @@ def check_config(path: str) -> int:
         return 1
     for warning in loaded.warnings:
         print(f"  warning: {warning}", file=sys.stderr)
-    plugins = plugin_dirs_report(str(loaded.raw.get("binDir") or ""))
+    plugins = plugin_dirs_report(str(go_field(loaded.raw, "binDir") or ""))
     if not loaded.kubeconfig:
         print(f"{path}: OK (no kubeconfig: the delegates of the config only)")
         print(plugins)

@@ -11,6 +11,7 @@ Hierarchy::
       + InvalidEnvironment        4
       + IOFailure                 5
       + DecodeFailure             6
+        - InvalidJSON             6, JSON Go's decoder refuses (also a ValueError)
       + InvalidNetworkConfig      7
         - ConfigError             7, carries a list of ConfigProblem
       + TryAgainLater             11
@@ -96,6 +97,11 @@ class DecodeFailure(MultusError):
     """JSON, base64 or another encoding could not be decoded."""
 
     code = 6
+
+
+class InvalidJSON(DecodeFailure, ValueError):
+    """JSON that Go's decoder refuses (:func:`multusd.go_loads`); a ValueError too, as the
+    errors of Python's ``json`` are, for the callers that catch those."""
 
 
 class InvalidNetworkConfig(MultusError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +31,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIM_ARGV = [os.path.realpath(PYTHON), "-IS", "-c",
              f"import sys; sys.path.insert(0, {REPO!r}); from multusd.wire.shim import main; "
              "sys.exit(main())"]
+
+
+def launcher_argv(name: str) -> list[str]:
+    """``packaging/<name>.launcher`` run as the package installs it (its #! line: the system's
+    python3 -IS, the distribution's package directories), its code path pointed at this tree:
+    ``multusd`` (the daemon and the tools) or ``multus-shim``."""
+    with open(os.path.join(REPO, "packaging", f"{name}.launcher")) as handle:
+        shebang, text = handle.readline(), handle.read()
+    return shebang[2:].split() + ["-c", text.replace('"/usr/lib/multusd"', repr(REPO))]
 
 
 class NotifyListener:
@@ -102,13 +112,74 @@ class ShimOutput:
     stderr: str
 
 
+def start_bound() -> float:
+    """The longest a starting daemon may take to answer (socket activation, its imports, its
+    Kubernetes caches): as long as the shim waits for its /readyz."""
+    from multusd.wire import shim
+
+    return shim.READY_TIMEOUT
+
+
+def watch_bound() -> float:
+    """The longest a daemon's (or a KubeClient's) watch caches take to hold what the API server
+    holds now, whatever they were doing (a watch open, or failing while the server was away):
+    one wait of their backoff at its longest (kube.retries.API_SERVER: each wait in [d, 2d),
+    d at most its cap), then a list as long as a start's (:func:`start_bound`)."""
+    from multusd.kube.retries import API_SERVER
+
+    return API_SERVER.cap * (1 + API_SERVER.jitter) + start_bound()
+
+
+def reconcile_bound() -> float:
+    """The longest a daemon with ``enableDynamicNetworks`` takes to act on a pod's change: its
+    watch delivers it (:func:`watch_bound`), then the reconciliation runs in the sandbox's lane
+    within a request's deadline (the daemon's requestTimeout: the shim's REQUEST_TIMEOUT unless
+    the test configures another)."""
+    from multusd.wire import shim
+
+    return watch_bound() + shim.REQUEST_TIMEOUT
+
+
+def events_bound(count: int = 1, request_timeout: float | None = None) -> float:
+    """The longest ``count`` pod events queued by a daemon (or a KubeClient) take to reach the
+    API server: they are sent one at a time, each a request of its Kubernetes client, bounded
+    by that client's request timeout (by default the daemon's: KubeClient's default)."""
+    import inspect
+
+    from multusd.kube.client import KubeClient
+
+    if request_timeout is None:
+        request_timeout = inspect.signature(KubeClient).parameters["request_timeout"].default
+    return count * request_timeout
+
+
+def unit_stop_timeout() -> float:
+    """TimeoutStopSec= of the packaged multusd.service: when systemd SIGKILLs a stop (the
+    longest a stop may take)."""
+    with open(os.path.join(REPO, "systemd", "multusd.service")) as handle:
+        return float(re.search(r"^TimeoutStopSec=(\d+)$", handle.read(), re.M).group(1))
+
+
+def shim_bound(command: str) -> float:
+    """The longest the real shim takes for ``command`` by its own bounds, its start included
+    (ANSWER_MARGIN): a test waiting for what a shim call does waits this long, never a
+    shorter guess that a busy machine may pass. (A daemon-config.json requestTimeout longer
+    than the default is the test's to add.)"""
+    from multusd.wire import shim
+
+    if command == "STATUS":
+        return shim.STATUS_PROBE_TIMEOUT + shim.STATUS_TIMEOUT + shim.ANSWER_MARGIN
+    return shim.READY_TIMEOUT + shim.REQUEST_TIMEOUT + shim.ANSWER_MARGIN
+
+
 def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", netns: str = "",
               ifname: str = "eth0", pod: tuple[str, str] = ("default", "pod"), uid: str = "",
-              cni_args: str | None = None, timeout: float = 120.0,
+              cni_args: str | None = None, timeout: float | None = None,
               env_extra: Mapping[str, str] | None = None,
               argv: Sequence[str] | None = None) -> ShimOutput:
     """Run the real shim as a runtime would; ``output`` is its parsed stdout (or None).
 
+    :param timeout: how long the shim may take: by default :func:`shim_bound` (its own).
     :param argv: another shim to run instead of multusd's (e.g. upstream's ``multus-shim``).
     """
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -120,7 +191,8 @@ def call_shim(command: str, conf: Mapping[str, Any], *, container_id: str = "", 
     env["CNI_ARGS"] = cni_args
     env.update(env_extra or {})
     proc = subprocess.run(list(argv or SHIM_ARGV), input=json.dumps(conf).encode(),
-                          env=env, capture_output=True, timeout=timeout)
+                          env=env, capture_output=True,
+                          timeout=shim_bound(command) if timeout is None else timeout)
     text = proc.stdout.decode().strip()
     return ShimOutput(proc.returncode, json.loads(text) if text else None, proc.stderr.decode())
 
@@ -203,12 +275,13 @@ class DaemonProcess:
                 ["systemd-socket-activate", "-l", self.socket_path, *passed, *serve],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
-        wait_for(lambda: os.path.exists(self.socket_path), 10, what="the activation socket")
+        wait_for(lambda: os.path.exists(self.socket_path), start_bound(),
+                 what="the activation socket")
         if activate:
             self.wait_healthy()
         return self
 
-    def wait_healthy(self, timeout: float = 20.0) -> None:
+    def wait_healthy(self, timeout: float | None = None) -> None:
         from multusd.wire import api
 
         def healthy() -> bool:
@@ -219,7 +292,7 @@ class DaemonProcess:
             except OSError:
                 return False
 
-        wait_for(healthy, timeout, what="multusd /healthz")
+        wait_for(healthy, start_bound() if timeout is None else timeout, what="multusd /healthz")
 
     def shim_conf(self, cni_version: str = "0.3.1", **extra: Any) -> dict:
         """What generate-config writes for this daemon: its socket and its cniDir (where the
@@ -229,13 +302,14 @@ class DaemonProcess:
     def log(self) -> str:
         return read_log(self.log_path)
 
-    def terminate(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM and wait; SIGKILL the group if it does not exit in time."""
+    def terminate(self, timeout: float | None = None) -> int | None:
+        """SIGTERM and wait (by default as long as systemd would); SIGKILL the group if it
+        does not exit in time."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            return self.proc.wait(unit_stop_timeout() if timeout is None else timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -309,10 +383,11 @@ class Sandbox:
         return bridge_conf(name, self.bridge(), subnet, self.leases, **kw)
 
     def daemon(self, config: dict, activate: bool = True,
-               env: Mapping[str, str] | None = None, hold_socket: bool = False) -> DaemonProcess:
+               env: Mapping[str, str] | None = None, hold_socket: bool = False,
+               command: Sequence[str] | None = None) -> DaemonProcess:
         config.setdefault("binDir", self.bin_dir)
         proc = DaemonProcess(config, workdir=os.path.join(self.workdir, f"d{len(self._daemons)}"),
-                             env=env, hold_socket=hold_socket)
+                             env=env, hold_socket=hold_socket, command=command)
         self._daemons.append(proc)
         return proc.start(activate=activate)
 
@@ -356,18 +431,20 @@ class Cluster:
         self.kube.add_nad(namespace, name, json.dumps(conf))
         return conf
 
-    def start(self, env: Mapping[str, str] | None = None, **config: Any) -> "Cluster":
-        """Start the daemon; a config key given as None is left out (e.g. ``nodeName=None``)."""
+    def start(self, env: Mapping[str, str] | None = None,
+              command: Sequence[str] | None = None, **config: Any) -> "Cluster":
+        """Start the daemon (``command``: how to run multusd, e.g. its packaged launcher,
+        :func:`launcher_argv`); a config key given as None is left out (``nodeName=None``)."""
         from multusd.wire import api
 
         full = {"cniVersion": "0.4.0", "kubeconfig": self.kube.kubeconfig_path,
                 "nodeName": self.kube.node, "confDir": self.conf_dir,
                 "clusterNetwork": self.cluster_path, "multusNamespace": "kube-system"}
-        full.update(config)
-        full = {key: value for key, value in full.items() if value is not None}
-        self.daemon = self.sandbox.daemon(full, env=env)
+        full.update(config)  # a None is left out by DaemonProcess (its own defaults too)
+        self.daemon = self.sandbox.daemon(full, env=env, command=command)
         wait_for(lambda: api.http_request(self.daemon.socket_path, "GET", "/readyz",
-                                          timeout=2).status == 200, 20, what="caches synced")
+                                          timeout=2).status == 200, start_bound(),
+                 what="caches synced")
         return self
 
     def pod(self, name: str, namespace: str = "default", annotations=None, **kw) -> dict:

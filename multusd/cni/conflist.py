@@ -18,12 +18,11 @@ Like libcni, a failed ADD does not undo the plugins that already ran: the caller
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from multusd import CURRENT_VERSION
+from multusd import CURRENT_VERSION, go_field, go_fields, go_loads
 from multusd.errors import (DecodeFailure, DelegateError, IncompatibleCNIVersion,
                       InvalidEnvironment, InvalidNetworkConfig, MultusError, UnknownContainer)
 from multusd.cni import resultcache
@@ -35,6 +34,7 @@ from multusd.cni.names import IFNAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.result import convert_result
 from multusd.cni.version import (is_supported, parse_version, require_supported, supports_check,
                                  supports_status_gc)
+from multusd.store import go_json
 from multusd.store.valueclass import Record
 
 LOG = logging.getLogger(__name__)
@@ -65,18 +65,21 @@ class NetworkConfigList(Record):
         """
         where = source or "the network configuration"
         raw, raw_bytes = _decode(data, where)
+        header: Mapping[str, Any] = raw  # libcni reads a list into a map: its keys exactly
         if "plugins" in raw:
             plugins = _plugins(raw, where)
-        elif raw.get("type"):
+        elif go_field(raw, "type"):
             plugins = (raw,)  # libcni's ConfListFromConf: the conf is its only plugin
+            # ... read into a NetConf struct: "Name" and "CNIVersion" count too
+            header = dict(raw, **go_fields(raw, ("cniVersion", "name")))
         else:
             raise InvalidNetworkConfig(
                 f"error loading CNI config {where}: no 'type'; perhaps this is supposed to "
                 "be a .conflist?")
-        name = raw.get("name")
+        name = header.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidNetworkConfig(f"{where} has no 'name': set a network name")
-        return cls(name=name, cni_version=_cni_version(raw, where), plugins=plugins, raw=raw,
+        return cls(name=name, cni_version=_cni_version(header, where), plugins=plugins, raw=raw,
                    data=raw_bytes, disable_check=_flag(raw, "disableCheck", where),
                    disable_gc=_flag(raw, "disableGC", where))
 
@@ -241,14 +244,17 @@ class Engine:
 
     def _run(self, plugin: dict, command: str, conf: dict, rt: Optional[RuntimeConf],
              deadline: float) -> Optional[dict]:
-        path = find_plugin(plugin.get("type", ""), self.bin_dirs)
+        path = find_plugin(go_field(plugin, "type", ""), self.bin_dirs)
         if rt is None:  # STATUS and GC concern no attachment
             env = build_env(command, "", "", "", "", self.cni_path)
         else:
             env = build_env(command, rt.container_id, rt.netns, rt.ifname,
                             format_cni_args(rt.args), self.cni_path)
         LOG.debug("%s %s: plugin %s", command, conf.get("name"), path)
-        return exec_plugin(path, command=command, stdin=json.dumps(conf).encode(), env=env,
+        # libcni injects name, cniVersion, prevResult and runtimeConfig into the plugin's config
+        # read as a map, and writes it out again: Go's JSON, keys sorted (1e2 is 100)
+        stdin = go_json(conf, sort_keys=True).encode()
+        return exec_plugin(path, command=command, stdin=stdin, env=env,
                            deadline=deadline, observer=self.observer, running=self.running)
 
     def _deadline(self, deadline: Optional[float]) -> float:
@@ -275,7 +281,7 @@ def _plugin_conf(net: NetworkConfigList, plugin: dict, *, prev_result: Optional[
 
 
 def _runtime_config(plugin: dict, capability_args: Mapping[str, Any]) -> Dict[str, Any]:
-    capabilities = plugin.get("capabilities")
+    capabilities = go_field(plugin, "capabilities", nil=True)  # its NetConf struct's field
     if not isinstance(capabilities, dict):
         return {}
     return {name: capability_args[name] for name, enabled in capabilities.items()
@@ -292,7 +298,7 @@ def _as_version(output: dict, cni_version: str, plugin: dict) -> dict:
     except MultusError as exc:
         raise DelegateError(
             f"plugin {_describe(plugin)} returned a result that cannot be used: {exc.msg}",
-            json.dumps(output)[:4096]) from exc
+            go_json(output)[:4096]) from exc
 
 
 def _runtime_from_cache(entry: dict, cache_dir: str) -> RuntimeConf:
@@ -321,16 +327,16 @@ def _validate_attachment(net: NetworkConfigList, rt: RuntimeConf) -> None:
 
 
 def _describe(plugin: dict) -> str:
-    return f"type={plugin.get('type')!r}"
+    return f"type={go_field(plugin, 'type')!r}"
 
 
 def _decode(data: Union[bytes, dict], where: str) -> Tuple[dict, bytes]:
     if isinstance(data, dict):
         # A private copy: the caller may go on changing its dict.
-        return copy.deepcopy(data), json.dumps(data).encode()
+        return copy.deepcopy(data), go_json(data).encode()
     try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = go_loads(data)
+    except ValueError as exc:
         raise DecodeFailure(f"error parsing CNI config {where}: invalid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise DecodeFailure(f"error parsing CNI config {where}: expected a JSON object, "
@@ -345,7 +351,8 @@ def _plugins(raw: dict, where: str) -> Tuple[dict, ...]:
     for index, plugin in enumerate(plugins):
         if not isinstance(plugin, dict):
             raise InvalidNetworkConfig(f"{where}: plugins[{index}] must be an object")
-        if not isinstance(plugin.get("type"), str) or not plugin["type"]:
+        plugin_type = go_field(plugin, "type")  # each plugin is read into a NetConf struct
+        if not isinstance(plugin_type, str) or not plugin_type:
             raise InvalidNetworkConfig(f"{where}: plugins[{index}] has no 'type': name the "
                                        "plugin binary to run")
     return tuple(plugins)

@@ -22,7 +22,6 @@ A caller that must end every plugin at once (the daemon's stop) hands each run t
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from multusd import go_loads
 from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig, MultusError,
                       PluginError)
 
@@ -479,7 +479,7 @@ def _text(data: bytes) -> str:
 
 def _json_object(text: bytes) -> Optional[Dict[str, Any]]:
     try:
-        value = json.loads(text)
+        value = go_loads(text)  # as libcni reads a plugin's output
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

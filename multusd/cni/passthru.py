@@ -12,14 +12,15 @@ import json
 import os
 import sys
 
-from multusd import CURRENT_VERSION, SUPPORTED_VERSIONS
+from multusd import CURRENT_VERSION, SUPPORTED_VERSIONS, go_field, go_loads
 
 
 def run(command: str, stdin: bytes) -> tuple:
     """(exit code, JSON to print or None) for one call."""
     try:
-        conf = json.loads(stdin) if stdin.strip() else {}
-        version = str(conf.get("cniVersion") or CURRENT_VERSION) if isinstance(conf, dict) else ""
+        conf = go_loads(stdin) if stdin.strip() else {}  # as upstream's Go passthru reads it
+        version = str(go_field(conf, "cniVersion") or CURRENT_VERSION) \
+            if isinstance(conf, dict) else ""
         if not version:
             raise ValueError("the configuration is not a JSON object")
     except ValueError as exc:

@@ -16,11 +16,11 @@ as upstream does (F09).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Mapping
 
+from multusd import GoObject, go_field, go_fields, go_fold, go_loads, overlaid
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem
 from multusd.store.valueclass import Record, field
@@ -43,6 +43,10 @@ OVERLAY_KEYS = {"confDir", "clusterNetwork", "defaultNetworks", "delegates", "mu
 HOST_KEYS = {"nodeName", "requestTimeout", "workers", "kubeletRootDir", "deviceInfoDir",
              "parallelDelegates", "deleteRetryWindow", "enableDynamicNetworks"}
 KNOWN_KEYS = SERVER_KEYS | CONFGEN_KEYS | OVERLAY_KEYS | HOST_KEYS
+_KNOWN_KEY_ORDER = tuple(sorted(KNOWN_KEYS))
+_FOLDED_KNOWN_KEYS = frozenset(go_fold(key) for key in KNOWN_KEYS)
+_OBJECT_KEYS = ("capabilities", "logOptions", "perNodeCertificate", "runtimeConfig")
+_POINTER_KEYS = _OBJECT_KEYS + ("defaultNetworks", "delegates", "systemNamespaces")
 
 
 class DaemonConfig(Record):
@@ -83,7 +87,7 @@ def load(path: str = DEFAULT_CONFIG_PATH) -> DaemonConfig:
         raise ConfigError(path, [ConfigProblem(
             "(file)", f"cannot read it: {exc.strerror}; create it or pass --config")]) from exc
     try:
-        raw = json.loads(data)
+        raw = go_loads(data)
     except ValueError as exc:
         raise ConfigError(path, [ConfigProblem("(file)", f"not valid JSON: {exc}")]) from exc
     if not isinstance(raw, dict):
@@ -92,48 +96,54 @@ def load(path: str = DEFAULT_CONFIG_PATH) -> DaemonConfig:
 
 
 def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
-    """Validate an already parsed configuration."""
+    """Validate an already parsed configuration.
+
+    Its keys are read as upstream's daemon reads them into its structs: ``"SocketDir"`` is a
+    ``socketDir`` (Go's field matching), ``null`` leaves a setting at its default, the last of
+    a key given twice wins. ``raw`` itself (the overlay) keeps every key as written.
+    """
     problems = _Problems()
     warnings = [f"{key}: unknown key, ignored (check its spelling)"
-                for key in sorted(set(raw) - KNOWN_KEYS)]
-    if raw.get("chrootDir"):
+                for key in sorted(set(raw)) if go_fold(key) not in _FOLDED_KNOWN_KEYS]
+    conf = go_fields(raw, _KNOWN_KEY_ORDER, nils=_POINTER_KEYS, merges=_OBJECT_KEYS)
+    if conf.get("chrootDir"):
         problems.add("chrootDir", "multusd runs on the host and executes plugins directly; "
                                   "remove this key (it only exists for the daemon-in-a-pod)")
-    cert = raw.get("perNodeCertificate")
-    if isinstance(cert, dict) and cert.get("enabled"):
+    cert = conf.get("perNodeCertificate")
+    if isinstance(cert, dict) and go_field(cert, "enabled"):
         problems.add("perNodeCertificate.enabled",
                      "per-node certificates are not supported; set \"kubeconfig\" to the "
                      "node's kubeconfig (e.g. /etc/kubernetes/kubelet.conf) instead")
-    if raw.get("enablePprof"):
+    if conf.get("enablePprof"):
         warnings.append("enablePprof: Go profiling does not exist in multusd; ignored")
-    if raw.get("retryDeleteOnError") is False:
+    if conf.get("retryDeleteOnError") is False:
         warnings.append("retryDeleteOnError: false is not followed: multusd keeps a sandbox's "
                         "records until every delegate's DEL succeeded (what upstream does with "
                         "true), so a failed DEL is retried instead of leaking (by the runtime "
                         "for deleteRetryWindow, then by multusd itself); drop a record knowingly "
                         "with `multusd gc --forget CONTAINER_ID`")
-    if raw.get("enableDynamicNetworks") is True and not raw.get("kubeconfig"):
+    if conf.get("enableDynamicNetworks") is True and not conf.get("kubeconfig"):
         warnings.append("enableDynamicNetworks: it follows the pods' network-selection "
                         "annotations through the API server, and there is no \"kubeconfig\": "
                         "ignored")
     values = {
-        "socket_dir": problems.absolute_path(raw, "socketDir", "/run/multus/"),
-        "log_file": problems.string(raw, "logFile", ""),
-        "log_level": problems.log_level(raw),
-        "log_to_stderr": problems.boolean(raw, "logToStderr", True),
-        "log_options": problems.mapping(raw, "logOptions"),
-        "metrics_port": problems.port(raw, "metricsPort"),
-        "metrics_address": problems.string(raw, "metricsAddress", DEFAULT_METRICS_ADDRESS),
-        "kubeconfig": problems.string(raw, "kubeconfig", ""),
-        "node_name": problems.string(raw, "nodeName", ""),  # "" = resolved by the daemon
-        "request_timeout": problems.positive(raw, "requestTimeout", 110.0, float),
-        "workers": problems.positive(raw, "workers", 16, int),
-        "parallel_delegates": problems.boolean(raw, "parallelDelegates", False),
-        "delete_retry_window": problems.positive(raw, "deleteRetryWindow", DEFAULT_WINDOW,
+        "socket_dir": problems.absolute_path(conf, "socketDir", "/run/multus/"),
+        "log_file": problems.string(conf, "logFile", ""),
+        "log_level": problems.log_level(conf),
+        "log_to_stderr": problems.boolean(conf, "logToStderr", True),
+        "log_options": problems.mapping(conf, "logOptions"),
+        "metrics_port": problems.port(conf, "metricsPort"),
+        "metrics_address": problems.string(conf, "metricsAddress", DEFAULT_METRICS_ADDRESS),
+        "kubeconfig": problems.string(conf, "kubeconfig", ""),
+        "node_name": problems.string(conf, "nodeName", ""),  # "" = resolved by the daemon
+        "request_timeout": problems.positive(conf, "requestTimeout", 110.0, float),
+        "workers": problems.positive(conf, "workers", 16, int),
+        "parallel_delegates": problems.boolean(conf, "parallelDelegates", False),
+        "delete_retry_window": problems.positive(conf, "deleteRetryWindow", DEFAULT_WINDOW,
                                                  float),
-        "enable_dynamic_networks": problems.boolean(raw, "enableDynamicNetworks", False),
+        "enable_dynamic_networks": problems.boolean(conf, "enableDynamicNetworks", False),
     }
-    limit = raw.get("connectionLimit")
+    limit = conf.get("connectionLimit")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
             problems.add("connectionLimit", f"must be greater than 0, got {limit!r}")
@@ -141,7 +151,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
             values["workers"] = limit
     for key in ("cniVersion", "multusConfigFile", "multusAutoconfigDir", "cniConfigDir",
                 "binDir", "cniDir", "confDir", "clusterNetwork", "multusNamespace"):
-        problems.string(raw, key, "")
+        problems.string(conf, key, "")
     if problems:
         raise ConfigError(path, problems)
     return DaemonConfig(path=path, raw=dict(raw), warnings=tuple(warnings), **values)
@@ -152,12 +162,13 @@ def overlay(request_conf: Mapping[str, Any], daemon: DaemonConfig) -> dict[str, 
 
     Top-level daemon keys win and nested values are replaced whole. In ``auto`` mode the
     readiness indicator is dropped from both sides, as upstream does: the generated config
-    exists only once the file did.
+    exists only once the file did. As upstream's: two maps (keys exactly as written), and the
+    result written out with its keys sorted and read into its NetConf struct, so a struct read
+    of it (:func:`multusd.go_field`) meets its members in that order.
     """
-    merged = dict(request_conf)
-    merged.update(daemon.raw)
+    merged = overlaid(request_conf, daemon.raw)
     if daemon.raw.get("multusConfigFile", "auto") == "auto":
-        merged.pop("readinessindicatorfile", None)
+        merged = GoObject([(k, v) for k, v in merged.pairs if k != "readinessindicatorfile"])
     return merged
 
 

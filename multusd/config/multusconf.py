@@ -25,13 +25,12 @@ removing it is :mod:`multusd.config.generateconfig`'s.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from multusd import store
+from multusd import go_fields, go_loads, store
 from multusd.store import read_or_none
 from multusd.config.reader import ConfigReader, is_wrong_type, lenient_str
 from multusd.errors import ConfigError, ConfigProblem, IOFailure
@@ -64,6 +63,8 @@ _STRING_KEYS = (
     "multusAutoconfigDir", "cniConfigDir", "readinessindicatorfile",
 )
 _BOOL_KEYS = ("logToStderr", "namespaceIsolation", "forceCNIVersion", "overrideNetworkName")
+_MULTUS_CONF_POINTERS = ("capabilities", "logOptions")  # a map, a pointer to a struct
+_MULTUS_CONF_KEYS = ("name", "clusterNetwork") + _STRING_KEYS + _BOOL_KEYS + _MULTUS_CONF_POINTERS
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
                      r"(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 _CHECK_INTRODUCED = (0, 4, 0, 1)  # CNI 0.4.0 added CHECK: a primary below it cannot follow
@@ -87,7 +88,6 @@ class _Settings(NamedTuple):
     static_file: str
     autoconfig_dir: str
     master: str
-    cni_config_dir: str
     readiness_file: str
     cni_version: str
     force_version: bool
@@ -162,6 +162,9 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     problems = ConfigReader()
     if not isinstance(conf, Mapping):
         raise ConfigError(source, [ConfigProblem(source, "must be a JSON object {...}")])
+    # As upstream's MultusConf struct reads the daemon config: "CNIVersion" is a cniVersion.
+    conf = go_fields(conf, _MULTUS_CONF_KEYS, nils=_MULTUS_CONF_POINTERS,
+                     merges=_MULTUS_CONF_POINTERS)
     for key in _STRING_KEYS:
         problems.expect(conf, key, str, "a string")
     for key in _BOOL_KEYS:
@@ -204,7 +207,6 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     return _Settings(
         auto=auto, static_file="" if auto else mode, autoconfig_dir=autoconfig_dir,
         master=master,
-        cni_config_dir=lenient_str(conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR,
         readiness_file=os.path.normpath(readiness) if readiness else "",
         cni_version=cni_version, force_version=conf.get("forceCNIVersion") is True,
         override_name=conf.get("overrideNetworkName") is True, shim_type=shim_type,
@@ -235,8 +237,18 @@ def _check_log_options(conf: Mapping[str, Any], problems: ConfigReader) -> None:
 
 
 def _target(settings: _Settings) -> str:
-    name = MULTUS_CONF_NAME if settings.auto else os.path.basename(settings.static_file)
-    return os.path.join(settings.cni_config_dir, name)
+    return runtime_conf_paths(settings.conf)[0]
+
+
+def runtime_conf_paths(daemon_conf: Mapping[str, Any]) -> Tuple[str, ...]:
+    """Where the runtime's multus config is: the file written to ``cniConfigDir`` (auto mode:
+    00-multus.conf; static mode: the copy of ``multusConfigFile``), then in static mode the
+    operator's file itself. Read leniently (keys of a wrong type: their defaults)."""
+    mode = lenient_str(daemon_conf, "multusConfigFile", AUTO) or AUTO
+    directory = lenient_str(daemon_conf, "cniConfigDir", "") or DEFAULT_CNI_CONFIG_DIR
+    if mode == AUTO:
+        return (os.path.join(directory, MULTUS_CONF_NAME),)
+    return (os.path.join(directory, os.path.basename(mode)), mode)
 
 
 # --------------------------------------------------------------------------- static mode
@@ -442,8 +454,8 @@ def looks_generated(raw: bytes, shim_type: str = DEFAULT_SHIM_TYPE) -> bool:
     generator keys, a non-empty ``clusterNetwork``, and the shim's ``type``.
     """
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        doc = go_loads(raw)
+    except ValueError:
         return False
     if not isinstance(doc, dict) or not set(doc) <= set(OUTPUT_KEYS):
         return False
@@ -468,11 +480,7 @@ def _read_stable(path: str) -> Optional[bytes]:
 
 def _parse_object(raw: bytes, path: str, what: str) -> Dict[str, Any]:
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, [ConfigProblem(path, f"{what} is not UTF-8 text ({exc.reason} "
-                                                     f"at byte {exc.start}); rewrite it as "
-                                                     "JSON")]) from exc
+        doc = go_loads(raw)  # as upstream reads it (invalid UTF-8 in a string is U+FFFD)
     except ValueError as exc:
         raise ConfigError(path, [ConfigProblem(path, f"{what} is not valid JSON ({exc}); fix "
                                                      "it, nothing is written until it parses")]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from multusd.wire import quickjson
+from multusd import go_field, go_loads
 
 CONFIG_PATH = "/etc/cni/net.d/multus.d/daemon-config.json"
 DEFAULT_DIR = "/etc/cni/net.d"
@@ -28,7 +28,7 @@ def watched_paths(daemon_conf: dict) -> list:
     """The paths beyond the unit's defaults that the config makes worth watching."""
     paths = []
     for key in ("multusAutoconfigDir", "cniConfigDir", "readinessindicatorfile"):
-        value = daemon_conf.get(key)
+        value = go_field(daemon_conf, key)  # as multusconf reads it, as Go does
         if isinstance(value, str) and os.path.isabs(value):
             path = os.path.normpath(value)
             if path != DEFAULT_DIR and path not in paths:
@@ -56,8 +56,8 @@ def generate(normal_dir: str, config_path: str = CONFIG_PATH) -> bool:
     """Write the drop-in under ``normal_dir``; True if one was written."""
     try:
         with open(config_path, "rb") as handle:
-            conf = quickjson.loads(handle.read())
-    except (OSError, ValueError, UnicodeDecodeError):
+            conf = go_loads(handle.read())
+    except (OSError, ValueError):
         return False
     text = dropin(conf, config_path) if isinstance(conf, dict) else ""
     if not text:

@@ -4,8 +4,9 @@ The rules it keeps (architecture.md):
 
 * an ADD for a container that has attachments recorded is refused (DEL must come first), and
   one whose interface names are taken in the netns runs nothing (F37);
-* the multus settings are read once (:func:`~multusd.core.settings.load_settings`), and every
-  later step is handed them;
+* the request's configuration was resolved once (:mod:`multusd.core.effective`); every step
+  reads it from the request, and it is recorded with the sandbox
+  (:mod:`multusd.core.sandboxconfig`) for the later paths;
 * the scratch cache ``<cniDir>/<containerID>`` is written before the first delegate runs;
 * delegates run in order (libcni's and upstream's rule); with ``"parallelDelegates": true``
   the master runs first, then the secondaries concurrently where none depends on another
@@ -38,15 +39,14 @@ from multusd import CURRENT_VERSION, store
 from multusd.cni.conflist import Engine
 from multusd.cni.result import convert_result
 from multusd.cni.resultcache import RESULTS_DIR
-from multusd.core import dra, netstatus, parallel, scratch
+from multusd.core import dra, netstatus, parallel, sandboxconfig, scratch
 from multusd.core.defaultroute import apply_default_routes
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import NadNotFound, build_delegates, nad_getter
 from multusd.core.request import CmdArgs, pod_prefix
 from multusd.core.runner import DelegateRunner, as_cni_error, delegate_error, emit_added
 from multusd.core.runtimeconf import runtime_conf
-from multusd.core.settings import (MultusSettings, cni_dir_of, kubelet_dir_of, load_settings,
-                                   require_delegates)
+from multusd.core.settings import MultusSettings, require_delegates
 from multusd.errors import InvalidEnvironment, MultusError, PodNotFound, TryAgainLater
 from multusd.node import devices
 from multusd.node.netns import PodNetns
@@ -73,14 +73,13 @@ def cmd_add(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
                     req.pod_namespace, req.pod_name)
         return empty_result(req)
     try:
-        settings = load_settings(conf)
+        settings = req.effective.require_settings()
         delegates = resolve(req, settings, pod, kube, deadline)
     except MultusError as exc:
         raise exc.with_prefix(f"{pod_prefix(req)}: ")
     runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
                             auxiliary_chain=settings.auxiliary_chain)
-    cni_dir = cni_dir_of(conf)
-    cache_path = scratch.cache_path(cni_dir, req.container_id)
+    cache_path = scratch.cache_path(req.effective.cni_dir, req.container_id)
     results = attach(runner, delegates, cache_path, kube, pod)
     # F49: no network-status for pods whose *namespace* is a system one (upstream
     # compares the pod name, a bug); defaultNetworks follow the same rule
@@ -103,7 +102,7 @@ def refuse_repeated_add(req: CmdArgs) -> None:
     The spec forbids a second ADD without a DEL in between; running it anyway would fail on
     the first interface and its rollback would delete the first ADD's attachment.
     """
-    directory = cni_dir_of(req.config)
+    directory = req.effective.cni_dir
     recorded = os.path.exists(scratch.cache_path(directory, req.container_id))
     if not recorded:
         marker = f"-{req.container_id}-"
@@ -167,7 +166,7 @@ def resolve(req: CmdArgs, settings: MultusSettings, pod: Any, kube: Any,
     :raises NadNotFound: a NAD the pod selects does not exist (the pod gets the
         ``NoNetworkFound`` event).
     """
-    kubelet = kubelet_dir_of(req.config)
+    kubelet = req.effective.kubelet_dir
     allocator = devices.DeviceAllocator(
         req.pod_namespace, req.pod_name, req.pod_uid,
         pod_resources_socket=devices.pod_resources_socket(kubelet),
@@ -194,7 +193,9 @@ def attach(runner: DelegateRunner, delegates: Sequence[Delegate], cache_path: st
     req = runner.req
     results: Results = []
     waves = runner.waves(delegates)
-    record = scratch.delegates_to_cache(delegates)
+    entries = [scratch.cache_entry(d) for d in delegates]
+    sandboxconfig.put(entries, sandboxconfig.of(req.effective))  # what later paths judge it by
+    record = scratch.encode_entries(entries)
     flush = None
     try:
         with PodNetns(req.netns) as netns:  # opened on first use, once per request
@@ -212,7 +213,7 @@ def attach(runner: DelegateRunner, delegates: Sequence[Delegate], cache_path: st
                     if exc is None:
                         try:
                             apply_default_routes(delegate, result, netns,
-                                                 cni_dir_of(req.config), req.container_id)
+                                                 req.effective.cni_dir, req.container_id)
                         except Exception as route_exc:
                             exc = route_exc
                     if exc is not None:  # whatever failed, nothing half-made stays behind

@@ -18,50 +18,56 @@ The rules it keeps (architecture.md, invariants 4 and 10):
 * records that cannot be removed once everything is released (a read-only disk) are
   reported as a failure is, so that the drain finishes and they are dropped later.
 
-No settings are read beyond the directories: a DEL must work whatever else the config gets
-wrong.
+It is judged by the configuration the sandbox was attached under, where the sandbox records
+it (:mod:`multusd.core.sandboxconfig`: the directories, the auxiliary chain), else by the
+request's; no settings are needed: a DEL must work whatever else the config gets wrong.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from multusd import store
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine
 from multusd.cni.invoke import missing_plugin
-from multusd.core import scratch, unreleased
+from multusd.core import delmarks, sandboxconfig, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.request import CmdArgs, pod_prefix
 from multusd.core.runner import DelegateRunner, Failures, as_cni_error
-from multusd.core.settings import auxiliary_chain_of, cni_dir_of
 from multusd.errors import MultusError, UnknownContainer
 from multusd.node.netns import check_namespace
 from multusd.store.valueclass import Record, replace
 
 
 def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: Any,
-            parallel_delegates: bool = False, window: float, spare: str = "") -> None:
-    """DEL of the sandbox ``req`` names.
+            parallel_delegates: bool = False, window: float, spare: str = "",
+            notices: Optional[sandboxconfig.Notices] = None,
+            other_dirs: Callable[[], Sequence[str]] = tuple) -> None:
+    """DEL of the sandbox ``req`` names, judged by the configuration it was attached under
+    (:func:`~multusd.core.sandboxconfig.sandbox_request`).
 
     :param window: the daemon's ``deleteRetryWindow``.
     :param spare: the marks' directory for when ``<cniDir>`` cannot take one
-        (:func:`~multusd.core.unreleased.spare_marks_dir`).
+        (:func:`~multusd.core.delmarks.spare_marks_dir`).
+    :param notices: what was said of sandboxes already; ``other_dirs``: every ``cniDir`` the
+        node names, where the records are looked for when they are not in the request's.
     :raises MultusError: a delegate's DEL failed, while the sandbox's window lasts.
     """
     if not req.container_id:
         log.warning("DEL without CNI_CONTAINERID: nothing can be found to delete")
         return
-    cni_dir = cni_dir_of(req.config)
-    earlier = unreleased.read(cni_dir, req.container_id, spare=spare)
+    req = sandboxconfig.sandbox_request(req, log, notices=notices, other_dirs=other_dirs)
+    cni_dir = req.effective.cni_dir
+    earlier = delmarks.read(cni_dir, req.container_id, spare=spare)
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates,
                    skip=earlier.released if earlier is not None else ())
     if done.failures:
         # kept until every delegate's DEL succeeds (upstream's retryDeleteOnError, always);
         # the error reaches the runtime for the sandbox's window, then DEL answers success
-        found = [unreleased.Failure(network=delegate.name, ifname=delegate.ifname,
-                                    error=as_cni_error(exc, log).msg)
+        found = [delmarks.Failure(network=delegate.name, ifname=delegate.ifname,
+                                  error=as_cni_error(exc, log).msg)
                  for delegate, exc in done.failures]
         unreleased.report(cni_dir, done.req, found, f"{pod_prefix(req)}: DEL failed for "
                           f"{len(found)} network(s), the runtime will retry: "
@@ -78,28 +84,31 @@ def cmd_del(req: CmdArgs, deadline: float, log: Any, *, engine: Engine, kube: An
                           window=window, kube=kube, log=log, released=done.released,
                           spare=spare)
         return
-    if unreleased.clear(cni_dir, req.container_id, spare=spare):
+    if delmarks.clear(cni_dir, req.container_id, spare=spare):
         log.info("DEL: the sandbox's earlier DEL failures are over")
     log.info("DEL: %d network(s) released", len(done.delegates) - len(done.skipped))
 
 
 def forget(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
-           parallel_delegates: bool = False) -> List[Tuple[Delegate, str]]:
-    """DEL every delegate of the sandbox, then drop its records whatever failed.
+           parallel_delegates: bool = False, spare: str = "",
+           other_dirs: Callable[[], Sequence[str]] = tuple) -> List[Tuple[Delegate, str]]:
+    """DEL every delegate of the sandbox, then drop its records and its mark whatever failed.
 
     For ``multusd gc --forget``: the operator's knowing decision for a sandbox whose DEL
     cannot succeed (a plugin binary that is gone for good). Returns ``(delegate, "")``
     for each delegate released and ``(delegate, why not)`` for each that was not.
+    ``spare`` and ``other_dirs`` as for :func:`cmd_del`.
     """
+    req = sandboxconfig.sandbox_request(req, log, other_dirs=other_dirs)
     done = release(req, deadline, log, engine=engine, parallel_delegates=parallel_delegates)
-    cni_dir = cni_dir_of(req.config)
+    cni_dir = req.effective.cni_dir
     failed = {id(d): as_cni_error(exc, log).msg for d, exc in done.failures}
     for entry in resultcache.list_entries(cni_dir):
         if entry.get("containerId") == req.container_id:
             resultcache.delete(cni_dir, str(entry["networkName"]), req.container_id,
                                str(entry["ifName"]))
     store.remove(done.scratch_path)
-    unreleased.clear(cni_dir, req.container_id)
+    delmarks.clear(cni_dir, req.container_id, spare=spare)
     outcome = [(d, failed.get(id(d), "")) for d in done.delegates]
     for delegate, why in outcome:
         if why:
@@ -122,21 +131,21 @@ class Release(Record):
     skipped: Tuple[Delegate, ...] = ()
 
     @property
-    def released(self) -> Tuple[unreleased.Released, ...]:
+    def released(self) -> Tuple[delmarks.Released, ...]:
         """Every delegate released by now: skipped, or whose DEL succeeded."""
         failed = {id(delegate) for delegate, _ in self.failures}
-        return tuple(unreleased.Released(network=d.name, ifname=d.ifname)
+        return tuple(delmarks.Released(network=d.name, ifname=d.ifname)
                      for d in self.delegates if id(d) not in failed)
 
 
 def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
             parallel_delegates: bool = False,
-            skip: Sequence[unreleased.Released] = ()) -> Release:
+            skip: Sequence[delmarks.Released] = ()) -> Release:
     """DEL of every delegate the sandbox recorded, best-effort complete: a failed delegate
     does not stop the others; those in ``skip`` (released by an earlier DEL of the sandbox)
     are not run again. The records are the caller's to keep or drop."""
     req = netns_for_del(req, log)
-    path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
+    path = scratch.cache_path(req.effective.cni_dir, req.container_id)
     delegates = delegates_for_del(req, path, log)
     done = {(r.network, r.ifname) for r in skip}
     held = [i for i, d in enumerate(delegates)
@@ -146,7 +155,7 @@ def release(req: CmdArgs, deadline: float, log: Any, *, engine: Engine,
         log.info("DEL: %s released by an earlier DEL; running the DEL of %d network(s) still "
                  "held", ", ".join(f"{d.ifname} ({d.name})" for d in skipped), len(held))
     runner = DelegateRunner(engine, req, deadline, log, parallel_delegates=parallel_delegates,
-                            auxiliary_chain=auxiliary_chain_of(req.config))
+                            auxiliary_chain=req.effective.auxiliary_chain)
     return Release(req=req, scratch_path=path, delegates=tuple(delegates),
                    failures=runner.delete_all(delegates, only=held), skipped=skipped)
 
@@ -157,7 +166,7 @@ def _has_result(req: CmdArgs, delegate: Delegate) -> bool:
     before a new ADD of the container ID must not skip anything)."""
     try:
         return os.path.exists(resultcache.result_path(
-            cni_dir_of(req.config), delegate.conf_name, req.container_id, delegate.ifname))
+            req.effective.cni_dir, delegate.conf_name, req.container_id, delegate.ifname))
     except MultusError:
         return False  # a name that cannot be cached has no entry
 
@@ -198,7 +207,7 @@ def delegates_for_del(req: CmdArgs, path: str, log: Any) -> List[Delegate]:
 def delegates_from_result_cache(req: CmdArgs, log: Any) -> List[Delegate]:
     """Rebuild the delegates from ``<cniDir>/results/*-<containerID>-*`` (no scratch cache)."""
     found = []
-    for entry in resultcache.list_entries(cni_dir_of(req.config)):
+    for entry in resultcache.list_entries(req.effective.cni_dir):
         if entry.get("containerId") != req.container_id:
             continue
         config = resultcache.decode_config(entry)

@@ -11,7 +11,14 @@ selection carries ``default-route`` (ECMP is rejected there):
 * the delegate with a non-empty ``default-route`` loses every default route of its link,
   gets one via each requested gateway, and its cached result gets the matching route;
 * as upstream, ``"default-route": []`` marks every delegate for both families, so the pod
-  ends up with no default route at all.
+  ends up with no default route at all;
+* an empty gateway (``""`` or ``null``: Go reads either as a nil ``net.IP``) counts as an IPv6
+  one (``To4()`` is nil) for the marks and the ECMP check, as upstream counts it; no route can
+  go via it: upstream's ``SetDefaultGW`` logs its failed route and goes on, and fails the ADD
+  ("error setting default gateway") when it was the last gateway of the list (its loop keeps
+  the last route's error), so multusd fails the ADD then too (before touching the namespace,
+  and the ADD is rolled back), skips it with a warning otherwise, and never writes it into the
+  cached result (upstream writes a route via ``<nil>`` there, which no plugin can read back).
 
 Fixed upstream bugs: only the marked family is deleted (upstream deletes both); cached
 ``::/0`` routes are recognised (upstream only matched the spelling ``::0/0``), routes without
@@ -47,8 +54,8 @@ def apply_default_routes(delegate: Delegate, result: Mapping[str, Any], netns: P
     :raises IOFailure: no cached result for the delegate (nothing is changed then), or
         a netlink failure.
     :raises DecodeFailure: the cached result has malformed routes.
-    :raises InvalidNetworkConfig: a requested gateway is not an IP address (nothing is
-        changed then).
+    :raises InvalidNetworkConfig: a requested gateway is not an IP address, or the last one
+        is empty (nothing is changed then).
     """
     if not _configures_interfaces(result):
         return
@@ -58,6 +65,17 @@ def apply_default_routes(delegate: Delegate, result: Mapping[str, Any], netns: P
     if not (drop_v4 or drop_v6):
         return
     net_name, ifname = delegate.conf_name, delegate.ifname
+    if gateways and not gateways[-1]:
+        raise InvalidNetworkConfig(
+            f"error setting default gateway: the default-route of network {delegate.name!r} "
+            "ends with an empty gateway (\"\" or null), and no route can go via none (upstream "
+            "fails the same way: \"either Dst.IP, Src.IP or Gw must be set\"); name the "
+            "gateway's address or remove it from the pod's network-selection annotation")
+    if not all(gateways):
+        LOG.warning("the default-route of network %r holds an empty gateway (\"\" or null): "
+                    "no route goes via it (upstream logs the same failure and goes on)",
+                    delegate.name)
+        gateways = tuple(gateway for gateway in gateways if gateway)
     cached = resultcache.read_result(cache_dir, net_name, container_id, ifname)
     if cached is None:
         raise IOFailure(

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from multusd import go_field
 from multusd.core.dra import DraDevice
 from multusd.core.netconf import conf_object
-from multusd.core.selection import NetworkSelection
+from multusd.core.selection import DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, NetworkSelection
 from multusd.store.valueclass import Record
+
+# What named a delegate (Delegate.named_by): the multus config's key, or the pod's annotation.
+# Recorded with it in the scratch cache: a running pod's annotation only ever removes what it
+# named itself (multusd.core.netchanges).
+BY_CLUSTER_NETWORK = "clusterNetwork"
+BY_DEFAULT_NETWORKS = "defaultNetworks"
+BY_DELEGATES = "delegates"
+BY_AUXILIARY_CHAIN = "auxiliaryCNIChainName"
+BY_DEFAULT_NETWORK_ANNOTATION = DEFAULT_NETWORK_ANNOTATION
+BY_NETWORKS_ANNOTATION = NETWORKS_ANNOTATION
+NAMED_BY = (BY_CLUSTER_NETWORK, BY_DEFAULT_NETWORKS, BY_DELEGATES, BY_AUXILIARY_CHAIN,
+            BY_DEFAULT_NETWORK_ANNOTATION, BY_NETWORKS_ANNOTATION)
 
 
 class Delegate(Record):
@@ -36,27 +49,30 @@ class Delegate(Record):
     filter_v4_gateway: bool = False
     filter_v6_gateway: bool = False
     dra_device: Optional[DraDevice] = None  # where device_id came from, when DRA allocated it
+    named_by: str = ""  # NAMED_BY: what named it ("" in a record that does not say)
 
     @property
     def is_conflist(self) -> bool:
-        """True for a conflist (no top-level ``type``), as upstream decides."""
-        return not conf_object(self.conf).get("type")
+        """True for a conflist (no top-level ``type``), as upstream decides (its NetConf
+        struct: ``"Type"`` counts)."""
+        return not go_field(conf_object(self.conf), "type")
 
     @property
     def conf_name(self) -> str:
-        """The ``name`` inside the config: libcni's network name (its result-cache key)."""
-        name = conf_object(self.conf).get("name")
+        """The ``name`` inside the config: libcni's network name (its result-cache key), as
+        upstream's NetConf/NetConfList structs read it."""
+        name = go_field(conf_object(self.conf), "name")
         return name if isinstance(name, str) else ""
 
     @property
     def plugin_type(self) -> str:
         """The plugin type (a conflist's first plugin), for messages."""
         data = conf_object(self.conf)
-        if data.get("type"):
-            return str(data["type"])
+        if go_field(data, "type"):
+            return str(go_field(data, "type"))
         plugins = data.get("plugins")
         if isinstance(plugins, list) and plugins and isinstance(plugins[0], dict):
-            return str(plugins[0].get("type", ""))
+            return str(go_field(plugins[0], "type", ""))
         return ""
 
 

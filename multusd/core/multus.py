@@ -5,9 +5,10 @@ ADD is :mod:`multusd.core.cmdadd`'s, DEL (and ``multusd gc --forget``) is
 running pod's changed network selections (``enableDynamicNetworks``) are
 :mod:`multusd.core.reconcile`'s; the
 commands that attach and release nothing are here: CHECK (every attachment the scratch cache
-records, each delegate whose version has CHECK), STATUS (answered at once: the readiness
-indicator file present, the pod cache synced, the cluster network's plugins ready, else code
-50 saying what is missing) and GC (the cluster network's plugins told which attachments
+records, each delegate whose version has CHECK), STATUS (answered within its deadline, a
+few seconds: the readiness indicator file present, the pod cache synced, the cluster
+network's plugins ready, else code 50 saying what is missing or which network did not
+answer) and GC (the cluster network's plugins told which attachments
 libcni's result cache still holds; it waits for the readiness file as ADD does, within the
 request's deadline). Each command
 uses the engine of its request (:meth:`Multus.engine`); ADD, DEL and CHECK run their
@@ -20,20 +21,23 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, List, Mapping, Tuple
 
+from multusd import go_field
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
 from multusd.cni.version import supports_check
 from multusd.config.daemonconf import DaemonConfig
-from multusd.core import cmdadd, cmddel, hotplug, reconcile, scratch, unreleased
+from multusd.core import (cmdadd, cmddel, delmarks, effective, hotplug, podsandbox,
+                          reconcile, sandboxconfig, scratch)
 from multusd.core.delegate import Delegate
 from multusd.core.podnetworks import build_delegates, nad_getter
 from multusd.core.request import CmdArgs
 from multusd.core.runner import DelegateRunner, delegate_error
-from multusd.core.settings import cni_dir_of, load_settings, require_delegates
-from multusd.errors import MultusError, NotReady
+from multusd.core.settings import require_delegates
+from multusd.errors import DeadlineExceeded, MultusError, NotReady
 from multusd.node.netns import check_namespace
 
 # CNI 1.1 STATUS codes: the plugin is not available (50), and existing containers may have
@@ -51,6 +55,8 @@ class Multus:
                  plugin_observer: PluginObserver | None = None,
                  running_plugins: RunningPlugins | None = None) -> None:
         self.config = config
+        self.node = effective.NodeConfig(config)  # for the paths no runtime request carries
+        self.notices = sandboxconfig.Notices()  # what was said once per sandbox
         self.kube = kube
         self.plugin_observer = plugin_observer  # handed to every Engine (metrics)
         self.running_plugins = running_plugins  # and this (the daemon's stop ends them)
@@ -87,13 +93,16 @@ class Multus:
         cmddel.cmd_del(req, deadline, log, engine=engine, kube=self.kube,
                        parallel_delegates=self.config.parallel_delegates,
                        window=self.config.delete_retry_window,
-                       spare=unreleased.spare_marks_dir(self.config.socket_dir))
+                       spare=delmarks.spare_marks_dir(self.config.socket_dir),
+                       notices=self.notices, other_dirs=self.node.cni_dirs)
 
     def forget(self, req: CmdArgs, deadline: float, log: Any) -> List[Tuple[Delegate, str]]:
         """``multusd gc --forget``: see :func:`multusd.core.cmddel.forget`."""
         engine = self.engine(req.config)
         return cmddel.forget(req, deadline, log, engine=engine,
-                             parallel_delegates=self.config.parallel_delegates)
+                             parallel_delegates=self.config.parallel_delegates,
+                             spare=delmarks.spare_marks_dir(self.config.socket_dir),
+                             other_dirs=self.node.cni_dirs)
 
     def hotplug(self, req: CmdArgs, attributes: Mapping[str, Any], deadline: float,
                 log: Any) -> dict | None:
@@ -108,9 +117,20 @@ class Multus:
                   stopping: Callable[[], bool]) -> reconcile.Outcome:
         """A running pod's network selections applied to its sandbox (``enableDynamicNetworks``):
         see :mod:`multusd.core.reconcile`."""
-        engine = self.engine(self.config.raw)
-        return reconcile.reconcile(pod, container_id, self.config, deadline, log, engine=engine,
-                                   kube=self.kube, stopping=stopping)
+        node = self.node.current()
+        return reconcile.reconcile(pod, container_id, node, deadline, log,
+                                   engine=self.engine(node.merged), kube=self.kube,
+                                   stopping=stopping, notices=self.notices)
+
+    def needs_reconciling(self, pod: Any, container_id: str, log: Any) -> bool:
+        """Whether :meth:`reconcile` would do anything (read-only, outside the lanes).
+
+        :raises Unestablished: the configuration to judge the sandbox by cannot be
+            established (:mod:`multusd.core.podsandbox`).
+        """
+        view = podsandbox.read_view(container_id, self.node.current(), log,
+                                    notices=self.notices)
+        return view is not None and podsandbox.needs_reconciling(view, pod)
 
     def _warn_delegate_caller(self, req: CmdArgs) -> None:
         """Say once per pod that something else hot-plugs while multusd does it too."""
@@ -129,7 +149,10 @@ class Multus:
 
     # -- CHECK, STATUS, GC ------------------------------------------------------------------
     def check(self, req: CmdArgs, deadline: float, log: Any) -> None:
-        path = scratch.cache_path(cni_dir_of(req.config), req.container_id)
+        """CHECK, judged by the configuration the sandbox was attached under."""
+        req = sandboxconfig.sandbox_request(req, log, notices=self.notices,
+                                            other_dirs=self.node.cni_dirs)
+        path = scratch.cache_path(req.effective.cni_dir, req.container_id)
         data = scratch.read_cache(path)
         if data is None:
             raise MultusError(f"CHECK: no attachments recorded for container {req.container_id} "
@@ -150,16 +173,19 @@ class Multus:
                 raise delegate_error(req, delegate, exc).with_prefix("CHECK: ") from exc
 
     def status(self, req: CmdArgs, deadline: float, log: Any) -> None:
-        """STATUS (CNI 1.1), answered at once: nothing here waits for anything to appear.
+        """STATUS (CNI 1.1), answered by ``deadline`` (the server gives it a few seconds):
+        nothing here waits for anything to appear, and the cluster network's plugins are killed
+        at the deadline.
 
         Ready is success. Not ready is :class:`~multusd.errors.NotReady` (code 50) whose msg
         names what is missing: the readiness indicator file, the pod watch's first list (when
-        Kubernetes is configured), or the cluster network itself (it cannot be loaded, or its
-        STATUS failed: its code and msg are in ours). A cluster network answering 50 or 51
-        itself (51: existing attachments may have limited connectivity too) is passed on
-        unchanged, as upstream does.
+        Kubernetes is configured), or the cluster network itself (it cannot be loaded, its
+        STATUS did not answer by the deadline, or it failed: its code and msg are in ours). A
+        cluster network answering 50 or 51 itself (51: existing attachments may have limited
+        connectivity too) is passed on unchanged, as upstream does.
         """
-        path = req.config.get("readinessindicatorfile")
+        started = time.monotonic()
+        path = go_field(req.config, "readinessindicatorfile")
         if path and not os.path.exists(path):
             raise NotReady(f"multusd cannot serve ADD yet: the readiness indicator file {path} "
                            "(readinessindicatorfile) does not exist; the cluster network "
@@ -178,13 +204,19 @@ class Multus:
         except MultusError as exc:
             if exc.code in NOT_AVAILABLE:
                 raise  # the plugin's own "not available": it says what is missing
+            if isinstance(exc, DeadlineExceeded) and time.monotonic() >= deadline:
+                plugin = os.path.basename(getattr(exc, "plugin_path", "")) or "its plugin"
+                raise NotReady(f"multusd cannot serve ADD: its cluster network {net.name!r} "
+                               f"did not answer STATUS within {deadline - started:.0f}s "
+                               f"(plugin {plugin!r} was killed); the network's node agent may "
+                               "be stuck", exc.details) from exc
             raise NotReady(f"multusd cannot serve ADD: its cluster network {net.name!r} is not "
                            f"ready: its STATUS failed with code {exc.code}: {exc.msg}",
                            exc.details) from exc
 
     def gc(self, req: CmdArgs, deadline: float, log: Any) -> None:
         cmdadd.wait_for_readiness_file(req.config, deadline)
-        directory = cni_dir_of(req.config)
+        directory = req.effective.cni_dir
         if not os.path.isdir(os.path.join(directory, resultcache.RESULTS_DIR)):
             raise MultusError(f"error in gather valid attachments: {directory}/results does "
                               "not exist")
@@ -198,7 +230,7 @@ class Multus:
         """The master network of the daemon's config (STATUS and GC act on it alone)."""
         require_delegates(req.config)
         delegates = build_delegates(
-            load_settings(req.config), pod_namespace="", pod_name="", annotations=None,
+            req.effective.require_settings(), pod_namespace="", pod_name="", annotations=None,
             cni_ifname=req.ifname or "eth0", get_nad=nad_getter(self.kube, deadline))
         return NetworkConfigList.load(delegates[0].conf, source=delegates[0].name)
 

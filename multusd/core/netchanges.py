@@ -6,9 +6,14 @@ attachments multusd made, not what another component put in the pod, nor the net
 annotation, which anyone can write). :func:`plan` compares them as upstream's
 multus-dynamic-networks-controller does, by namespace/name/interface, with these rules of ours:
 
-* only attachments a network selection can have made are ever removed: never the cluster
-  network (the first), a ``defaultNetworks`` entry, the ``auxiliaryCNIChainName`` chain or any
-  delegate that is not a NetworkAttachmentDefinition (named ``<namespace>/<name>``);
+* only attachments the annotation named are ever removed (what the sandbox's records say named
+  each: :attr:`~multusd.core.delegate.Delegate.named_by`), and those multusd added while the
+  pod ran: never the cluster network (the first), a ``defaultNetworks`` entry, the
+  ``auxiliaryCNIChainName`` chain or a ``delegates`` entry. Records that do not say (an
+  earlier multusd's, upstream's) count every NetworkAttachmentDefinition's attachment (named
+  ``<namespace>/<name>``) but the ``protected`` ones (``defaultNetworks`` as configured now);
+* a new selection the sandbox's ADD would refuse (``refuse``: namespace isolation) is refused
+  with the ADD's message;
 * a selection without an ``interface`` keeps the attachment of its network that the sandbox's
   ADD named (``net<N>``): upstream's controller would remove that one and fail to add it
   again. A new one is refused: for a running pod multusd adds an interface only under the name
@@ -25,9 +30,9 @@ Removals come first in :class:`Plan`, so that an interface name can move to anot
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from multusd.core.delegate import Delegate
+from multusd.core.delegate import BY_NETWORKS_ANNOTATION, Delegate
 from multusd.core.hotplugrecord import ADDING, HotplugMark
 from multusd.core.selection import NetworkSelection
 from multusd.store.valueclass import Record
@@ -73,13 +78,15 @@ def selection_name(selection: NetworkSelection) -> str:
 
 
 def plan(selections: Sequence[NetworkSelection], recorded: Sequence[Recorded], *,
-         protected: Iterable[str] = ()) -> Plan:
+         protected: Iterable[str] = (),
+         refuse: Callable[[NetworkSelection], str] = lambda selection: "") -> Plan:
     """The changes that make the sandbox's records match ``selections``.
 
     :param recorded: the sandbox's attachments, in the scratch cache's order (the first is
         the cluster network).
-    :param protected: network names a selection never removes unless multusd added them
-        while the pod ran (the ``defaultNetworks`` entries).
+    :param protected: for attachments whose records do not say what named them: network
+        names a selection never removes (the ``defaultNetworks`` entries).
+    :param refuse: why the sandbox's ADD would refuse a selection ("" when it would not).
     """
     keep_out = set(protected)
     undo = [r for r in recorded if r.mark is not None and r.mark.state == ADDING and not r.cached]
@@ -108,6 +115,10 @@ def plan(selections: Sequence[NetworkSelection], recorded: Sequence[Recorded], *
     taken = _owners(r for r in present if not any(r is g for g in remove))
     add: List[NetworkSelection] = []
     for selection in wanted:
+        why = refuse(selection)
+        if why:
+            refused.append(Refusal(selection=selection, why=why))
+            continue
         owner = taken.get(selection.interface)
         if owner is not None:
             refused.append(Refusal(selection=selection, why=(
@@ -121,10 +132,12 @@ def plan(selections: Sequence[NetworkSelection], recorded: Sequence[Recorded], *
 
 
 def _removable(recorded: Recorded, protected: Set[str]) -> bool:
-    """A selection can have made it: a NAD's attachment (named ``<namespace>/<name>``) that
-    is no protected network, or one multusd added while the pod ran."""
+    """The annotation named it (or multusd added it while the pod ran); in records that do not
+    say, a NAD's attachment (named ``<namespace>/<name>``) that is no protected network."""
     if recorded.mark is not None:
         return True
+    if recorded.delegate.named_by:
+        return recorded.delegate.named_by == BY_NETWORKS_ANNOTATION
     return "/" in recorded.delegate.name and recorded.delegate.name not in protected
 
 

@@ -9,10 +9,10 @@ directory, a NAD's ``spec.config`` (or the conf file its empty spec names), and 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
+from multusd import go_field, go_loads
 from multusd.cni.names import is_valid_name
 from multusd.errors import InvalidNetworkConfig, IOFailure, MultusError
 from multusd.store import go_json
@@ -74,15 +74,15 @@ def nad_config(nad: Any, conf_dir: str) -> bytes:
                 f"{name!r}; put the CNI config in spec.config or add such a file to confDir")
     else:
         try:
-            data = json.loads(config)
+            data = go_loads(config)
         except ValueError as exc:
             raise InvalidNetworkConfig(f"{where}: spec.config is not valid JSON ({exc}); "
                                        "fix the NAD's CNI config") from None
         if not isinstance(data, dict):
             raise InvalidNetworkConfig(f"{where}: spec.config must be a JSON object (a CNI "
                                        "conf or conflist)")
-        conf = config.encode()
-        if "name" not in data or data["name"] == "":
+        conf = config.encode("utf-8", "surrogatepass")
+        if "name" not in data or data["name"] == "":  # a Go map: "name" exactly
             # The NAD name becomes the network name (thick plugin behaviour, F35).
             data["name"] = name
             conf = go_json(data, sort_keys=True).encode()
@@ -126,36 +126,39 @@ def chained_conflist(raw: bytes, source: str, chain_dir: str) -> Tuple[bytes, in
 
 
 def conf_object(conf: bytes) -> Dict[str, Any]:
-    """A config as a JSON object; {} when it is not valid JSON or not an object."""
+    """A config as a JSON object (read as Go reads it); {} when it is not valid JSON or not an
+    object."""
     try:
-        data = json.loads(conf)
+        data = go_loads(conf)
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def check_delegate_conf(conf: bytes, where: str) -> None:
-    """Upstream's LoadDelegateNetConf checks: a ``type``, or ``plugins`` whose first has one."""
+    """Upstream's LoadDelegateNetConf checks: a ``type``, or ``plugins`` whose first has one
+    (its NetConf and NetConfList structs: ``"Type"`` and ``"Plugins"`` count too)."""
     try:
-        data = json.loads(conf)
+        data = go_loads(conf)
     except ValueError as exc:
         raise InvalidNetworkConfig(f"{where}: the CNI config is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidNetworkConfig(f"{where}: the CNI config must be a JSON object")
-    if data.get("type"):
+    if go_field(data, "type"):
         return
-    plugins = data.get("plugins")
+    plugins = go_field(data, "plugins", nil=True)
     if not isinstance(plugins, list):
         raise InvalidNetworkConfig(f"{where}: delegate must have the 'type' or 'plugin' field; "
                                    "give a conf with \"type\" or a conflist with \"plugins\"")
-    if not plugins or not isinstance(plugins[0], dict) or not plugins[0].get("type"):
+    if not plugins or not isinstance(plugins[0], dict) or not go_field(plugins[0], "type"):
         raise InvalidNetworkConfig(f"{where}: a plugin delegate must have the 'type' field; "
                                    "the first of \"plugins\" has none")
 
 
 def network_name(conf: bytes) -> str:
-    """The config's ``name`` (the network name), "" when it has none."""
-    name = conf_object(conf).get("name")
+    """The config's ``name`` (the network name: upstream's NetConf/NetConfList ``Name``), ""
+    when it has none."""
+    name = go_field(conf_object(conf), "name")
     return name if isinstance(name, str) else ""
 
 
@@ -206,15 +209,17 @@ class _ConfListParts(NamedTuple):
 
 
 def _parse_plugin_conf(raw: bytes, source: str) -> Dict[str, Any]:
+    """libcni's ConfFromBytes: a NetConf struct (``"Type"`` sets its type)."""
     try:
-        data = json.loads(raw)
+        data = go_loads(raw)
     except ValueError as exc:
         raise InvalidNetworkConfig(f"error loading CNI config file {source!r}: error parsing "
                                    f"configuration: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidNetworkConfig(f"error loading CNI config file {source!r}: it must hold a "
                                    "JSON object")
-    if not isinstance(data.get("type"), str) or not data["type"]:
+    plugin_type = go_field(data, "type")
+    if not isinstance(plugin_type, str) or not plugin_type:
         raise InvalidNetworkConfig(f"error loading CNI config file {source!r}: no 'type'; "
                                    "perhaps this is supposed to be a .conflist?")
     return data
@@ -227,12 +232,15 @@ def _read_bool(data: Mapping[str, Any], key: str, source: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise InvalidNetworkConfig(f"error parsing configuration list {source!r}: invalid value "
-                               f"{json.dumps(value)} for {key}; use true or false")
+                               f"{go_json(value)[:80]} for {key}; use true or false")
 
 
 def _parse_conflist(raw: bytes, source: str, chain_dir: Optional[str],
                     strict_name: bool = True) -> _ConfListParts:
     """libcni's conflist loading, plus the subdirectory chain when ``chain_dir`` is given.
+
+    libcni reads the list into a map (its keys exactly: ``"Name"`` is no ``name``) and each
+    plugin into a NetConf struct (``"Type"`` is a ``type``).
 
     With ``strict_name`` (Multus' own chain loading) a name unusable as a directory is an
     error; without it (libcni's directory scan) such a list simply has no chain.
@@ -241,7 +249,7 @@ def _parse_conflist(raw: bytes, source: str, chain_dir: Optional[str],
         return InvalidNetworkConfig(f"error loading CNI conflist {source!r}: {problem}")
 
     try:
-        data = json.loads(raw)
+        data = go_loads(raw)
     except ValueError as exc:
         raise fail(f"error parsing configuration list: {exc}") from None
     if not isinstance(data, dict):
@@ -261,8 +269,8 @@ def _parse_conflist(raw: bytes, source: str, chain_dir: Optional[str],
         raise fail("'plugins' must be a non-empty list of plugin configs")
     inline = list(plugins or [])
     for index, plugin in enumerate(inline):
-        if not isinstance(plugin, dict) or not isinstance(plugin.get("type"), str) \
-                or not plugin["type"]:
+        plugin_type = go_field(plugin, "type")
+        if not isinstance(plugin, dict) or not isinstance(plugin_type, str) or not plugin_type:
             raise fail(f"failed to parse plugin config {index}: missing 'type'")
     chained: List[Dict[str, Any]] = []
     if chain_dir is not None and not inline_only:
@@ -340,7 +348,7 @@ def find_conf_by_name(conf_dir: str, name: str) -> Optional[bytes]:
         if extension == ".conflist":
             found = _parse_conflist(raw, path, conf_dir, strict_name=False).data.get("name")
         else:
-            found = _parse_plugin_conf(raw, path).get("name")
+            found = go_field(_parse_plugin_conf(raw, path), "name")
         if name is None or found == name:
             return raw
     return None

@@ -3,7 +3,7 @@
 Upstream builds it with network-attachment-definition-client v1.7.6
 (``CreateNetworkStatuses``/``CreateNetworkStatus``) and joins each element, indented by Go's
 ``json.MarshalIndent(status, "", "    ")``, inside ``[...]``. This module reproduces both the
-content rules and the exact text (through :func:`multusd.store.go_json`).
+content rules and the exact text (through :func:`multusd.go_json`).
 """
 
 from __future__ import annotations

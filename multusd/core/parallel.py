@@ -29,9 +29,10 @@ these threads (an ADD's default-route fixups run after each wave, on the request
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+
+from multusd import go_field, go_loads
 
 T = TypeVar("T")
 
@@ -130,7 +131,7 @@ def run_each(function: Callable[[Any], T], items: Sequence[Any],
 
 def _plugins(conf: bytes) -> List[Mapping[str, Any]]:
     try:
-        data = json.loads(conf)
+        data = go_loads(conf)
     except ValueError:
         return []
     if not isinstance(data, dict):
@@ -144,16 +145,18 @@ def _plugins(conf: bytes) -> List[Mapping[str, Any]]:
 def _after_all(delegate: Any, plugins: Sequence[Mapping[str, Any]], auxiliary_chain: str) -> bool:
     if auxiliary_chain and delegate.name == auxiliary_chain:
         return True
-    if plugins and plugins[0].get("type") == "passthru":
+    if plugins and go_field(plugins[0], "type") == "passthru":
         return True
-    return any(p.get(key) is True for p in plugins for key in _IN_CONTAINER_KEYS)
+    return any(go_field(p, key) is True for p in plugins for key in _IN_CONTAINER_KEYS)
 
 
 def _link_names(plugins: Sequence[Mapping[str, Any]]) -> List[str]:
     """Every interface name the plugins give as ``master``, ``link`` or in ``links``."""
-    names = [p[key] for p in plugins for key in _LINK_KEYS if isinstance(p.get(key), str)]
+    # The plugins' own structs read these keys: "Master" is a master too.
+    names = [go_field(p, key) for p in plugins for key in _LINK_KEYS
+             if isinstance(go_field(p, key), str)]
     for plugin in plugins:
-        links = plugin.get("links")
+        links = go_field(plugin, "links")
         for link in links if isinstance(links, list) else ():
             name = link.get("name") if isinstance(link, dict) else link
             if isinstance(name, str) and name:

@@ -24,7 +24,10 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from multusd.core.delegate import Delegate, ifname_for
+from multusd import go_field
+from multusd.core.delegate import (BY_AUXILIARY_CHAIN, BY_CLUSTER_NETWORK, BY_DEFAULT_NETWORKS,
+                                   BY_DEFAULT_NETWORK_ANNOTATION, BY_DELEGATES,
+                                   BY_NETWORKS_ANNOTATION, Delegate, ifname_for)
 from multusd.core.netconf import (NadGetter, chained_conflist, check_delegate_conf, conf_object,
                                   nad_config, nad_resource_name, network_name, resolve_network)
 from multusd.core.settings import MultusSettings
@@ -90,7 +93,7 @@ def build_delegates(settings: MultusSettings, *, pod_namespace: str, pod_name: s
             delegates[0] = resolver.selected(selection, master=True)
         for selection in parse_selections(annotations.get(NETWORKS_ANNOTATION, ""),
                                           pod_namespace, pod=pod):
-            _check_namespace_isolation(settings, pod_namespace, selection)
+            check_namespace_isolation(settings, pod_namespace, selection)
             delegates.append(resolver.selected(selection, master=False))
     if any(d.gateway_request is not None for d in delegates):
         delegates = mark_gateway_filters(delegates)
@@ -113,7 +116,7 @@ def selection_delegate(settings: MultusSettings, selection: NetworkSelection, *,
     :raises NadNotFound: the NAD does not exist.
     :raises InvalidNetworkConfig: its config is unusable, or namespace isolation forbids it.
     """
-    _check_namespace_isolation(settings, pod_namespace, selection)
+    check_namespace_isolation(settings, pod_namespace, selection)
     delegate = _Resolver(settings, get_nad, None, f"{pod_namespace}/{pod_name}").selected(
         selection, master=False)
     return replace(delegate, ifname=selection.interface, gateway_request=None)
@@ -137,7 +140,7 @@ def mark_gateway_filters(delegates: Sequence[Delegate]) -> List[Delegate]:
     v4 = [(d.name, gw) for d in delegates for gw in d.gateway_request or () if _is_v4(gw)]
     v6 = [(d.name, gw) for d in delegates for gw in d.gateway_request or () if not _is_v4(gw)]
     if len(v4) > 1 or len(v6) > 1:
-        listed = ", ".join(f"{gw} ({name})" for name, gw in v4 + v6)
+        listed = ", ".join(f"{gw or 'an empty gateway'} ({name})" for name, gw in v4 + v6)
         raise InvalidNetworkConfig(
             f"multus does not support ECMP for default-route: the pod's networks request "
             f"{listed}; request at most one IPv4 and one IPv6 default-route gateway in total")
@@ -152,9 +155,9 @@ def mark_gateway_filters(delegates: Sequence[Delegate]) -> List[Delegate]:
 
 def add_device_id(conf: bytes, device_id: str) -> bytes:
     """Put ``deviceID`` and ``pciBusID`` in a conf, or in every plugin of a conflist (F41)."""
-    data = conf_object(conf)
-    targets = [data] if data.get("type") else [p for p in data.get("plugins") or []
-                                               if isinstance(p, dict)]
+    data = conf_object(conf)  # upstream: its NetConf struct decides ("Type" counts), a map edits
+    targets = [data] if go_field(data, "type") else [p for p in data.get("plugins") or []
+                                                     if isinstance(p, dict)]
     for plugin in targets:
         plugin["deviceID"] = device_id
         plugin["pciBusID"] = device_id
@@ -183,7 +186,8 @@ class _Resolver:
         except MultusError as exc:
             raise exc.with_prefix(f"failed to get clusterNetwork {ref!r} in namespace "
                                   f"{self.settings.multus_namespace!r}: ") from exc
-        return self._with_device(Delegate(name=name, conf=conf, ifname="", master=True), resource)
+        return self._with_device(Delegate(name=name, conf=conf, ifname="", master=True,
+                                          named_by=BY_CLUSTER_NETWORK), resource)
 
     def default_network(self, ref: str) -> Delegate:
         try:
@@ -192,8 +196,8 @@ class _Resolver:
                 conf_dir=self.settings.conf_dir, get_nad=self.get_nad)
         except MultusError as exc:
             raise exc.with_prefix(f"failed to get defaultNetworks entry {ref!r}: ") from exc
-        return self._with_device(Delegate(name=name, conf=conf, ifname="", master=False),
-                                 resource)
+        return self._with_device(Delegate(name=name, conf=conf, ifname="", master=False,
+                                          named_by=BY_DEFAULT_NETWORKS), resource)
 
     def selected(self, selection: NetworkSelection, *, master: bool) -> Delegate:
         """The delegate of a NAD the pod selects (networks or default-network annotation)."""
@@ -206,9 +210,10 @@ class _Resolver:
         if nad is None:
             raise NadNotFound(selection.namespace, selection.name)
         conf = nad_config(nad, self.settings.conf_dir)
+        named_by = BY_DEFAULT_NETWORK_ANNOTATION if master else BY_NETWORKS_ANNOTATION
         delegate = self._with_device(
             Delegate(name=f"{selection.namespace}/{selection.name}", conf=conf, ifname="",
-                     master=master, selection=selection),
+                     master=master, selection=selection, named_by=named_by),
             nad_resource_name(nad))
         if selection.cni_args is not None:
             delegate = replace(delegate, conf=inject_cni_args(delegate.conf, selection.cni_args))
@@ -241,12 +246,17 @@ def _inline_delegates(raw_delegates: Sequence[Mapping[str, Any]]) -> List[Delega
             raise InvalidNetworkConfig(f"failed to load delegate {index} config: {exc.msg}") \
                 from exc
         delegates.append(Delegate(name=network_name(conf), conf=conf, ifname="",
-                                  master=index == 0))
+                                  master=index == 0, named_by=BY_DELEGATES))
     return delegates
 
 
-def _check_namespace_isolation(settings: MultusSettings, pod_namespace: str,
-                               selection: NetworkSelection) -> None:
+def check_namespace_isolation(settings: MultusSettings, pod_namespace: str,
+                              selection: NetworkSelection) -> None:
+    """Upstream's namespace isolation: a pod selects NADs of its own namespace or of
+    ``globalNamespaces`` only (the ADD's check, and a running pod's new selections').
+
+    :raises InvalidNetworkConfig: the selection crosses into another namespace.
+    """
     if (settings.namespace_isolation and selection.namespace != pod_namespace
             and selection.namespace not in settings.global_namespaces):
         raise InvalidNetworkConfig(
@@ -271,7 +281,7 @@ def _auxiliary_chain(settings: MultusSettings) -> Optional[Delegate]:
     if plugin_count < 2:
         LOG.debug("auxiliary chain %r has no plugins beyond passthru; not added", name)
         return None
-    return Delegate(name=name, conf=conf, ifname="", master=False)
+    return Delegate(name=name, conf=conf, ifname="", master=False, named_by=BY_AUXILIARY_CHAIN)
 
 
 def _assign_ifnames(delegates: Sequence[Delegate], cni_ifname: str) -> List[Delegate]:
@@ -290,6 +300,10 @@ def _assign_ifnames(delegates: Sequence[Delegate], cni_ifname: str) -> List[Dele
 
 
 def _is_v4(gateway: str) -> bool:
+    """Go's ``To4() != nil``: an IPv4 or IPv4-mapped address. "" (Go's nil IP, from ``""`` or
+    ``null`` in ``default-route``) is not, so upstream counts it as an IPv6 gateway."""
+    if gateway == "":
+        return False
     ip = parse_ip(gateway)
     return ip.version == 4 or getattr(ip, "ipv4_mapped", None) is not None
 

@@ -6,9 +6,12 @@ that sandbox's lane: never beside its ADD, its DEL or another reconciliation of 
 is read from the node's records, not from memory, so that a restart or a repeated call changes
 nothing twice:
 
-1. the sandbox's scratch and result caches (:mod:`multusd.core.records`); none, or a network
-   namespace that is gone: the sandbox is released or being released, nothing is done;
-2. the plan (:mod:`multusd.core.netchanges`), from the pod's ``k8s.v1.cni.cncf.io/networks``;
+1. the sandbox's records and the configuration it was attached under, read once
+   (:func:`multusd.core.podsandbox.read_view`); none, or a network namespace that is gone: the
+   sandbox is released or being released, nothing is done; a configuration that cannot be
+   established: nothing is done, said once (``notices``), and the caller tries again later;
+2. the plan (:func:`multusd.core.podsandbox.changes_of`), from the pod's
+   ``k8s.v1.cni.cncf.io/networks``, judged by that configuration;
 3. hot-plug ADDs that never finished are undone; then each removal: the delegate's DEL, run
    as the runtime's DEL runs it, then its entry dropped from the scratch cache
    (``RemovedInterface``); a DEL that fails keeps the entry (``FailedRemovingInterface``);
@@ -23,34 +26,28 @@ nothing twice:
    something changed or an earlier change's write is missing (a restart, a failed write); not
    for a pod in ``systemNamespaces`` (as ADD).
 
-Refusals (a selection without an interface, an interface name taken, an annotation that does
-not parse) change nothing and are said in a Warning event; failures are the caller's to retry.
+Refusals (a selection without an interface, an interface name taken, one the sandbox's ADD
+would refuse, an annotation that does not parse: the ADD's message) change nothing and are
+said in a Warning event; failures are the caller's to retry.
 A pod that starts terminating stops the work between two steps (``stopping``).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from multusd import store
-from multusd.cni import resultcache
 from multusd.cni.conflist import Engine
-from multusd.config.daemonconf import DaemonConfig, overlay
-from multusd.core import dra, netstatus, records, unreleased
+from multusd.core import podsandbox, records, sandboxconfig
 from multusd.core.delegate import Delegate
+from multusd.core.effective import EffectiveConfig
 from multusd.core.hotplugrecord import ADDED, ADDING, HotplugMark, Removal, ScratchEntries
-from multusd.core.netchanges import Plan, Recorded, plan, selection_name
+from multusd.core.netchanges import Plan, Recorded, selection_name
 from multusd.core.podnetworks import NadNotFound, nad_getter, selection_delegate
-from multusd.core.request import CmdArgs
 from multusd.core.runner import DelegateRunner, as_cni_error, emit_added
-from multusd.core.scratch import cache_path, delegates_from_cache, read_cache
-from multusd.core.selection import NETWORKS_ANNOTATION, NETWORK_STATUS_ANNOTATION, \
-    NetworkSelection, parse_selections
-from multusd.core.settings import MultusSettings, cni_dir_of, load_settings
-from multusd.errors import DecodeFailure, MultusError
-from multusd.node import devices
+from multusd.core.selection import NETWORK_STATUS_ANNOTATION, NetworkSelection
+from multusd.errors import MultusError
 from multusd.node.netns import PodNetns
 from multusd.store.valueclass import Record
 
@@ -60,9 +57,6 @@ CHANGED, UNCHANGED, REFUSED, FAILED, GONE, STOPPED = (
 OUTCOMES = (CHANGED, UNCHANGED, REFUSED, FAILED, GONE, STOPPED)
 ADD_FAILED, REMOVE_FAILED = "FailedAddingInterface", "FailedRemovingInterface"
 REMOVED_REASON = "RemovedInterface"
-# what a request carries of the sandbox's CNI_ARGS (the rest is each delegate's own)
-_POD_ARGS = ("IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID",
-             "K8S_POD_UID")
 
 
 class Outcome(Record):
@@ -78,25 +72,33 @@ class Outcome(Record):
         return self.result == FAILED
 
 
-def reconcile(pod: Any, container_id: str, daemon: DaemonConfig, deadline: float, log: Any, *,
-              engine: Engine, kube: Any, stopping: Callable[[], bool] = lambda: False) -> Outcome:
+def reconcile(pod: Any, container_id: str, node: EffectiveConfig, deadline: float, log: Any, *,
+              engine: Engine, kube: Any, stopping: Callable[[], bool] = lambda: False,
+              notices: Optional[sandboxconfig.Notices] = None) -> Outcome:
     """Bring the sandbox ``container_id`` of ``pod`` in line with its network selections.
 
     :param pod: the pod as the watch delivered it (namespace, name, uid, annotations, source).
+    :param node: the node's configuration now (a sandbox without a record is judged by it).
     :param kube: NAD lookups, network-status and events (the daemon's client).
     :param stopping: True once the work must stop between steps (daemon stopping, pod
         terminating).
+    :param notices: what was said of sandboxes already (said once, not per reconciliation).
     """
-    work = _Sandbox(pod, container_id, daemon, deadline, log, engine=engine, kube=kube)
-    if not work.load():
-        return Outcome(result=GONE)
     try:
-        selections = parse_selections(pod.annotations.get(NETWORKS_ANNOTATION, ""),
-                                      pod.namespace, pod=f"{pod.namespace}/{pod.name}")
-    except MultusError as exc:
-        work.warn(ADD_FAILED, f"{exc.msg}; no interface was added or removed")
-        return Outcome(result=REFUSED, problems=(exc.msg,))
-    changes = plan(selections, work.recorded(), protected=work.protected())
+        view = podsandbox.read_view(container_id, node, log, notices=notices)
+    except podsandbox.Unestablished as exc:
+        if notices is None or notices.first(container_id, exc.msg):
+            log.warning("dynamic networks: the sandbox's configuration cannot be established: "
+                        "%s", exc.msg)
+        return Outcome(result=FAILED, problems=(exc.msg,))
+    if view is None:
+        return Outcome(result=GONE)
+    changes, refused = podsandbox.changes_of(view, pod)
+    work = _Changes(view, pod, deadline, log, engine=engine, kube=kube)
+    if refused:  # the annotation does not parse: the ADD's message
+        log.warning("dynamic networks: %s; no interface was added or removed", refused)
+        kube.emit_event(pod, "Warning", ADD_FAILED, refused)
+        return Outcome(result=REFUSED, problems=(refused,))
     for refusal in changes.refused:
         work.warn(ADD_FAILED, refusal.why)
     if changes.changes:
@@ -116,67 +118,26 @@ def reconcile(pod: Any, container_id: str, daemon: DaemonConfig, deadline: float
                    problems=problems)
 
 
-class _Sandbox:
-    """One reconciliation's view of the sandbox: its records, kept current as it edits them."""
+class _Changes:
+    """One reconciliation's changes to the sandbox: its records (read in ``view``), edited
+    and kept current as the plan is carried out."""
 
-    def __init__(self, pod: Any, container_id: str, daemon: DaemonConfig, deadline: float,
-                 log: Any, *, engine: Optional[Engine], kube: Any) -> None:
-        self.pod, self.kube, self.log = pod, kube, log
-        self.daemon, self.deadline, self.engine = daemon, deadline, engine
-        self.config = overlay({}, daemon)
-        self.cni_dir = cni_dir_of(self.config)
-        self.path = cache_path(self.cni_dir, container_id)
-        self.container_id = container_id
+    def __init__(self, view: podsandbox.SandboxView, pod: Any, deadline: float, log: Any, *,
+                 engine: Engine, kube: Any) -> None:
+        self.view, self.pod, self.kube, self.log = view, pod, kube, log
+        self.deadline, self.engine = deadline, engine
+        self.settings = view.settings
+        self.path, self.cni_dir, self.container_id = view.path, view.effective.cni_dir, \
+            view.container_id
+        self.req = view.request()
+        self.entries = ScratchEntries.parse(view.data)  # its own copy, edited in place
+        self.delegates: List[Delegate] = list(view.delegates)
+        self.marks: List[Optional[HotplugMark]] = list(view.marks)
         self.added: List[str] = []
         self.removed: List[str] = []
         self.failures: List[str] = []
         self.stopped = False
         self.touched = False  # the records changed: network-status is written
-        self.settings = MultusSettings()
-        self.history = False  # the records show changes made while the pod ran
-
-    # -- reading ----------------------------------------------------------------------------
-    def load(self) -> bool:
-        """Read the records; False when there is nothing to reconcile (released, no netns)."""
-        record = records.read_sandbox(self.cni_dir, self.container_id)
-        data = read_cache(self.path)
-        if record is None or data is None or record.netns_state() != records.PRESENT:
-            return False
-        try:
-            self.settings = load_settings(self.config)
-        except MultusError as exc:
-            self.log.warning("dynamic networks: the daemon's multus settings do not load (%s); "
-                             "using the defaults to tell the cluster's networks", exc.msg)
-        args = tuple((k, v) for k, v in record.cni_args if k in _POD_ARGS)
-        self.req = CmdArgs("ADD", self.container_id, record.netns, record.master_ifname, args,
-                           self.config, b"")
-        try:
-            self.entries = ScratchEntries.parse(data)
-            self.delegates = delegates_from_cache(data, top_cni_version=self.req.cni_version,
-                                                  cni_ifname=record.master_ifname)
-        except DecodeFailure as exc:  # never edited: the runtime's DEL falls back as it can
-            self.log.warning("dynamic networks: the sandbox's scratch cache %s is unreadable "
-                             "(%s): its attachments are left as they are", self.path, exc.msg)
-            return False
-        self.marks = self.entries.marks()
-        self.history = any(self.marks) or bool(self.entries.removals())
-        return True
-
-    def recorded(self) -> List[Recorded]:
-        return [Recorded(delegate=d, mark=m, cached=self._cached(d))
-                for d, m in zip(self.delegates, self.marks)]
-
-    def protected(self) -> Tuple[str, ...]:
-        """The names the ``defaultNetworks`` entries get (a NAD in multusNamespace)."""
-        return tuple(f"{self.settings.multus_namespace}/{ref}"
-                     for ref in self.settings.default_networks if "/" not in ref)
-
-    def _cached(self, delegate: Delegate) -> bool:
-        try:
-            return resultcache.read(self.cni_dir, delegate.conf_name, self.container_id,
-                                    delegate.ifname) is not None
-        except MultusError:  # a name that cannot name a cache file: nothing is cached
-            return False
 
     # -- changing ---------------------------------------------------------------------------
     def apply(self, changes: Plan, stopping: Callable[[], bool]) -> None:
@@ -303,14 +264,14 @@ class _Sandbox:
     # -- network-status ---------------------------------------------------------------------
     def write_status(self, *, changed: bool) -> None:
         """network-status from the records, once, when the records say the pod's differs."""
-        if not (self.touched or self.history or changed):
+        if not (self.touched or self.view.history or changed):
             return
         if self.pod.namespace in self.settings.system_namespaces:
             return
         record = records.read_sandbox(self.cni_dir, self.container_id)
         if record is None:
             return
-        value = status_of(record)
+        value = podsandbox.status_of(record)
         if self.pod.annotations.get(NETWORK_STATUS_ANNOTATION) == value:
             return
         try:
@@ -318,78 +279,3 @@ class _Sandbox:
         except MultusError as exc:
             self.failures.append(f"network-status not written: {exc.msg}")
             self.log.warning("dynamic networks: network-status not written: %s", exc.msg)
-
-
-def status_of(record: Any) -> str:
-    """The network-status annotation of a sandbox's records, as its ADD writes it: one entry
-    per interface of each attachment whose result is cached, in the records' order."""
-    entries: List[dict] = []
-    for attachment in record.attachments:
-        if attachment.result is None:
-            continue
-        info = None
-        if attachment.device_id:
-            path = attachment.device_info_file
-            info = devices.load_device_info(path) if path else None
-            if info is None and attachment.dra_device is not None:
-                info = dra.device_info(attachment.device_id)
-        entries.extend(netstatus.status_entries(
-            attachment.network, attachment.result, default=attachment.master,
-            device_info=info))
-    return netstatus.format_network_status(entries)
-
-
-def needs_reconciling(pod: Any, container_id: str, daemon: DaemonConfig, log: Any) -> bool:
-    """Whether :func:`reconcile` would do anything (read-only, outside the lane): a change
-    planned, a refusal to say, or network-status behind the records."""
-    work = _Sandbox(pod, container_id, daemon, 0.0, log, engine=None, kube=None)
-    try:
-        if not work.load():
-            return False
-        selections = parse_selections(pod.annotations.get(NETWORKS_ANNOTATION, ""),
-                                      pod.namespace)
-    except MultusError:
-        return True  # the reconciliation says what is wrong
-    changes = plan(selections, work.recorded(), protected=work.protected())
-    if changes.changes or changes.refused:
-        return True
-    if not work.history or pod.namespace in work.settings.system_namespaces:
-        return False
-    record = records.read_sandbox(work.cni_dir, container_id)
-    return record is not None and \
-        pod.annotations.get(NETWORK_STATUS_ANNOTATION) != status_of(record)
-
-
-def sandbox_of(pod: Any, entries: List[dict], cni_dir: str, *, spare: str = ""
-               ) -> Optional[str]:
-    """The container ID of the pod's sandbox, as the node's records name it; None if none.
-
-    ``entries``: libcni's result cache (:func:`multusd.cni.resultcache.list_entries`). A
-    sandbox of the pod's namespace, name and UID (any UID for a static pod: its mirror's
-    differs), with a scratch cache, no failed DEL (its mark in ``<cniDir>`` or in ``spare``,
-    :func:`~multusd.core.unreleased.spare_marks_dir`) and its network namespace present; of
-    several (a sandbox being replaced), the one recorded last.
-    """
-    netns_of = {}
-    for entry in entries:
-        args = dict(pair for pair in entry.get("cniArgs") or []
-                    if isinstance(pair, list) and len(pair) == 2)
-        if args.get("K8S_POD_NAMESPACE") != pod.namespace or \
-                args.get("K8S_POD_NAME") != pod.name:
-            continue
-        uid = args.get("K8S_POD_UID")
-        if uid and uid != pod.uid and not pod.is_static:
-            continue
-        if entry.get("netns"):
-            netns_of.setdefault(str(entry["containerId"]), str(entry["netns"]))
-    found = []
-    for container_id, netns in netns_of.items():
-        path = cache_path(cni_dir, container_id)
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            continue
-        if unreleased.read(cni_dir, container_id, spare=spare) is None and \
-                records.netns_state(netns) == records.PRESENT:
-            found.append((mtime, container_id))
-    return max(found)[1] if found else None

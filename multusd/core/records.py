@@ -6,9 +6,13 @@ network namespace come from the result cache (``cniArgs``, ``netns``), the deleg
 scratch cache (the result cache alone when it is gone, as DEL falls back to it). A sandbox is
 *stale* when the namespace its records name no longer exists: nothing can use its addresses,
 and the runtime's DEL was evidently lost (the IP leases leak until it is released). A
-sandbox whose DEL failed carries its :class:`~multusd.core.unreleased.FailedDelete`: still
+sandbox whose DEL failed carries its :class:`~multusd.core.delmarks.FailedDelete`: still
 reported to the runtime, or past its window and *unreleased* (DEL answered success, the
 records kept until the daemon, or ``multusd gc``, releases it).
+
+The tools read the whole node (:func:`read_node`, :func:`find_sandbox`): every cniDir its
+configuration names, where requests may have recorded sandboxes, and the marks wherever they
+are kept (:mod:`multusd.core.markadoption`).
 """
 
 from __future__ import annotations
@@ -18,19 +22,19 @@ import fcntl
 import logging
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from multusd import CURRENT_VERSION
 from multusd.cni import resultcache
 from multusd.cni.conflist import NetworkConfigList
 from multusd.cni.result import convert_result
-from multusd.core import scratch, unreleased
+from multusd.core import delmarks, markadoption, scratch
 from multusd.core.dra import DraDevice
 from multusd.core.hotplugrecord import HotplugMark, Removal, read_marks
 from multusd.core.request import PodIdentity
 from multusd.cni.names import is_valid_name
 from multusd.errors import MultusError
-from multusd.store.valueclass import Record, field
+from multusd.store.valueclass import Record, field, replace
 
 LOG = logging.getLogger(__name__)
 
@@ -100,8 +104,9 @@ class SandboxRecord(PodIdentity, Record):
     attachments: Tuple[Attachment, ...]
     result_files: Tuple[str, ...]
     mtime: float                       # when the sandbox's oldest record was written
-    failed_delete: Optional[unreleased.FailedDelete] = None  # its DEL failed (see unreleased)
+    failed_delete: Optional[delmarks.FailedDelete] = None  # its DEL failed (see delmarks)
     removed: Tuple[Removal, ...] = ()  # attachments removed while the pod ran
+    cni_dir: str = ""                  # the cniDir its records are in
 
     def is_unreleased(self, now: Any = None) -> bool:
         """Its DEL failed past the window: answered success, its records kept until the
@@ -167,14 +172,43 @@ def container_ids(cni_dir: str) -> List[str]:
 
 def read_sandboxes(cni_dir: str, *, spare: str = "") -> List[SandboxRecord]:
     """Every sandbox recorded under ``cni_dir``, oldest first, with the marks of failed DELs
-    from there and from ``spare`` (:func:`~multusd.core.unreleased.spare_marks_dir`).
+    from there and from ``spare`` (:func:`~multusd.core.delmarks.spare_marks_dir`).
 
     :raises IOFailure: ``cni_dir`` or its ``results/`` cannot be listed.
     """
     entries = resultcache.list_entries(cni_dir)
-    marks = unreleased.read_all(cni_dir, spare=spare)
+    marks = delmarks.read_all(cni_dir, spare=spare)
     records = [_read(cni_dir, cid, entries, marks.get(cid)) for cid in container_ids(cni_dir)]
     return sorted(records, key=lambda r: (r.mtime, r.container_id))
+
+
+def read_node(cni_dirs: Sequence[str], *, spare: str = "") -> List[SandboxRecord]:
+    """Every sandbox recorded in any of ``cni_dirs`` (every cniDir the node names:
+    :func:`multusd.core.effective.node_cni_dirs`), oldest first, each with the mark of its
+    failed DEL wherever the node keeps it (:func:`~multusd.core.markadoption.node_marks`).
+
+    :raises IOFailure: a cniDir or its ``results/`` cannot be listed.
+    """
+    marks = markadoption.node_marks(cni_dirs, spare)
+    found: Dict[str, SandboxRecord] = {}
+    for cni_dir in dict.fromkeys(cni_dirs):
+        entries = resultcache.list_entries(cni_dir)
+        for cid in container_ids(cni_dir):
+            if cid not in found:
+                found[cid] = _read(cni_dir, cid, entries, marks.get(cid))
+    return sorted(found.values(), key=lambda r: (r.mtime, r.container_id))
+
+
+def find_sandbox(cni_dirs: Sequence[str], container_id: str, *, spare: str = ""
+                 ) -> Optional[SandboxRecord]:
+    """The records of ``container_id`` in the first of ``cni_dirs`` that has any, with the
+    mark of its failed DEL wherever the node keeps it; None when nothing is recorded."""
+    for cni_dir in dict.fromkeys(cni_dirs):
+        record = read_sandbox(cni_dir, container_id)
+        if record is not None:
+            return replace(record, failed_delete=markadoption.mark_of(cni_dirs, container_id,
+                                                                      spare))
+    return None
 
 
 def read_sandbox(cni_dir: str, container_id: str, *, spare: str = ""
@@ -183,7 +217,7 @@ def read_sandbox(cni_dir: str, container_id: str, *, spare: str = ""
     if not is_valid_name(container_id):
         return None
     record = _read(cni_dir, container_id, resultcache.list_entries(cni_dir, container_id),
-                   unreleased.read(cni_dir, container_id, spare=spare))
+                   delmarks.read(cni_dir, container_id, spare=spare))
     return record if record.scratch_file or record.result_files else None
 
 
@@ -227,7 +261,7 @@ def redact(value: Any) -> Any:
 
 
 def _read(cni_dir: str, container_id: str, all_entries: List[dict],
-          failed_delete: Optional[unreleased.FailedDelete] = None) -> SandboxRecord:
+          failed_delete: Optional[delmarks.FailedDelete] = None) -> SandboxRecord:
     entries = [e for e in all_entries if e.get("containerId") == container_id]
     path = scratch.cache_path(cni_dir, container_id)
     data, error = _scratch_bytes(path)
@@ -268,7 +302,8 @@ def _read(cni_dir: str, container_id: str, all_entries: List[dict],
     has_scratch = data is not None or bool(error)
     result_files = tuple(a.cache_file for a in attachments if a.cache_file)
     times = [_mtime(p) for p in ([path] if has_scratch else []) + list(result_files)]
-    return SandboxRecord(container_id=container_id, scratch_file=path if has_scratch else "",
+    return SandboxRecord(container_id=container_id, cni_dir=cni_dir,
+                         scratch_file=path if has_scratch else "",
                          scratch_error=error, netns=netns, cni_args=cni_args,
                          attachments=tuple(attachments), result_files=result_files,
                          mtime=min((t for t in times if t), default=0.0),

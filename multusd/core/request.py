@@ -1,7 +1,8 @@
 """One CNI request as the daemon sees it: the shim's env and config, parsed and checked (F08).
 
-The daemon-config overlay (F09) is applied here, so everything downstream works on the
-merged Multus config of this request alone. The pod identity it carries (CNI_ARGS'
+The request's configuration is resolved here, once (:func:`multusd.core.effective.for_request`:
+the daemon-config overlay, F09, its directories and settings), so everything downstream works
+on the configuration of this request alone. The pod identity it carries (CNI_ARGS'
 ``K8S_POD_*``) also heads every error about the request (:func:`pod_prefix`).
 """
 
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any, Mapping, Tuple
 
+from multusd import GoObject, go_field, go_fields, go_loads
 from multusd.cni.args import parse_cni_args
 from multusd.cni.names import IFNAME_RULE, NAME_RULE, is_valid_ifname, is_valid_name
 from multusd.cni.version import require_supported
-from multusd.config.daemonconf import DaemonConfig, overlay
+from multusd.config.daemonconf import DaemonConfig
+from multusd.core import effective
+from multusd.core.effective import EffectiveConfig
 from multusd.errors import DecodeFailure, InvalidEnvironment, InvalidNetworkConfig
 from multusd.store.valueclass import Record, field
 
@@ -62,9 +65,15 @@ class CmdArgs(PodIdentity, Record):
     netns: str
     ifname: str
     args: tuple[tuple[str, str], ...]
-    config: Mapping[str, Any]            # the merged config (request conf + daemon overlay)
+    effective: EffectiveConfig           # the configuration it is judged by (see config)
     config_bytes: bytes                  # the request's config as the runtime sent it
     env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The merged config (the runtime's, daemon-config.json over it): ``runtimeConfig``,
+        ``binDir``...; the directories are :attr:`effective`'s fields."""
+        return self.effective.merged
 
     @property
     def cni_args(self) -> Tuple[Tuple[str, str], ...]:
@@ -72,7 +81,7 @@ class CmdArgs(PodIdentity, Record):
 
     @property
     def cni_version(self) -> str:
-        return str(self.config.get("cniVersion") or "")
+        return str(go_field(self.config, "cniVersion") or "")
 
     def k8s_fields(self) -> dict[str, str]:
         return {"K8S_POD_NAMESPACE": self.pod_namespace, "K8S_POD_NAME": self.pod_name,
@@ -92,17 +101,23 @@ def pod_prefix(req: CmdArgs, network: str = "") -> str:
 
 
 def decode_body(body: bytes) -> tuple[dict[str, str], bytes, dict[str, Any] | None]:
-    """The env, the config bytes and the interfaceAttributes of a /cni or /delegate body."""
+    """The env, the config bytes and the interfaceAttributes of a /cni or /delegate body, read
+    as upstream's daemon reads its api.Request (``"Env"`` is ``env``; a null string is "")."""
     try:
-        request = json.loads(body)
+        request = go_loads(body)
     except ValueError as exc:
         raise DecodeFailure(f"the request body is not valid JSON: {exc}; multusd expects "
                             '{"env": {...}, "config": "<base64>"} from multus-shim') from None
     if not isinstance(request, dict):
         raise DecodeFailure("the request body must be a JSON object with \"env\" and \"config\"")
+    request = go_fields(request, ("env", "config", "interfaceAttributes"),
+                        nils=("env", "config", "interfaceAttributes"),
+                        merges=("env", "interfaceAttributes"))
     env = request.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+    if not isinstance(env, dict) or not all(v is None or isinstance(v, str)
+                                            for v in env.values()):
         raise DecodeFailure("\"env\" must be an object of strings (the CNI_* variables)")
+    env = {key: value or "" for key, value in env.items()}
     encoded = request.get("config")
     if not isinstance(encoded, str) or not encoded:
         raise DecodeFailure(f"\"config\" must be a non-empty base64 string (got "
@@ -116,18 +131,35 @@ def decode_body(body: bytes) -> tuple[dict[str, str], bytes, dict[str, Any] | No
     attributes = request.get("interfaceAttributes")
     if attributes is not None and not isinstance(attributes, dict):
         raise DecodeFailure("\"interfaceAttributes\" must be an object")
+    if attributes is not None:  # upstream's DelegateInterfaceAttributes: ips, mac, cni-args
+        attributes = go_fields(attributes, ("ips", "mac", "cni-args"), nils=("ips", "cni-args"),
+                               merges=("cni-args",), check=_check_attribute)
+        if attributes.get("ips") is not None:  # a []string: a null in it is ""
+            attributes["ips"] = ["" if ip is None else ip for ip in attributes["ips"]]
     return env, config, attributes
 
 
+_ATTRIBUTE_TYPES = {"ips": (list, "a list of strings"), "mac": (str, "a string"),
+                    "cni-args": (dict, "an object")}
+
+
+def _check_attribute(key: str, value: Any) -> None:
+    kind, what = _ATTRIBUTE_TYPES[key]
+    if not isinstance(value, kind) or (key == "ips" and not all(
+            ip is None or isinstance(ip, str) for ip in value)):
+        raise DecodeFailure(f"\"interfaceAttributes\": \"{key}\" must be {what}, not "
+                            f"{_kind(value)}")
+
+
 def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArgs:
-    """Check the CNI env as upstream does and build the request with the merged config."""
+    """Check the CNI env as upstream does and build the request with its configuration."""
     command = env.get("CNI_COMMAND", "")
     if command not in COMMANDS:
         raise InvalidEnvironment(f"unexpected or missing CNI_COMMAND {command!r}; "
                                  f"expected one of {', '.join(COMMANDS)}")
-    merged = merge_config(config, daemon)
+    resolved = merge_config(config, daemon)
     if command in SANDBOX_FREE_COMMANDS:
-        return CmdArgs(command, "", "", "", (), merged, config, env)
+        return CmdArgs(command, "", "", "", (), resolved, config, env)
     for key in ("CNI_CONTAINERID", "CNI_NETNS", "CNI_ARGS"):
         if key not in env:
             raise InvalidEnvironment(f"missing {key}: the container runtime must set it")
@@ -135,7 +167,7 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
     args = tuple(parse_cni_args(env["CNI_ARGS"]))
     check_cni_args(args)
     request = CmdArgs(command, env["CNI_CONTAINERID"], env["CNI_NETNS"],
-                      env["CNI_IFNAME"], args, merged, config, env)
+                      env["CNI_IFNAME"], args, resolved, config, env)
     if not request.container_id and command != "DEL":
         raise InvalidEnvironment("CNI_CONTAINERID is empty: the container runtime must set it")
     if request.container_id and not is_valid_name(request.container_id):
@@ -151,16 +183,23 @@ def parse(env: Mapping[str, str], config: bytes, daemon: DaemonConfig) -> CmdArg
     return request
 
 
-def merge_config(config: bytes, daemon: DaemonConfig) -> dict[str, Any]:
-    """The request's CNI config, checked, with the daemon config laid over it (F09)."""
+def merge_config(config: bytes, daemon: DaemonConfig) -> EffectiveConfig:
+    """The request's configuration: its CNI config, checked, with the daemon config laid over
+    it (F09), resolved.
+
+    Read as upstream's daemon reads it: into a map (a key given twice keeps its last value),
+    the daemon config laid over it, written out (keys sorted) and read into its NetConf
+    struct (:func:`multusd.config.daemonconf.overlay` keeps that order, for
+    :func:`multusd.go_field`).
+    """
     try:
-        conf = json.loads(config, object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError) as exc:
+        conf = go_loads(config)
+    except ValueError as exc:
         raise DecodeFailure(f"the CNI config from the runtime is not valid JSON: {exc}") from None
     if not isinstance(conf, dict):
         raise InvalidNetworkConfig("the CNI config from the runtime must be a JSON object")
-    check_runtime_config(conf)
-    return overlay(conf, daemon)
+    check_runtime_config(GoObject(sorted(conf.items())))  # the map, as its struct reads it
+    return effective.for_request(conf, daemon)
 
 
 MAX_CNI_ARGS = 64 * 1024
@@ -180,26 +219,30 @@ _JSON_TYPE_NAMES = {str: "a string", bool: "a boolean", list: "a list", dict: "a
 
 def check_runtime_config(conf: Mapping[str, Any]) -> None:
     """``cniVersion`` (supported), ``name`` and ``type`` (or ``plugins``) present; known keys
-    of the right type.
+    of the right type, read as upstream's NetConf struct reads them (``"CNIVersion"`` is a
+    ``cniVersion``, null leaves a key unset, a key given twice keeps its last value).
 
     :raises InvalidNetworkConfig: naming the field and what is wrong with it.
     """
+    fields = go_fields(conf, tuple(_CONFIG_TYPES), check=_check_config_type)
     # /delegate (hot-plug) sends a network's own config, which may be a conflist.
-    required = ("cniVersion", "name") if isinstance(conf.get("plugins"), list) else \
-        ("cniVersion", "name", "type")
+    required = ("cniVersion", "name") if isinstance(go_field(conf, "plugins", nil=True), list) \
+        else ("cniVersion", "name", "type")
     for key in required:
-        if key not in conf:
+        if key not in fields:
             raise InvalidNetworkConfig(f"the CNI config from the runtime has no \"{key}\": "
                                        "check the generated 00-multus.conf")
-    for key, kind in _CONFIG_TYPES.items():
-        value = conf.get(key)
-        if key in conf and not isinstance(value, kind):
-            raise InvalidNetworkConfig(f"\"{key}\" in the CNI config from the runtime must be "
-                                       f"{_JSON_TYPE_NAMES[kind]}, not {_kind(value)}")
     for key in required[1:]:
-        if not conf[key].strip():
+        if not fields[key].strip():
             raise InvalidNetworkConfig(f"\"{key}\" in the CNI config from the runtime is empty")
-    require_supported(conf["cniVersion"], "the CNI config from the runtime (\"cniVersion\")")
+    require_supported(fields["cniVersion"], "the CNI config from the runtime (\"cniVersion\")")
+
+
+def _check_config_type(key: str, value: Any) -> None:
+    kind = _CONFIG_TYPES[key]
+    if not isinstance(value, kind):
+        raise InvalidNetworkConfig(f"\"{key}\" in the CNI config from the runtime must be "
+                                   f"{_JSON_TYPE_NAMES[kind]}, not {_kind(value)}")
 
 
 def check_env(command: str, env: Mapping[str, str]) -> None:
@@ -231,15 +274,6 @@ def check_cni_args(args: tuple) -> None:
         if key == "IgnoreUnknown" and value not in GO_BOOLEANS:
             raise InvalidEnvironment(f"invalid CNI_ARGS: IgnoreUnknown={value!r} is not a "
                                      "boolean (use true or false, or 1 or 0)")
-
-
-def _unique_keys(pairs: list) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {key!r} appears twice in one object")
-        out[key] = value
-    return out
 
 
 def _kind(value: Any) -> str:

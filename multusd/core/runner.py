@@ -21,7 +21,6 @@ from multusd.core import parallel
 from multusd.core.delegate import Delegate
 from multusd.core.request import CmdArgs, pod_prefix
 from multusd.core.runtimeconf import runtime_conf, undeclared_requests
-from multusd.core.settings import devinfo_dir_of
 from multusd.errors import MultusError, from_exception
 from multusd.node import devices
 from multusd.store.valueclass import Record, replace
@@ -67,7 +66,7 @@ class DelegateRunner(Record):
         if delegate.device_id and info_file:
             devices.copy_device_plugin_info(
                 delegate.resource_name, delegate.device_id, info_file,
-                dp_dir=devices.devinfo_dp_dir(devinfo_dir_of(self.req.config)))
+                dp_dir=devices.devinfo_dp_dir(self.req.effective.devinfo_dir))
         return self.engine.add(net, rt, self.deadline)
 
     def delete(self, delegate: Delegate) -> None:

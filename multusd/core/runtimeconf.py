@@ -13,14 +13,13 @@ because the global runtimeConfig was modified in place.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
+from multusd import go_field, go_loads
 from multusd.cni.args import build_delegate_args
 from multusd.cni.resultcache import RuntimeConf
-from multusd.core.settings import cni_dir_of, devinfo_dir_of
 from multusd.errors import InvalidNetworkConfig
 from multusd.node.devices import devinfo_cni_dir
 from multusd.store import go_json
@@ -51,14 +50,14 @@ def runtime_conf(req: "CmdArgs", delegate: "Delegate") -> RuntimeConf:
     :raises InvalidNetworkConfig: the delegate's requested MAC or an IP does not parse.
     """
     capability_args = delegate_capability_args(
-        req.config.get("runtimeConfig") or {}, delegate, container_id=req.container_id,
-        devinfo_dir=devinfo_cni_dir(devinfo_dir_of(req.config)))
+        go_field(req.config, "runtimeConfig") or {}, delegate, container_id=req.container_id,
+        devinfo_dir=devinfo_cni_dir(req.effective.devinfo_dir))
     legacy = legacy_cni_args(delegate)
     args = build_delegate_args(req.pod_namespace, req.pod_name, req.infra_container_id,
                                req.pod_uid, legacy)
     return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=delegate.ifname,
                        args=tuple(args), capability_args=capability_args,
-                       cache_dir=cni_dir_of(req.config))
+                       cache_dir=req.effective.cni_dir)
 
 
 def delegate_capability_args(global_runtime_config: Optional[Mapping[str, Any]],
@@ -131,7 +130,7 @@ def inject_cni_args(conf: bytes, cni_args: Mapping[str, Any]) -> bytes:
     """
     data = _load_object(conf, "a network config")
     name = data.get("name", "")
-    if data.get("type"):
+    if go_field(data, "type"):  # upstream's NetConf struct decides: "Type" counts
         _merge_cni_args(data, cni_args, name)
     elif isinstance(data.get("plugins"), list):
         for plugin in data["plugins"]:
@@ -148,10 +147,10 @@ def inject_cni_args(conf: bytes, cni_args: Mapping[str, Any]) -> bytes:
 def declared_capabilities(conf: bytes) -> Dict[str, bool]:
     """Capabilities set to true in a conf, or in any plugin of a conflist."""
     data = _load_object(conf, "a network config")
-    plugins = data.get("plugins") if not data.get("type") else [data]
+    plugins = data.get("plugins") if not go_field(data, "type") else [data]
     declared: Dict[str, bool] = {}
     for plugin in plugins if isinstance(plugins, list) else []:
-        capabilities = plugin.get("capabilities") if isinstance(plugin, dict) else None
+        capabilities = go_field(plugin, "capabilities", nil=True)  # libcni's NetConf field
         if isinstance(capabilities, dict):
             declared.update({k: True for k, v in capabilities.items() if v is True})
     return declared
@@ -193,7 +192,7 @@ def undeclared_requests(delegate: "Delegate") -> List[str]:
 
 def _load_object(conf: bytes, what: str) -> Dict[str, Any]:
     try:
-        data = json.loads(conf)
+        data = go_loads(conf)
     except ValueError as exc:
         raise InvalidNetworkConfig(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -208,12 +207,12 @@ def _merge_cni_args(plugin: Dict[str, Any], cni_args: Mapping[str, Any], name: s
         args = plugin["args"] = {}
     if not isinstance(args, dict):
         raise InvalidNetworkConfig(f"network {name!r}: 'args' must be an object to receive "
-                                   f"the pod's cni-args, got {json.dumps(args)}")
+                                   f"the pod's cni-args, got {go_json(args)[:200]}")
     cni = args.get("cni")
     if cni is None:
         args["cni"] = copy.deepcopy(dict(cni_args))
         return
     if not isinstance(cni, dict):
         raise InvalidNetworkConfig(f"network {name!r}: 'args.cni' must be an object to receive "
-                                   f"the pod's cni-args, got {json.dumps(cni)}")
+                                   f"the pod's cni-args, got {go_json(cni)[:200]}")
     cni.update(copy.deepcopy(dict(cni_args)))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from multusd import DNS_KEYS
+from multusd import DNS_KEYS, go_fields, go_loads
 from multusd.core import dra
 from multusd.core.netconf import conf_object, marshal_raw_map
-from multusd.core.delegate import Delegate, ifname_for
+from multusd.core.delegate import NAMED_BY, Delegate, ifname_for
 from multusd.errors import DecodeFailure
 from multusd.core.netstatus import go_ip_string
 from multusd.core.selection import DEVICE_ID, INFINIBAND_GUID, IPS, MAC, json_value, requested
@@ -44,8 +43,10 @@ def delegates_to_cache(delegates: Sequence[Delegate]) -> bytes:
     delegate), ``Name``, ``ifnameRequest``, ``macRequest``, ``infinibandGUIDRequest``,
     ``ipRequest``, ``default-route``, ``IsFilterV4Gateway``, ``IsFilterV6Gateway``,
     ``deviceID``, ``resourceName`` and ``Bytes`` (base64 of :attr:`Delegate.conf`); for a
-    device DRA allocated also ``draDevice`` (claim, request, driver, pool, device), which no
-    field of upstream's DelegateNetConf matches, so that upstream's reader skips it.
+    device DRA allocated also ``draDevice`` (claim, request, driver, pool, device), and last
+    what named the delegate (:data:`NAMED_BY_KEY`, :attr:`Delegate.named_by`): keys no field
+    of upstream's DelegateNetConf matches (Go's decoder matches names case-insensitively, and
+    skips these), so that upstream's reader skips them.
     """
     return encode_entries([cache_entry(d) for d in delegates])
 
@@ -61,7 +62,7 @@ def cache_entries(data: bytes) -> List[Dict[str, Any]]:
     :raises DecodeFailure: ``data`` is not a JSON list of objects.
     """
     try:
-        items = json.loads(data)
+        items = go_loads(data)
     except ValueError as exc:
         raise DecodeFailure(f"the multus scratch cache is not valid JSON: {exc}") from None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
@@ -109,7 +110,7 @@ def _plugin_conf_view(data: Mapping[str, Any]) -> Dict[str, Any]:
             view["dns"] = kept
     if isinstance(data.get("prevResult"), dict) and data["prevResult"]:
         view["prevResult"] = data["prevResult"]
-    return json.loads(go_json(view, sort_keys=True))
+    return go_loads(go_json(view, sort_keys=True))
 
 
 def _conflist_view(data: Mapping[str, Any]) -> Dict[str, Any]:
@@ -140,7 +141,9 @@ def cache_entry(delegate: Delegate) -> Dict[str, Any]:
         entry["ifnameRequest"] = delegate.ifname_request
     _put_requests(entry, delegate, _CACHED_REQUESTS)
     if delegate.gateway_request is not None:
-        entry["default-route"] = [go_ip_string(gw) for gw in delegate.gateway_request]
+        # Go's MarshalText of a nil IP (an empty gateway) is ""
+        entry["default-route"] = [go_ip_string(gw) if gw else "" for gw in
+                                  delegate.gateway_request]
     entry["IsFilterV4Gateway"] = delegate.filter_v4_gateway
     entry["IsFilterV6Gateway"] = delegate.filter_v6_gateway
     _put_requests(entry, delegate, (DEVICE_ID,))
@@ -149,8 +152,12 @@ def cache_entry(delegate: Delegate) -> Dict[str, Any]:
     if delegate.dra_device is not None:  # ours: upstream's reader ignores the key
         entry[dra.CACHE_KEY] = delegate.dra_device.to_cache()
     entry["Bytes"] = base64.b64encode(delegate.conf).decode()
+    if delegate.named_by:  # ours: upstream's reader ignores the key
+        entry[NAMED_BY_KEY] = delegate.named_by
     return entry
 
+
+NAMED_BY_KEY = "multusdNamedBy"  # what named the delegate (ours)
 
 # The requests upstream's DelegateNetConf records between ifnameRequest and default-route, in
 # its field order (deviceID comes after the gateway flags).
@@ -205,7 +212,7 @@ def _executed_conflist(item: Mapping[str, Any]) -> Optional[bytes]:
     for plugin in plugins:
         encoded = plugin.get("Bytes") if isinstance(plugin, dict) else None
         try:
-            raw = json.loads(base64.b64decode(encoded or "", validate=True))
+            raw = go_loads(base64.b64decode(encoded or "", validate=True))
         except (binascii.Error, ValueError):
             return None
         if not isinstance(raw, dict):
@@ -253,8 +260,17 @@ def _inject_cni_version(conf: bytes, cni_version: str) -> bytes:
     return marshal_raw_map(data, {}).encode()
 
 
+# Upstream's DelegateNetConf fields, which it reads the cache back into (Go's struct rules:
+# "name" sets Name); the slices among them, which null sets to nil.
+_ENTRY_NILS = ("ipRequest", "default-route", "Bytes")
+_ENTRY_FIELDS = ("Conf", "ConfList", "CNINetworkConfigList", "Name", "ifnameRequest",
+                 "macRequest", "infinibandGUIDRequest", "IsFilterV4Gateway", "IsFilterV6Gateway",
+                 "deviceID", "resourceName", dra.CACHE_KEY) + _ENTRY_NILS
+
+
 def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
                                top_cni_version: str) -> Delegate:
+    item = {**item, **go_fields(item, _ENTRY_FIELDS, nils=_ENTRY_NILS)}  # ours as written
     conf = _cached_conf(item, index)
     conf_list = item.get("ConfList") if isinstance(item.get("ConfList"), dict) else {}
     if conf_list.get("plugins") and not conf_list.get("cniVersion") and top_cni_version:
@@ -270,4 +286,5 @@ def _delegate_from_cache_entry(item: Mapping[str, Any], index: int,
         gateway_request=_cached_strings(item, "default-route", index),
         filter_v4_gateway=item.get("IsFilterV4Gateway") is True,
         filter_v6_gateway=item.get("IsFilterV6Gateway") is True,
-        dra_device=dra.from_cache(item.get(dra.CACHE_KEY)))
+        dra_device=dra.from_cache(item.get(dra.CACHE_KEY)),
+        named_by=item[NAMED_BY_KEY] if item.get(NAMED_BY_KEY) in NAMED_BY else "")

@@ -13,13 +13,14 @@ Pure logic: no Kubernetes, no files. Every malformed value raises
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import re
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
+from multusd import go_fields, go_loads
 from multusd.cni.names import IFNAME_RULE, is_valid_ifname
 from multusd.errors import InvalidNetworkConfig
+from multusd.store import go_json
 from multusd.store.valueclass import Record, field
 
 LOG = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ def _parse_comma_item(item: str, pod_namespace: str, fail: Fail) -> NetworkSelec
 
 def _parse_json_form(value: str, pod_namespace: str, fail: Fail) -> List[NetworkSelection]:
     try:
-        data = json.loads(value)
+        data = go_loads(value)
     except ValueError as exc:
         raise fail("failed to parse pod Network Attachment Selection Annotation JSON format: "
                    f"{exc}; expected {_JSON_FORM} or {_COMMA_FORM}") from None
@@ -269,23 +270,24 @@ def _parse_json_form(value: str, pod_namespace: str, fail: Fail) -> List[Network
     selections = []
     for index, element in enumerate(data):
         if not isinstance(element, dict):
-            raise fail(f"element {index} is {json.dumps(element)}, not an object; "
+            raise fail(f"element {index} is {_shown(element)}, not an object; "
                        f"expected {_JSON_FORM}")
         try:
             selections.append(_element_from_dict(element, pod_namespace))
         except ValueError as exc:
-            raise fail(f"element {index} ({json.dumps(element)}): {exc}") from None
+            raise fail(f"element {index} ({_shown(element)}): {exc}") from None
     return selections
 
 
-# JSON key -> (attribute, converter). Go's decoder matches keys case-insensitively when no
-# exact match exists, and so do we, so annotations upstream accepts are accepted here too.
+# JSON key -> (attribute, converter), in upstream's NetworkSelectionElement order, which to_dict
+# keeps. Each key is read as Go reads that struct field (go_fields): "Interface" sets
+# "interface", a key given twice keeps its last value, null leaves a string field as it was.
 def _string(key: str) -> Callable[[Any], str]:
     def convert(value: Any) -> str:
         if value is None:
             return ""
         if not isinstance(value, str):
-            raise ValueError(f'"{key}" must be a string, got {json.dumps(value)}')
+            raise ValueError(f'"{key}" must be a string, got {_shown(value)}')
         return value
     return convert
 
@@ -294,40 +296,59 @@ def _string_list(key: str) -> Callable[[Any], Optional[Tuple[str, ...]]]:
     def convert(value: Any) -> Optional[Tuple[str, ...]]:
         if value is None:
             return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f'"{key}" must be a list of strings, got {json.dumps(value)}')
-        return tuple(value)
+        if not isinstance(value, list) or not all(v is None or isinstance(v, str)
+                                                  for v in value):
+            raise ValueError(f'"{key}" must be a list of strings, got {_shown(value)}')
+        return tuple("" if v is None else v for v in value)  # Go: a null element is empty
     return convert
 
 
-def _int_field(obj: Mapping[str, Any], key: str, owner: str, required: bool) -> Optional[int]:
-    value = obj.get(key)
-    if value is None:
-        return 0 if required else None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f'"{owner}.{key}" must be an integer, got {json.dumps(value)}')
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def _int_value(value: Any, owner: str, key: str) -> int:
+    """A Go ``int`` field's value: an integer literal (``1.0`` and ``1e2`` are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            not _INT64[0] <= value <= _INT64[1]:
+        raise ValueError(f'"{owner}.{key}" must be an integer, got {_shown(value)}')
     return value
 
 
-def _port_mappings(value: Any) -> Tuple[Dict[str, Any], ...]:
+def _go_struct(value: Any, owner: str, ints: Tuple[str, ...],
+               strings: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """A Go struct of int and string fields (PortMapEntry, BandwidthEntry) as Go reads it."""
+    def check(key: str, member: Any) -> None:
+        if key in ints:
+            _int_value(member, owner, key)
+        else:
+            _string(f"{owner}.{key}")(member)
+    return go_fields(value, ints + strings, check=check)
+
+
+def _port_mappings(value: Any) -> Tuple[Optional[Dict[str, Any]], ...]:
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+    if not isinstance(value, list) or not all(v is None or isinstance(v, dict) for v in value):
         raise ValueError('"portMappings" must be a list of objects such as '
                          '{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}')
-    mappings = []
+    mappings: List[Optional[Dict[str, Any]]] = []
     for entry in value:
+        if entry is None:  # a nil *PortMapEntry, handed on as null as upstream does
+            mappings.append(None)
+            continue
         # Upstream re-encodes each entry through its PortMapEntry struct: these keys only.
-        mapping: Dict[str, Any] = {
-            "hostPort": _int_field(entry, "hostPort", "portMappings", True),
-            "containerPort": _int_field(entry, "containerPort", "portMappings", True),
-        }
+        fields = _go_struct(entry, "portMappings", ("hostPort", "containerPort"),
+                            ("protocol", "hostIP"))
+        mapping: Dict[str, Any] = {"hostPort": fields.get("hostPort", 0),
+                                   "containerPort": fields.get("containerPort", 0)}
         for key in ("protocol", "hostIP"):
-            text = _string(f"portMappings.{key}")(entry.get(key))
-            if text:
-                mapping[key] = text
+            if fields.get(key):
+                mapping[key] = fields[key]
         mappings.append(mapping)
     return tuple(mappings)
+
+
+_BANDWIDTH_KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
 
 
 def _bandwidth(value: Any) -> Optional[Dict[str, Any]]:
@@ -336,19 +357,22 @@ def _bandwidth(value: Any) -> Optional[Dict[str, Any]]:
     if not isinstance(value, dict):
         raise ValueError('"bandwidth" must be an object such as '
                          '{"ingressRate": 1000, "ingressBurst": 1000, ...}')
-    keys = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
-    return {key: _int_field(value, key, "bandwidth", True) for key in keys}
+    fields = _go_struct(value, "bandwidth", _BANDWIDTH_KEYS)
+    return {key: fields.get(key, 0) for key in _BANDWIDTH_KEYS}
 
 
 def _cni_args(value: Any) -> Optional[Dict[str, Any]]:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise ValueError(f'"cni-args" must be an object, got {json.dumps(value)}')
-    return dict(value)
+        raise ValueError(f'"cni-args" must be an object, got {_shown(value)}')
+    return dict(value)  # a Go map: its keys as written, the last of a key given twice
 
 
-# In upstream's NetworkSelectionElement order, which to_dict keeps.
+def _shown(value: Any) -> str:
+    return go_json(value)[:200]
+
+
 _FIELDS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     "name": ("name", _string("name")),
     "namespace": ("namespace", _string("namespace")),
@@ -363,16 +387,22 @@ _FIELDS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     "cni-args": ("cni_args", _cni_args),
     "default-route": ("default_route", _string_list("default-route")),
 }
-_FOLDED = {key.lower(): key for key in _FIELDS}
+# Slices, maps and pointers: null sets them to nil; an object given twice to a map or a
+# pointer to a struct is decoded into the first (their members add up).
+_NILS = (IPS.key, PORT_MAPPINGS.key, BANDWIDTH.key, "cni-args", "default-route")
+_MERGES = (BANDWIDTH.key, "cni-args")
+
+
+def _check_element_field(key: str, value: Any) -> None:
+    _FIELDS[key][1](value)  # Go refuses a value of the wrong type wherever it is
 
 
 def _element_from_dict(data: Mapping[str, Any], default_namespace: str) -> NetworkSelection:
     values: Dict[str, Any] = {}
-    for key, value in data.items():
-        known = key if key in _FIELDS else _FOLDED.get(key.lower())
-        if known is None:
-            continue  # unknown keys (e.g. ipam-claim-reference) are ignored, as upstream does
-        attribute, convert = _FIELDS[known]
+    fields = go_fields(data, tuple(_FIELDS), nils=_NILS, merges=_MERGES,
+                       check=_check_element_field)
+    for key, value in fields.items():  # unknown keys (ipam-claim-reference) are ignored
+        attribute, convert = _FIELDS[key]
         values[attribute] = convert(value)
     name = values.pop("name", "")
     if not name:
@@ -411,6 +441,8 @@ def _validate_requests(selection: NetworkSelection, index: int, fail: Fail) -> N
             raise fail(f"{where}: {exc}; expected an IP address or CIDR such as "
                        "'10.1.1.5/24'") from None
     for gateway in selection.default_route or ():
+        if gateway == "":
+            continue  # "" or null: Go's nil IP, which upstream accepts (see core/defaultroute)
         try:
             parse_ip(gateway)
         except ValueError as exc:

@@ -1,28 +1,21 @@
-"""The keys of a request's merged multus config that multusd acts on, each read in one place.
+"""The multus settings: the keys of the merged multus config that decide what a pod gets.
 
-Two kinds of reads, for two kinds of commands:
+:class:`MultusSettings` (:func:`load_settings`): ``clusterNetwork``, ``defaultNetworks``,
+``delegates``, the namespaces, the auxiliary chain, read strictly, every problem listed. They
+are read for each configuration by the one resolver, :mod:`multusd.core.effective`, which also
+resolves the directories leniently (DEL must find a sandbox's records whatever else the config
+gets wrong); nothing else reads them from a config.
 
-* :class:`MultusSettings` (:func:`load_settings`): what decides which delegates a pod gets
-  (``clusterNetwork``, ``defaultNetworks``, ``delegates``, the namespaces, the auxiliary
-  chain), read strictly, every problem listed, once per ADD (and per STATUS and GC, which
-  resolve the cluster network) and handed on from there;
-* the directories (:func:`cni_dir_of`, :func:`devinfo_dir_of`, :func:`kubelet_dir_of`) and
-  the auxiliary chain's name (:func:`auxiliary_chain_of`), read leniently: DEL, ``multusd
-  gc`` and ``multusd status`` must find a sandbox's records whatever else the config gets
-  wrong.
-
-The defaults are upstream's (F29); the directories' own are the layers' that use them
-(libcni's cache directory, the kubelet's and the device-info spec's, in ``node``).
+The defaults are upstream's (F29).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from multusd import cni_dir_of  # noqa: F401 - cniDir: the shim's rule too, defined once
+from multusd import go_field, go_fields
 from multusd.config.reader import ConfigReader
 from multusd.errors import ConfigError, ConfigProblem, InvalidNetworkConfig
-from multusd.node.devices import DEVINFO_DIR, KUBELET_DIR
 from multusd.store.valueclass import Record
 
 DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
@@ -30,6 +23,7 @@ DEFAULT_MULTUS_NAMESPACE = "kube-system"
 DEFAULT_SYSTEM_NAMESPACES = ("kube-system",)
 DEFAULT_GLOBAL_NAMESPACES = ("default",)
 NO_NETWORKS = "at least one delegate/clusterNetwork must be specified"
+SETTINGS_SOURCE = "of the multus network config"  # how a ConfigError of the settings names them
 
 
 class MultusSettings(Record):
@@ -54,6 +48,8 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
         clusterNetwork).
     """
     problems = reader = ConfigReader()
+    # As upstream's NetConf struct reads them: "ClusterNetwork" sets clusterNetwork.
+    netconf = go_fields(netconf, _SETTINGS_KEYS, nils=_SETTINGS_LISTS)
     settings = MultusSettings(
         conf_dir=reader.string(netconf, "confDir") or DEFAULT_CONF_DIR,
         multus_namespace=reader.string(netconf, "multusNamespace") or DEFAULT_MULTUS_NAMESPACE,
@@ -71,8 +67,13 @@ def load_settings(netconf: Mapping[str, Any]) -> MultusSettings:
         problems.append(ConfigProblem("clusterNetwork", f"{NO_NETWORKS}: set clusterNetwork "
                                       "(or delegates)"))
     if problems:
-        raise ConfigError("of the multus network config", problems)
+        raise ConfigError(SETTINGS_SOURCE, problems)
     return settings
+
+
+_SETTINGS_LISTS = ("systemNamespaces", "defaultNetworks", "delegates")
+_SETTINGS_KEYS = ("confDir", "multusNamespace", "globalNamespaces", "namespaceIsolation",
+                  "clusterNetwork", "auxiliaryCNIChainName", "cniVersion") + _SETTINGS_LISTS
 
 
 def require_delegates(netconf: Mapping[str, Any]) -> None:
@@ -80,21 +81,7 @@ def require_delegates(netconf: Mapping[str, Any]) -> None:
 
     :raises InvalidNetworkConfig: neither ``clusterNetwork`` nor ``delegates`` is set.
     """
-    if not netconf.get("clusterNetwork") and not netconf.get("delegates"):
+    if not go_field(netconf, "clusterNetwork") and not go_field(netconf, "delegates"):
         raise InvalidNetworkConfig(f"{NO_NETWORKS}: set \"clusterNetwork\" (or \"delegates\") "
                                    "in daemon-config.json or the runtime's CNI config")
 
-
-def devinfo_dir_of(netconf: Mapping[str, Any]) -> str:
-    """``deviceInfoDir``: the device-info files' directory (``dp/`` and ``cni/`` in it)."""
-    return str(netconf.get("deviceInfoDir") or DEVINFO_DIR)
-
-
-def kubelet_dir_of(netconf: Mapping[str, Any]) -> str:
-    """``kubeletRootDir``: where the kubelet's pod-resources socket and checkpoint are."""
-    return str(netconf.get("kubeletRootDir") or KUBELET_DIR)
-
-
-def auxiliary_chain_of(netconf: Mapping[str, Any]) -> str:
-    """``auxiliaryCNIChainName`` as DEL reads it (without the checks of an ADD)."""
-    return str(netconf.get("auxiliaryCNIChainName") or "")

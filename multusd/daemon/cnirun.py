@@ -4,10 +4,13 @@ The reactor (:mod:`multusd.daemon.server`) reads a whole ``/cni`` or ``/delegate
 and hands it on as a :class:`~multusd.daemon.lanes.Job`; a worker of the lanes calls
 :meth:`CniRunner.run_job`, which runs the daemon's handler within the request's deadline,
 turns every failure into a 400 with CNI error JSON, writes the answer (blocking, bounded by
-:data:`multusd.daemon.httpreq.READ_TIMEOUT`), closes the connection and gives back the bytes the request held in
-the :class:`MemoryBound` (every request read and not yet answered counts there: past the
-bound new bodies are refused "busy, retry"). At the daemon's stop :meth:`CniRunner.refuse`
-makes it answer every request not started yet "stopping, retry" instead of running it.
+:data:`multusd.daemon.httpreq.READ_TIMEOUT`), closes the connection and gives back the bytes
+the request held in the :class:`MemoryBound` (every request read and not yet answered counts
+there: past the bound new bodies are refused "busy, retry"). A node slot of the lanes (STATUS,
+GC) calls :meth:`CniRunner.run_shared` instead: the handler runs once, and its answer goes to
+every request that joined the run. At the daemon's stop :meth:`CniRunner.refuse` makes it
+answer every request not started yet "stopping, retry" instead of running it, with status 503
+(:func:`not_started_answer`: nothing was done for it, the next daemon may serve it).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 from multusd.daemon import httpreq
 from multusd.daemon.lanes import Job
-from multusd.errors import MultusError, TryAgainLater, from_exception
+from multusd.errors import MultusError, NotReady, TryAgainLater, from_exception
+from multusd.wire import api
 
 LOG = logging.getLogger(__name__)
 
@@ -32,6 +36,13 @@ Handler = Callable[[str, bytes, float, str], Optional[Mapping[str, Any]]]
 def error_answer(error: MultusError) -> tuple[int, bytes]:
     """(status, body) of a refused or failed request: 400 with the CNI error JSON."""
     return 400, json.dumps(error.to_cni_error()).encode()
+
+
+def not_started_answer(error: MultusError) -> tuple[int, bytes]:
+    """(status, body) of a request refused because the daemon stops, before anything was done
+    for it: :data:`~multusd.wire.api.NOT_STARTED` (503) with the CNI error JSON, which tells
+    multusd's shim that it may send it again to the next daemon (upstream's sees an error)."""
+    return api.NOT_STARTED, json.dumps(error.to_cni_error()).encode()
 
 
 class MemoryBound:
@@ -97,16 +108,27 @@ class CniRunner:
         with self._counts_lock:
             return dict(self.counts)
 
-    def too_late(self) -> tuple[int, bytes]:
-        """The answer to a request that waited past its deadline for a worker (counted)."""
+    def too_late(self, job: Optional[Job] = None) -> tuple[int, bytes]:
+        """The answer to a request that waited past its deadline (counted): for pod work, no
+        worker became free; for STATUS and GC, an earlier run of it still ran (STATUS: "not
+        available", code 50, as a STATUS that did not answer in time is)."""
         self.count("failed")
+        command = job.command if job is not None else ""
+        if command == "STATUS":
+            return error_answer(NotReady(
+                "multusd cannot serve ADD: the STATUS of its cluster network did not answer "
+                "in time (an earlier STATUS of it was still running)"))
+        if command == "GC":
+            return error_answer(TryAgainLater(
+                "multusd is busy: an earlier GC of the cluster network was still running "
+                "when this one's deadline passed; retry"))
         return error_answer(TryAgainLater(
             f"multusd is busy: no worker became free within {self.request_timeout:.0f}s; "
             "raise \"workers\" in daemon-config.json or retry"))
 
     def refuse(self, why: str, told: Callable[[Job], None]) -> None:
-        """From now on, run no job: answer each TryAgainLater ``why``, after telling ``told``
-        (the daemon's stop records a DEL it did not run)."""
+        """From now on, run no job: answer each TryAgainLater ``why`` (503: not started),
+        after telling ``told`` (the daemon's stop records a DEL it did not run)."""
         self.refusal = (why, told)
 
     def refused(self, job: Job) -> tuple[int, bytes]:
@@ -117,17 +139,34 @@ class CniRunner:
         except Exception:  # noqa: BLE001 - the request is still answered
             LOG.exception("recording a refused %s request failed", job.command or "CNI")
         self.count("failed")
-        return error_answer(TryAgainLater(why))
+        return not_started_answer(TryAgainLater(why))
 
     def run_job(self, job: Job) -> None:
         """On a worker thread: run one CNI request, answer it, close the connection."""
         if self.refusal is not None:
             status, payload = self.refused(job)
         elif time.monotonic() >= job.deadline:
-            status, payload = self.too_late()
+            status, payload = self.too_late(job)
         else:
             status, payload = self.run_cni(job.path, job.body, job.deadline)
         self.answer(job, status, payload)
+
+    def run_shared(self, first: Job) -> Callable[[Job], None]:
+        """On a node slot's thread: run ``first`` once, within its deadline (the run's
+        bound); returns how to answer it and each request that joined its run with the same
+        answer (each counted). Refused, or past its deadline already: each is answered so."""
+        if self.refusal is not None:
+            return lambda job: self.answer(job, *self.refused(job))
+        if time.monotonic() >= first.deadline:
+            return lambda job: self.answer(job, *self.too_late(job))
+        status, payload = self.run_cni(first.path, first.body, first.deadline)
+
+        def answer(job: Job) -> None:
+            if job is not first:
+                self.count("ok" if status == 200 else "failed")
+            self.answer(job, status, payload)
+
+        return answer
 
     def answer(self, job: Job, status: int, payload: bytes,
                timeout: float = httpreq.READ_TIMEOUT) -> None:

@@ -1,9 +1,10 @@
 """Unreleased sandboxes, from the daemon's side: the window published, DEL retried, announced.
 
-At start the daemon publishes its ``deleteRetryWindow`` for the shim (which needs it when the
-daemon cannot answer). Then it releases by itself what is recorded as unreleased: the
+At start, and whenever the node's cniDir changes, the daemon publishes its
+``deleteRetryWindow`` for the shim (which needs it when the daemon cannot answer), in the
+node's cniDir. Then it releases by itself what is recorded as unreleased: the
 sandboxes whose DEL kept failing past their window, its own or the shim's (while the daemon
-was down or broken), in ``<cniDir>`` and in the spare marks directory beside the socket. It
+was down or broken), wherever they are recorded (below). It
 runs the runtime's DEL of each again, exactly as the runtime sent it and through the daemon's
 own socket (the lanes keep it one at a time with the runtime's requests for that sandbox;
 deadline, logs and metrics as for any request; only the delegates still held run):
@@ -19,9 +20,15 @@ deadline, logs and metrics as for any request; only the delegates still held run
   (the runtime stops retrying then): a sandbox the daemon answered success for is retried
   within seconds.
 
-A shim whose config names no ``cniDir`` marks in Multus's default one: with a
-daemon-config.json naming another, those marks are moved beside their records at each look
-(:func:`~multusd.core.unreleased.adopt`).
+The marks are read wherever requests record them: every cniDir the node's configuration
+names (:meth:`~multusd.core.effective.NodeConfig.cni_dirs`: daemon-config.json's, the runtime's
+multus config's, Multus's default) and the spare directory; each sandbox is found where its
+records are, and its DEL, run again as the runtime sent it, is judged by the configuration the
+sandbox recorded (:mod:`multusd.core.sandboxconfig`), as the runtime's own DEL is. A mark found
+elsewhere than beside its records (a shim that marked in another cniDir) is moved there at
+each look, and the marks of released sandboxes are dropped
+(:func:`~multusd.core.markadoption.tidy`); a copy elsewhere of a sandbox whose DEL the daemon
+answered goes then (:meth:`DelRetrier.after_del`).
 
 A sandbox still failing after its first retry is announced once (a journal warning, an Event
 while the pod exists, which waits up to :data:`SYNC_WAIT` for the pod cache). Marks whose
@@ -37,8 +44,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from multusd import DEFAULT_CNI_DIR, clock_now
-from multusd.core import settings, unreleased
+from multusd import clock_now
+from multusd.core import delmarks, markadoption, unreleased, unreleasedwarning
 from multusd.errors import MultusError
 from multusd.kube.retries import BackoffPolicy, Delays
 from multusd.wire import api, delwindow
@@ -46,7 +53,10 @@ from multusd.wire import api, delwindow
 LOG = logging.getLogger(__name__)
 
 RETRY_FIRST = 5.0     # seconds before a sandbox that failed again is retried ...
-RETRY_MAX = 300.0     # ... doubling to 5 minutes
+# ... doubling to 40 s: with the jitter every wait is under a minute, so a sandbox is released
+# within a minute of its cause going away however long it failed (issue 37), at the cost of
+# one DEL a minute per sandbox still failing, run one at a time
+RETRY_MAX = 40.0
 RETRY_JITTER = 0.5    # each wait is its step times 1 to 1.5, at random
 SCAN_INTERVAL = 30.0  # how often new marks are looked for, with nothing due before
 SYNC_WAIT = 60.0      # how long an announcement waits for the pod cache (its Event)
@@ -74,30 +84,27 @@ class DelRetrier:
 
     def __init__(self, config: Any, multus: Any, handle: Handler, *,
                  first: float = RETRY_FIRST, cap: float = RETRY_MAX,
-                 scan: float = SCAN_INTERVAL, sync_wait: float = SYNC_WAIT,
-                 shim_default: str = DEFAULT_CNI_DIR) -> None:
+                 scan: float = SCAN_INTERVAL, sync_wait: float = SYNC_WAIT) -> None:
         self.config = config
-        self.multus = multus
+        self.multus = multus  # its node: the node's configuration (multus.node, a NodeConfig)
         self.handle = handle  # sends a request to the daemon: (endpoint, body, deadline, id)
         self.curve = BackoffPolicy(initial=first, cap=cap, jitter=RETRY_JITTER, calm=math.inf)
         self.scan, self.sync_wait = scan, sync_wait
-        self.cni_dir = settings.cni_dir_of(config.raw)
-        self.spare = unreleased.spare_marks_dir(config.socket_dir)
-        self.shim_default = shim_default  # where a shim whose config names no cniDir marks
+        self.spare = delmarks.spare_marks_dir(config.socket_dir)
         self.retries = 0   # DELs run again, and how many released their sandbox (the notes'
         self.released = 0  # and the tests' view of what the thread did)
         self._due: Dict[str, Tuple[float, Delays]] = {}  # container ID -> (when, its backoff)
+        self._published = ""  # the cniDir the window was published in
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
+    def cni_dirs(self) -> Tuple[str, ...]:
+        """Every cniDir the node names now, its own first (where marks and records are)."""
+        return self.multus.node.cni_dirs()
+
     def start(self) -> "DelRetrier":
-        try:
-            unreleased.publish_window(self.cni_dir, self.config.delete_retry_window,
-                                      delwindow.DEFAULT_WINDOW, spare=self.spare)
-        except MultusError as exc:
-            LOG.warning("cannot tell the shim the deleteRetryWindow: %s; a shim that cannot "
-                        "reach multusd uses the default", exc.msg)
+        self._publish_window()
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="multusd-unreleased",
                                         daemon=True)
@@ -122,11 +129,11 @@ class DelRetrier:
     def run_due(self) -> float:
         """Retry each unreleased sandbox whose turn it is (each new one at once), announce
         those still failing; the seconds until something is due again."""
+        self._publish_window()
         self._tidy()
         now = clock_now()
-        marks = unreleased.read_all(self.cni_dir, spare=self.spare)
-        left = [m for m in marks.values() if m.is_unreleased(now)
-                and unreleased.has_records(m.cni_dir or self.cni_dir, m.container_id)]
+        marks = markadoption.node_marks(self.cni_dirs(), self.spare)
+        left = [m for m in marks.values() if m.is_unreleased(now)]
         still = {m.container_id for m in left}
         self._due = {cid: due for cid, due in self._due.items() if cid in still}
         for mark in left:
@@ -140,7 +147,7 @@ class DelRetrier:
                 continue
             backoff = backoff or self.curve.delays()
             self._due[mark.container_id] = (time.monotonic() + backoff.next(), backoff)
-            self._announce_if_due(mark.container_id)
+            self._announce_if_due(mark)
         pause = self.scan
         if self._due:
             pause = min(pause, min(when for when, _ in self._due.values()) - time.monotonic())
@@ -154,30 +161,56 @@ class DelRetrier:
         how many were released."""
         self._tidy()
         released = 0
-        for mark in unreleased.unreleased(self.cni_dir, spare=self.spare):
+        for mark in unreleased.unreleased(self.cni_dirs(), spare=self.spare):
             if self._stop.is_set():
                 break
             if self.retry(mark):
                 released += 1
             else:
-                self._announce_if_due(mark.container_id, wait=False)
+                self._announce_if_due(mark, wait=False)
         return released
 
-    def _tidy(self) -> None:
-        """The shim's marks in the default directory taken in (see
-        :func:`~multusd.core.unreleased.adopt`), the marks of released sandboxes dropped."""
+    def _publish_window(self) -> None:
+        """The window where a shim finds it (the node's cniDir), when that changed."""
+        cni_dir = self.multus.node.current().cni_dir
+        if cni_dir == self._published:
+            return
         try:
-            for container_id in unreleased.adopt(self.shim_default, self.cni_dir,
-                                                 spare=self.spare):
-                LOG.info("the mark of sandbox %s's failed DEL, written by the shim in %s (its "
-                         "config names no cniDir), is now kept in %s beside its records",
-                         container_id, self.shim_default, self.cni_dir)
-        except MultusError as exc:  # said; the mark stays where it is until the next scan
-            LOG.warning("%s", exc.msg)
-        unreleased.prune(self.cni_dir, spare=self.spare)
+            delmarks.publish_window(cni_dir, self.config.delete_retry_window,
+                                    delwindow.DEFAULT_WINDOW, spare=self.spare)
+        except MultusError as exc:
+            LOG.warning("cannot tell the shim the deleteRetryWindow: %s; a shim that cannot "
+                        "reach multusd uses the default", exc.msg)
+        self._published = cni_dir
 
-    def retry(self, mark: unreleased.FailedDelete) -> bool:
-        """The runtime's DEL of ``mark``'s sandbox once more; True when it is released."""
+    def _tidy(self) -> None:
+        """The marks found elsewhere than beside their records moved there, the marks of
+        released sandboxes dropped (see :func:`~multusd.core.markadoption.tidy`)."""
+        tidied = markadoption.tidy(self.cni_dirs(), self.spare)
+        for problem in tidied.problems:  # the mark stays where it is until the next look
+            LOG.warning("%s", problem)
+        for container_id in tidied.moved:
+            LOG.info("the mark of sandbox %s's failed DEL, found in another cniDir than its "
+                     "records (written by a shim whose config names another), is now kept "
+                     "beside its records", container_id)
+        for container_id in tidied.dropped:
+            LOG.info("the mark of sandbox %s's failed DEL is dropped: the sandbox is released",
+                     container_id)
+
+    def after_del(self, container_id: str) -> None:
+        """The daemon answered a DEL (or ``gc --forget``) of ``container_id`` with success:
+        a copy of its mark elsewhere than the DEL's cniDir (a shim's) goes now if the sandbox
+        is released (the DEL dropped its own). Never raises: the DEL is done. Costs the open
+        of a missing file per place when nothing is marked (nearly every DEL)."""
+        try:
+            markadoption.drop_if_released(self.cni_dirs(), container_id, self.spare)
+        except Exception:  # noqa: BLE001 - the next look tries again; said in the journal
+            LOG.exception("dropping the shim's mark of sandbox %s failed", container_id)
+
+    def retry(self, mark: delmarks.FailedDelete) -> bool:
+        """The runtime's DEL of ``mark``'s sandbox once more (``mark.cni_dir``: where its
+        records are, as :func:`~multusd.core.markadoption.node_marks` found them); True when
+        it is released."""
         env = dict(mark.request_env, CNI_COMMAND="DEL")
         config = str((mark.request or {}).get("config") or "").encode()
         if not env.get("CNI_CONTAINERID") or not config:
@@ -193,18 +226,18 @@ class DelRetrier:
             LOG.warning("unreleased sandbox %s: its DEL failed again: %s", mark.container_id,
                         exc.msg)
             return False
-        if unreleased.has_records(mark.cni_dir or self.cni_dir, mark.container_id):
+        if markadoption.has_records(mark.cni_dir, mark.container_id):
             return False
         self.released += 1
         LOG.info("unreleased sandbox %s (%s) is released now", mark.container_id, mark.pod)
         return True
 
-    def _announce_if_due(self, container_id: str, wait: bool = True) -> None:
+    def _announce_if_due(self, mark: delmarks.FailedDelete, wait: bool = True) -> None:
         """Announce the sandbox (once) when its pod cache can say whether the pod exists (for
         the Event), or :attr:`sync_wait` after start without it (``wait``: else at once)."""
-        mark = unreleased.read(self.cni_dir, container_id, spare=self.spare)
+        mark = markadoption.mark_of(self.cni_dirs(), mark.container_id, self.spare)
         if mark is None or mark.announced or not mark.is_unreleased():
             return
         waited = not wait or time.monotonic() - self._started >= self.sync_wait
-        if unreleased.announce(self.multus.kube, mark, LOG, without_cache=waited):
-            unreleased.set_announced(self.cni_dir, mark, spare=self.spare)
+        if unreleasedwarning.announce(self.multus.kube, mark, LOG, without_cache=waited):
+            delmarks.set_announced(mark.cni_dir, mark, spare=self.spare)

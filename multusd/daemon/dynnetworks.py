@@ -10,16 +10,21 @@ looks at each pod that changed:
   and stops a reconciliation under way between two steps;
 * its sandbox is the one the node's records name for it (container ID, same UID unless it is a
   static pod, its network namespace present): a pod multusd did not attach is left alone;
-* :func:`~multusd.core.reconcile.needs_reconciling` reads the records (outside the lanes, read
-  only): only when something is to be done the reconciliation is queued, as a task in the
-  sandbox's lane (:class:`~multusd.daemon.lanes.Job` keyed on its container ID), so it never
-  runs beside that sandbox's ADD, DEL or another reconciliation, and reads the records again
-  there. After a restart the first list delivers every pod again: each is looked at once, and
-  what a restart interrupted is finished.
+* :meth:`~multusd.core.multus.Multus.needs_reconciling` reads the records
+  (:mod:`multusd.core.podsandbox`: outside the lanes, read only, judged by the configuration
+  the sandbox was attached under): only when something is to be done the reconciliation is
+  queued, as a task in the sandbox's lane (:class:`~multusd.daemon.lanes.Job` keyed on its
+  container ID), so it never runs beside that sandbox's ADD, DEL or another reconciliation,
+  and reads the records again there. After a restart the first list delivers every pod again:
+  each is looked at once, and what a restart interrupted is finished.
 
-A failed reconciliation is retried on :class:`RetryPolicy` (per pod, jittered exponential,
-bounded: after :attr:`RetryPolicy.attempts` failures it waits for the next change of the
-annotation, or a restart). Its curve is a value of the API server's backoff type
+Each followed pod is in one phase (:class:`_Followed`): IDLE (its selections dealt with),
+PENDING (to be looked at), LOOKING, QUEUED (its reconciliation in the lanes) or BACKOFF. A look
+that fails for any reason (the records unreadable, the sandbox's configuration not
+established, an unexpected exception, the queue full) and a failed reconciliation put the pod
+in BACKOFF, retried on :class:`RetryPolicy` (per pod, jittered exponential, bounded: after
+:attr:`RetryPolicy.attempts` failures it waits for the next change of the annotation, or a
+restart): never a loop. Its curve is a value of the API server's backoff type
 (:class:`~multusd.kube.retries.BackoffPolicy`), with its own numbers: it paces the plugin runs
 of one pod, not requests to the API server.
 Reconciliations are counted by outcome (``multusd_dynamic_reconciliations_total``).
@@ -35,7 +40,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from multusd.cni import resultcache
-from multusd.core import reconcile, unreleased
+from multusd.core import delmarks, podsandbox, reconcile
 from multusd.core.selection import NETWORKS_ANNOTATION
 from multusd.daemon.lanes import Job, Lanes
 from multusd.daemon.log import RequestLogger, request_fields
@@ -70,19 +75,53 @@ class RetryPolicy(Record):
         return self.curve.wait(max(0, failures - 1), rand=rand)
 
 
-class _PodState:
-    """What the daemon holds of one pod: the latest delivery and the reconciliation's state."""
+# Where a followed pod's reconciliation stands (_Followed.phase): the one state a pod is in.
+IDLE = "idle"        # nothing to do until its selections change (``settled``)
+PENDING = "pending"  # to be looked at, in the order the pods changed
+LOOKING = "looking"  # taken by the thread, its records being looked at
+QUEUED = "queued"    # its reconciliation is in the lanes (queued or running)
+BACKOFF = "backoff"  # its look or reconciliation failed: looked at again at ``due``
 
-    __slots__ = ("pod", "seen", "done", "failed", "failures", "due", "busy", "again")
+
+class _Followed:
+    """One pod the daemon follows: its latest delivery and its phase. Every change of phase
+    is one of the methods below, called with the lock held."""
+
+    __slots__ = ("pod", "seen", "phase", "settled", "failing", "failures", "due")
 
     def __init__(self, pod: Any, seen: float) -> None:
         self.pod, self.seen = pod, seen
-        self.done: Optional[Signature] = None    # the selections last reconciled
-        self.failed: Optional[Signature] = None  # the selections whose reconciliation failed
-        self.failures = 0                        # in a row, for ``failed``
-        self.due: Optional[float] = None         # its retry is due then (the clock's time)
-        self.busy = False   # a reconciliation is queued or running in the lanes
-        self.again = False  # the pod changed meanwhile: look again when it is done
+        self.phase = IDLE
+        self.settled: Optional[Signature] = None  # IDLE: the selections dealt with
+        self.failing: Optional[Signature] = None  # BACKOFF: the selections that failed
+        self.failures = 0                         # in a row, for ``failing``
+        self.due: Optional[float] = None          # BACKOFF: when it is looked at again
+
+    def wants_look(self, now: float) -> bool:
+        """Whether it is to be looked at now: its selections changed since they were dealt
+        with, or since they failed; or its retry is due."""
+        wanted = signature(self.pod)
+        if self.phase == IDLE:
+            return wanted != self.settled
+        if self.phase == BACKOFF:
+            return wanted != self.failing or (self.due is not None and now >= self.due)
+        return False
+
+    def done(self, dealt: Signature) -> None:
+        """``dealt`` reconciled, or nothing to do for it (or given up on)."""
+        self.phase, self.settled = IDLE, dealt
+        self.failing, self.failures, self.due = None, 0, None
+
+    def failed(self, dealt: Signature, policy: "RetryPolicy", now: float) -> Optional[int]:
+        """A look or reconciliation of ``dealt`` failed: BACKOFF on ``policy``. When the policy
+        gives up: IDLE until the selections change, and how many failed in a row."""
+        failures = self.failures + 1 if dealt == self.failing else 1
+        wait = policy.delay(failures)
+        if wait is None:
+            self.done(dealt)
+            return failures
+        self.phase, self.failing, self.failures, self.due = BACKOFF, dealt, failures, now + wait
+        return None
 
 
 def signature(pod: Any) -> Signature:
@@ -99,20 +138,20 @@ class DynamicNetworks:
     """The daemon's dynamic attachments (see the module docstring).
 
     :param multus: the :class:`~multusd.core.multus.Multus` of the daemon (its
-        :meth:`~multusd.core.multus.Multus.reconcile` runs in the lanes).
+        :meth:`~multusd.core.multus.Multus.reconcile` runs in the lanes; its node
+        configuration says where the records are).
     """
 
-    def __init__(self, multus: Any, *, cni_dir: str, request_timeout: float,
+    def __init__(self, multus: Any, *, request_timeout: float,
                  policy: RetryPolicy = RetryPolicy(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.multus = multus
-        self.cni_dir = cni_dir
         self.request_timeout = request_timeout
         self.policy = policy
         self.clock = clock
         self.lanes: Optional[Lanes] = None
-        self._pods: Dict[Key, _PodState] = {}
-        self._changed: Dict[Key, None] = {}  # keys to look at, in the order they changed
+        self._pods: Dict[Key, _Followed] = {}
+        self._pending: Dict[Key, None] = {}  # PENDING pods, in the order they changed
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -120,7 +159,6 @@ class DynamicNetworks:
         self._pruned = clock()
         self._counts = {outcome: 0 for outcome in reconcile.OUTCOMES}
         self._checked = 0  # pods whose records were looked at
-        self._looking = 0  # pods taken by the thread and not looked at yet
 
     # -- what the daemon calls --------------------------------------------------------------
     def pod_changed(self, pod: Any) -> None:
@@ -131,10 +169,9 @@ class DynamicNetworks:
             if state is None:
                 if not eligible(pod):
                     return  # nothing to follow yet; a running pod is delivered again
-                state = self._pods[key] = _PodState(pod, self.clock())
+                state = self._pods[key] = _Followed(pod, self.clock())
             state.pod, state.seen = pod, self.clock()
-            self._changed[key] = None
-            self._cond.notify()
+            self._review(key, state)
 
     def start(self, lanes: Lanes) -> "DynamicNetworks":
         self.lanes = lanes
@@ -163,47 +200,84 @@ class DynamicNetworks:
         were looked at, and the pods waiting for a retry."""
         with self._cond:
             return {"reconciliations": dict(self._counts), "podsChecked": self._checked,
-                    "pending": len(self._changed) + self._looking +
-                    sum(1 for s in self._pods.values() if s.busy),
+                    "pending": sum(1 for s in self._pods.values()
+                                   if s.phase in (PENDING, LOOKING, QUEUED)),
                     "retrying": sorted(f"{k[0]}/{k[1]}" for k, s in self._pods.items()
-                                       if s.due is not None)}
+                                       if s.phase == BACKOFF)}
+
+    # -- the phases (lock held) -------------------------------------------------------------
+    def _review(self, key: Key, state: _Followed) -> None:
+        """After a delivery or a look: an ineligible pod is forgotten once nothing of it runs;
+        one to be looked at is PENDING."""
+        if state.phase in (LOOKING, QUEUED):
+            return  # reviewed again once its look or reconciliation is over
+        if not eligible(state.pod):
+            del self._pods[key]  # its retries end; running again, it starts afresh
+            self._pending.pop(key, None)
+            return
+        if state.phase != PENDING and state.wants_look(self.clock()):
+            state.phase = PENDING
+            self._pending[key] = None
+            self._cond.notify()
+
+    def _fail(self, key: Key, state: _Followed, dealt: Signature) -> None:
+        gave_up = state.failed(dealt, self.policy, self.clock())
+        if gave_up is not None:
+            LOG.warning("dynamic networks: pod %s/%s: giving up after %d failed attempts; it "
+                        "is tried again when its network-selection annotation changes, or at "
+                        "multusd's next start", key[0], key[1], gave_up)
 
     # -- the thread -------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopping.is_set():
             with self._cond:
-                if not self._work_ready():  # woken, or the next retry due: look again
+                wanted = self._take()
+                if not wanted and not self._stopping.is_set():
                     self._cond.wait(self._next_wait())
-                if self._stopping.is_set():
-                    return
-                keys = self._take_due()
-                if self.clock() - self._pruned >= FORGET_AFTER:
-                    self._forget_gone()
-                wanted = [(key, pod) for key, pod in ((k, self._wanted(k)) for k in keys) if pod]
-                self._looking = len(wanted)
-            if not wanted:
-                continue  # a pod's own status updates end here: nothing is read from disk
+                    continue
+            if self._stopping.is_set():
+                return
             try:
-                entries = resultcache.list_entries(self.cni_dir)
-            except MultusError as exc:
-                LOG.warning("dynamic networks: cannot read the records in %s: %s", self.cni_dir,
-                            exc.msg)
-                entries = []
+                node = self.multus.node.current()
+                entries = resultcache.list_entries(node.cni_dir)
+            except Exception as exc:  # noqa: BLE001 - every pod taken fails, with the backoff
+                LOG.warning("dynamic networks: cannot read the records: %s",
+                            exc.msg if isinstance(exc, MultusError) else repr(exc))
+                for key, pod in wanted:
+                    self._finish_look(key, pod, failed=True)
+                continue
             for key, pod in wanted:
+                failed = False
                 try:
-                    self._look(key, pod, entries)
-                except Exception:  # noqa: BLE001 - one pod's bug must not stop the others
-                    LOG.exception("dynamic networks: looking at pod %s/%s failed", *key)
-                with self._cond:
-                    self._looking -= 1
+                    self._look(key, pod, node.cni_dir, entries)
+                except Exception as exc:  # noqa: BLE001 - one pod's failure stops no other
+                    failed = True
+                    self._say_failed_look(key, exc)
+                self._finish_look(key, pod, failed=failed)
 
-    def _work_ready(self) -> bool:
-        return bool(self._changed) or self._stopping.is_set() or any(
-            s.due is not None and s.due <= self.clock() and not s.busy
-            for s in self._pods.values())
+    def _take(self) -> List[Tuple[Key, Any]]:
+        """The pods to look at now, LOOKING from here (lock held): those PENDING, in the order
+        they changed, and those whose retry is due."""
+        now = self.clock()
+        if now - self._pruned >= FORGET_AFTER:
+            self._forget_gone()
+        for key, state in self._pods.items():
+            if state.phase == BACKOFF and state.wants_look(now):
+                state.phase = PENDING
+                self._pending[key] = None
+        taken = []
+        for key in self._pending:
+            state = self._pods.get(key)
+            if state is None or state.phase != PENDING:
+                continue
+            state.phase = LOOKING
+            self._checked += 1
+            taken.append((key, state.pod))
+        self._pending.clear()
+        return taken
 
     def _next_wait(self) -> Optional[float]:
-        dues = [s.due for s in self._pods.values() if s.due is not None and not s.busy]
+        dues = [s.due for s in self._pods.values() if s.phase == BACKOFF and s.due is not None]
         return max(0.0, min(dues) - self.clock()) if dues else None
 
     def _forget_gone(self) -> None:
@@ -212,80 +286,80 @@ class DynamicNetworks:
         now = self._pruned = self.clock()
         kube = self.multus.kube
         for key, state in list(self._pods.items()):
-            if not state.busy and now - state.seen >= FORGET_AFTER and \
-                    kube.cached_pod(*key) is None:
+            if state.phase in (IDLE, PENDING, BACKOFF) and now - state.seen >= FORGET_AFTER \
+                    and kube.cached_pod(*key) is None:
                 del self._pods[key]
+                self._pending.pop(key, None)
 
-    def _take_due(self) -> List[Key]:
-        """The keys to look at now (lock held): changed ones, and retries that are due."""
-        now = self.clock()
-        keys = list(self._changed)
-        self._changed.clear()
-        keys += [k for k, s in self._pods.items()
-                 if s.due is not None and s.due <= now and not s.busy and k not in keys]
-        return keys
+    def _look(self, key: Key, pod: Any, cni_dir: str, entries: List[dict]) -> None:
+        """Find the pod's sandbox, and queue its reconciliation if there is work.
 
-    def _wanted(self, key: Key) -> Any:
-        """The pod to look at now, or None (lock held)."""
-        state = self._pods.get(key)
-        if state is None:
-            return None
-        pod = state.pod
-        if not eligible(pod):
-            del self._pods[key]  # its retries end; running again, it starts afresh
-            return None
-        if state.busy:
-            state.again = True
-            return None
-        wanted = signature(pod)
-        if state.due is not None:
-            if wanted == state.failed and self.clock() < state.due:
-                return None  # its retry is not due yet
-        elif wanted == state.done:
-            return None
-        self._checked += 1
-        return pod
-
-    def _look(self, key: Key, pod: Any, entries: List[dict]) -> None:
-        """Find the pod's sandbox, and queue its reconciliation if there is work."""
-        container_id = reconcile.sandbox_of(
-            pod, entries, self.cni_dir,
-            spare=unreleased.spare_marks_dir(self.multus.config.socket_dir))
+        :raises Exception: whatever went wrong (the caller fails the look, with the backoff).
+        """
+        container_id = podsandbox.sandbox_of(
+            pod, entries, cni_dir,
+            spare=delmarks.spare_marks_dir(self.multus.config.socket_dir))
         if container_id is None:
-            self._settle(key, pod, None)  # not attached by multusd (host network, ...)
-            return
+            return  # not attached by multusd (host network, ...)
         log = _logger(pod, container_id, "check")
-        if not reconcile.needs_reconciling(pod, container_id, self.multus.config, log):
-            self._settle(key, pod, None)
-            return
-        self._submit(key, pod, container_id)
+        try:
+            needed = self.multus.needs_reconciling(pod, container_id, log)
+        except podsandbox.Unestablished as exc:
+            if self.multus.notices.first(container_id, exc.msg):
+                log.warning("dynamic networks: nothing is changed: the sandbox's configuration "
+                            "cannot be established: %s", exc.msg)
+            raise
+        if needed:
+            self._submit(key, container_id)
 
-    def _submit(self, key: Key, pod: Any, container_id: str) -> None:
+    def _say_failed_look(self, key: Key, exc: BaseException) -> None:
+        if isinstance(exc, podsandbox.Unestablished):
+            return  # said once, by _look
+        if isinstance(exc, MultusError):
+            LOG.warning("dynamic networks: looking at pod %s/%s failed: %s", key[0], key[1],
+                        exc.msg)
+        else:
+            LOG.error("dynamic networks: looking at pod %s/%s failed unexpectedly", *key,
+                      exc_info=exc)
+
+    def _finish_look(self, key: Key, pod: Any, *, failed: bool) -> None:
+        """The look at ``pod`` is over: nothing to do (IDLE), its reconciliation queued
+        (QUEUED, by :meth:`_submit`), or it failed (BACKOFF)."""
+        with self._cond:
+            state = self._pods.get(key)
+            if state is None or state.phase != LOOKING:
+                return
+            if failed:
+                self._fail(key, state, signature(pod))
+            else:
+                state.done(signature(pod))
+            self._review(key, state)
+
+    def _submit(self, key: Key, container_id: str) -> None:
         job = Job(None, "", "", b"", math.inf, COMMAND, container_id,
                   task=lambda job: self._task(key, container_id))
         with self._cond:
             state = self._pods.get(key)
-            if state is None:
+            if state is None or state.phase != LOOKING:
                 return
-            state.busy = True
+            state.phase = QUEUED
         if self.lanes is None or not self.lanes.submit(job):
-            LOG.warning("dynamic networks: the request queue is full; pod %s/%s is tried again "
-                        "later", *key)
             with self._cond:
-                state.busy = False
-            self._settle(key, pod, reconcile.Outcome(result=reconcile.FAILED), count=False)
+                state.phase = LOOKING  # the look failed: queued it was not
+            raise MultusError("the request queue is full; the pod is tried again later")
 
     def _task(self, key: Key, container_id: str) -> None:
         """On a worker of the lanes, in the sandbox's turn."""
         with self._cond:
             state = self._pods.get(key)
             pod = state.pod if state is not None else None
-            if pod is None or self._stopping.is_set() or not eligible(pod):
+            if state is None or self._stopping.is_set() or not eligible(pod):
                 if state is not None:
-                    state.busy = False
+                    state.done(signature(pod))
+                    self._review(key, state)
                 return
             self._running += 1
-        outcome: Optional[reconcile.Outcome] = None
+        outcome = reconcile.Outcome(result=reconcile.FAILED)
         log = _logger(pod, container_id, "")
         try:
             log.info("dynamic networks: applying the pod's network selections")
@@ -297,52 +371,25 @@ class DynamicNetworks:
                      f"; removed {', '.join(outcome.removed)}" if outcome.removed else "")
         except MultusError as exc:  # the sandbox went away under it (its netns ...): retried
             log.warning("dynamic networks: the reconciliation failed: %s", exc.msg)
-            outcome = reconcile.Outcome(result=reconcile.FAILED)
         except Exception:  # noqa: BLE001 - counted as a failure, retried
             log.exception("dynamic networks: the reconciliation failed unexpectedly")
-            outcome = reconcile.Outcome(result=reconcile.FAILED)
         finally:
             with self._cond:
                 self._running -= 1
-                if state is not None:
-                    state.busy = False
+                self._counts[outcome.result] += 1
+                if state.phase == QUEUED:
+                    if outcome.retry:
+                        self._fail(key, state, signature(pod))
+                    else:
+                        state.done(signature(pod))
+                if self._pods.get(key) is state:
+                    self._review(key, state)
                 self._cond.notify_all()
-            self._settle(key, pod, outcome)
 
     def _still_eligible(self, key: Key) -> bool:
         with self._cond:
             state = self._pods.get(key)
             return state is not None and eligible(state.pod)
-
-    def _settle(self, key: Key, pod: Any, outcome: Optional[reconcile.Outcome], *,
-                count: bool = True) -> None:
-        """Record what happened to ``pod`` (None: nothing to do) and when to look again."""
-        with self._cond:
-            if outcome is not None and count:
-                self._counts[outcome.result] += 1
-            state = self._pods.get(key)
-            if state is None:
-                return
-            reconciled = signature(pod)
-            state.due = None
-            if outcome is None or not outcome.retry:
-                state.done, state.failed, state.failures = reconciled, None, 0
-            else:
-                state.failures = state.failures + 1 if reconciled == state.failed else 1
-                state.failed = reconciled
-                wait = self.policy.delay(state.failures)
-                if wait is None:
-                    LOG.warning("dynamic networks: pod %s/%s: giving up after %d failed "
-                                "attempts; it is tried again when its network-selection "
-                                "annotation changes, or at multusd's next start", key[0], key[1],
-                                state.failures)
-                    state.done, state.failed, state.failures = reconciled, None, 0
-                else:
-                    state.due = self.clock() + wait
-            if state.again or signature(state.pod) != signature(pod):
-                state.again = False
-                self._changed[key] = None
-            self._cond.notify_all()
 
 
 def _logger(pod: Any, container_id: str, request_id: str) -> RequestLogger:

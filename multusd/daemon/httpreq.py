@@ -11,13 +11,13 @@ wrong: :class:`BadRequest` for the head, a :class:`~multusd.errors.MultusError` 
 
 from __future__ import annotations
 
-import json
 import re
 import selectors
 import socket
 from typing import Optional
 
-from multusd.errors import DecodeFailure, InvalidEnvironment
+from multusd.core.request import decode_body
+from multusd.errors import DecodeFailure, InvalidEnvironment, MultusError
 
 MAX_BODY = 4 * 1024 * 1024
 READ_TIMEOUT = 30.0  # seconds for a whole request, and for each answer's writes
@@ -26,7 +26,7 @@ MAX_HEADERS = 100
 MAX_HEAD = 65536  # request line and headers together
 STATUS_PHRASES = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found",
                   405: "Method Not Allowed", 408: "Request Timeout",
-                  500: "Internal Server Error"}
+                  500: "Internal Server Error", 503: "Service Unavailable"}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _SINGLE_HEADERS = ("content-length", "transfer-encoding")
@@ -282,7 +282,7 @@ def peek_env(body: bytes) -> tuple[str, str]:
     written once, plainly (UTF-8, and no ``\\u`` escape anywhere in the body, so no key is
     spelled otherwise), its value a plain string; any other body is decoded in full.
     """
-    if b"\\u" not in body and b"\x00" not in body[:4]:  # not UTF-16/32 (json reads those)
+    if b"\\u" not in body and b"\x00" not in body[:4]:  # not UTF-16/32 (refused when decoded)
         values = []
         for key in _ENV_KEYS:
             count = body.count(key)
@@ -293,10 +293,8 @@ def peek_env(body: bytes) -> tuple[str, str]:
         else:
             return values[0], values[1]
     try:
-        env = json.loads(body).get("env")
-    except (ValueError, AttributeError, RecursionError):
+        env = decode_body(body)[0]
+    except MultusError:
         return "", ""  # the request is refused when it is decoded: it touches no sandbox
-    if not isinstance(env, dict):
-        return "", ""
     found = [env.get(key.decode()) for key in _ENV_KEYS]
     return tuple(value if isinstance(value, str) else "" for value in found)  # type: ignore

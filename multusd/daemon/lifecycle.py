@@ -23,6 +23,7 @@ loaded): everything multusd writes is already on disk, and the log handlers are 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -35,19 +36,20 @@ from typing import Any, Mapping
 
 from multusd import __version__
 from multusd.core.request import CmdArgs, decode_body, parse
-from multusd.core.settings import cni_dir_of
 from multusd.cni.invoke import RunningPlugins
 from multusd.daemon import delretry, dynnetworks, metrics, metricsserver, systemd
 from multusd.config.daemonconf import DaemonConfig
+from multusd.core.effective import EffectiveConfig
 from multusd.core.multus import Multus
-from multusd.core import unreleased
-from multusd.errors import MultusError
+from multusd.core import delmarks
+from multusd.errors import InvalidEnvironment, MultusError
 from multusd.config import nodename
 from multusd.daemon.kubestart import BackgroundKube
-from multusd.daemon.lanes import del_lane_workers
+from multusd.daemon.lanes import NODE_COMMANDS, del_lane_workers
 from multusd.daemon.log import RequestLogger, request_fields
 from multusd.daemon.server import Server
 from multusd.daemon.stopping import Stop
+from multusd.wire import api
 
 LOG = logging.getLogger(__name__)
 
@@ -57,9 +59,10 @@ KUBE_STREAMS = 3
 
 
 def kube_connections(workers: int) -> int:
-    """Idle API connections worth keeping: the workers of both lanes (the server's DEL/STATUS
-    lane has :func:`~multusd.daemon.lanes.del_lane_workers`) and :data:`KUBE_STREAMS`."""
-    return workers + del_lane_workers(workers) + KUBE_STREAMS
+    """Idle API connections worth keeping: the workers of both lanes (the server's DEL lane
+    has :func:`~multusd.daemon.lanes.del_lane_workers`), the STATUS and GC slots' threads
+    (a NAD as the cluster network) and :data:`KUBE_STREAMS`."""
+    return workers + del_lane_workers(workers) + len(NODE_COMMANDS) + KUBE_STREAMS
 
 
 class StartupError(Exception):
@@ -131,6 +134,7 @@ class Daemon:
         if self.config.metrics_port is not None:
             self.metrics = metrics.DaemonMetrics()  # imports prometheus_client
         self.multus = self._make_multus()
+        log_configuration(self.config, self.multus.node.current())
         self._start_metrics()
         self.server = Server(listener, self.handle, workers=self.config.workers,
                              request_timeout=self.config.request_timeout,
@@ -178,8 +182,7 @@ class Daemon:
                         running_plugins=self.running_plugins)
         if self.kube is not None and self.config.enable_dynamic_networks:
             self.dynamic = dynnetworks.DynamicNetworks(
-                multus, cni_dir=cni_dir_of(self.config.raw),
-                request_timeout=self.config.request_timeout)
+                multus, request_timeout=self.config.request_timeout)
         return multus
 
     def _pod_changed(self, pod: Any) -> None:
@@ -213,8 +216,8 @@ class Daemon:
         self.metrics.set_sources(
             cached_pods=from_client(lambda c: c.cache_sizes()[0]),
             cached_nads=from_client(lambda c: c.cache_sizes()[1]),
-            cni_dir=cni_dir_of(self.config.raw),
-            marks_spare=unreleased.spare_marks_dir(self.config.socket_dir),
+            cni_dirs=self.multus.node.cni_dirs,
+            marks_spare=delmarks.spare_marks_dir(self.config.socket_dir),
             pod_cache_misses=from_client(lambda c: c.cache_misses),
             node_name_mismatch=from_client(lambda c: int(c.node_mismatch is not None)),
             watch_relists=from_client(lambda c: c.relists),
@@ -249,7 +252,7 @@ class Daemon:
     # -- requests ---------------------------------------------------------------------------
     def handle(self, endpoint: str, body: bytes, deadline: float,
                request_id: str) -> Mapping[str, Any] | None:
-        """One /cni or /delegate request (called on a pool slot by the server)."""
+        """One /cni, /delegate or /forget request (called on a pool slot by the server)."""
         with self.metrics.track_request(endpoint) as tracked:
             env, config, attributes = decode_body(body)
             request = parse(env, config, self.config)
@@ -265,8 +268,10 @@ class Daemon:
         # One request per sandbox at a time: the server's lanes ran none of this container's
         # other requests beside this one (they are keyed by httpreq.peek_env, its exact ID).
         try:
-            if endpoint == "/delegate":
+            if endpoint == api.DELEGATE_ENDPOINT:
                 result = self.multus.hotplug(request, attributes or {}, deadline, log)
+            elif endpoint == api.FORGET_ENDPOINT:
+                result = self._forget(request, deadline, log)
             else:
                 result = self.multus.cni(request, deadline, log)
         except MultusError as exc:
@@ -274,9 +279,23 @@ class Daemon:
                       extra={"DURATION_MS": _ms(started), "CNI_ERROR_CODE": exc.code})
             raise
         log.info("%s finished", request.command, extra={"DURATION_MS": _ms(started)})
+        if request.command == "DEL" and endpoint != api.DELEGATE_ENDPOINT and \
+                self.retrier is not None:
+            self.retrier.after_del(request.container_id)  # the shim's stale mark, if any
+        if endpoint == api.FORGET_ENDPOINT:
+            return {"networks": result}
         if request.command == "ADD":
             return {"Result": result}
         return None
+
+    def _forget(self, request: CmdArgs, deadline: float, log: Any) -> list:
+        """``multusd gc --forget`` of the sandbox ``request`` (the runtime's DEL) names, in the
+        sandbox's turn like any request of it."""
+        if request.command != "DEL":
+            raise InvalidEnvironment(f"/forget takes the sandbox's DEL request, not "
+                                     f"CNI_COMMAND={request.command!r}")
+        outcome = self.multus.forget(request, deadline, log)
+        return api.forgotten_networks((d.name, d.ifname, why) for d, why in outcome)
 
     def _describe(self) -> dict:
         """The daemon's facts for ``GET /status`` (``multusd status`` asks for them)."""
@@ -344,6 +363,22 @@ class Daemon:
                 systemd.notify("WATCHDOG=1")
 
         threading.Thread(target=ping, name="multusd-watchdog", daemon=True).start()
+
+
+def log_configuration(config: DaemonConfig, node: EffectiveConfig) -> None:
+    """The daemon's configuration, once at start, as containerd logs its own: what it resolved
+    (no config bodies, no credentials: the kubeconfig's path only)."""
+    daemon = {"config": config.path, "socketDir": config.socket_dir,
+              "kubeconfig": config.kubeconfig or None, "nodeName": config.node_name or None,
+              "workers": config.workers, "requestTimeout": config.request_timeout,
+              "deleteRetryWindow": config.delete_retry_window,
+              "parallelDelegates": config.parallel_delegates,
+              "enableDynamicNetworks": config.enable_dynamic_networks,
+              "metrics": f"{config.metrics_address}:{config.metrics_port}"
+              if config.metrics_port is not None else None}
+    LOG.info("configuration: %s", json.dumps(
+        {"daemon": {k: v for k, v in daemon.items() if v is not None},
+         "node": node.describe()}, sort_keys=False))
 
 
 def exit_without_teardown(code: int) -> None:

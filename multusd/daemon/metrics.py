@@ -8,7 +8,7 @@ Series (see :class:`DaemonMetrics`)::
     multusd_delegate_duration_seconds{plugin,command} histogram, one per plugin exec
     multusd_requests_in_flight                       gauge
     multusd_cached_pods / multusd_cached_nads        gauges, read from the watch caches
-    multusd_scratch_cache_entries                    gauge, files in cniDir
+    multusd_scratch_cache_entries                    gauge, files in every cniDir the node names
     multusd_stale_sandboxes                          gauge, sandboxes whose netns is gone
     multusd_unreleased_sandboxes                     gauge, DEL answered success after failing
     multusd_pod_cache_misses_total / multusd_watch_relists_total  counters, from the caches
@@ -45,7 +45,7 @@ import copy
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence
 
 from multusd import __version__
 from multusd.core.records import count_stale_sandboxes
@@ -64,7 +64,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
                     30.0, 60.0, 120.0)
 
-_CNI_HANDLERS = ("/cni", "/delegate")
+_CNI_HANDLERS = ("/cni", "/delegate", "/forget")  # counted by track_request
 _KNOWN_HANDLERS = _CNI_HANDLERS + ("/healthz", "/readyz", "/status")
 _HTTP_METHODS = {"get", "head", "post", "put", "delete", "patch", "options", "connect", "trace"}
 # (name, help, kind) of the series read from a function at every scrape.
@@ -131,14 +131,21 @@ def count_scratch_entries(cni_dir: str) -> Optional[int]:
         return None
 
 
-def _stale_counter(cni_dir: str) -> Callable[[], Optional[int]]:
-    return lambda: count_stale_sandboxes(cni_dir)
+def _in_every(count: Callable[[str], Optional[int]],
+              cni_dirs: Callable[[], Sequence[str]]) -> Callable[[], Optional[int]]:
+    """``count`` summed over every cniDir the node names now (each once); None when one
+    cannot be read (the sample is left out rather than wrong)."""
+    def total() -> Optional[int]:
+        counts = [count(d) for d in dict.fromkeys(os.path.realpath(d) for d in cni_dirs())]
+        return None if any(c is None for c in counts) else sum(counts)
+    return total
 
 
-def _unreleased_counter(cni_dir: str, spare: str) -> Callable[[], Optional[int]]:
+def _unreleased_counter(cni_dirs: Callable[[], Sequence[str]],
+                        spare: str) -> Callable[[], Optional[int]]:
     from multusd.core.unreleased import count_unreleased  # only when metrics are on
 
-    return lambda: count_unreleased(cni_dir, spare=spare)
+    return lambda: count_unreleased(cni_dirs(), spare=spare)
 
 
 def handler_label(path: str) -> str:
@@ -293,14 +300,17 @@ class DaemonMetrics:
 
     def set_sources(self, *, cached_pods: Optional[Callable[[], Optional[float]]] = None,
                     cached_nads: Optional[Callable[[], Optional[float]]] = None,
-                    cni_dir: Optional[str] = None, marks_spare: str = "",
+                    cni_dirs: Optional[Callable[[], Sequence[str]]] = None,
+                    marks_spare: str = "",
                     pod_cache_misses: Optional[Callable[[], Optional[float]]] = None,
                     node_name_mismatch: Optional[Callable[[], Optional[float]]] = None,
                     watch_relists: Optional[Callable[[], Optional[float]]] = None,
                     watch_reopens: Optional[Callable[[], Optional[Mapping]]] = None,
                     **kube: Optional[Callable[[], Optional[float]]]) -> None:
         """Where the sampled gauges read from; an argument left None keeps that gauge empty.
-        ``marks_spare``: the marks of failed DELs that ``cni_dir`` could not take.
+        ``cni_dirs``: every cniDir the node names, as it resolves at each scrape (the
+        sandboxes' gauges count them all); ``marks_spare``: the marks of failed DELs that a
+        cniDir could not take.
 
         ``kube`` may name ``nad_api_unavailable``, ``nad_refusals``, ``credential_rotations``,
         ``kube_request_retries`` (a dict by cause) and ``dynamic_reconciliations`` (a dict by
@@ -320,12 +330,13 @@ class DaemonMetrics:
         self.sampled.set_function("multusd_watch_reopens_total", watch_reopens)
         self.sampled.set_function(
             "multusd_scratch_cache_entries",
-            None if cni_dir is None else (lambda: count_scratch_entries(cni_dir)))
-        self.sampled.set_function("multusd_stale_sandboxes",
-                                  None if cni_dir is None else _stale_counter(cni_dir))
+            None if cni_dirs is None else _in_every(count_scratch_entries, cni_dirs))
+        self.sampled.set_function(
+            "multusd_stale_sandboxes",
+            None if cni_dirs is None else _in_every(count_stale_sandboxes, cni_dirs))
         self.sampled.set_function("multusd_unreleased_sandboxes",
-                                  None if cni_dir is None
-                                  else _unreleased_counter(cni_dir, marks_spare))
+                                  None if cni_dirs is None
+                                  else _unreleased_counter(cni_dirs, marks_spare))
 
     def observe_plugin(self, plugin_type: str, command: str, seconds: float,
                        outcome: str = "ok") -> None:
@@ -344,7 +355,7 @@ class DaemonMetrics:
 
         For the endpoints that are not CNI requests (/healthz, /readyz, anything else as
         ``NotFound``) this also counts ``multusd_requests_total`` with an empty command,
-        result ok below 400; /cni and /delegate are counted there by :meth:`track_request`.
+        result ok below 400; /cni, /delegate and /forget are counted there by :meth:`track_request`.
         """
         handler = handler_label(path)
         method = method.lower()

@@ -5,16 +5,21 @@ request head and body as its bytes arrive, so a connection that sends nothing or
 holds no thread and no worker: it is closed when its head has not arrived within
 ``head_timeout`` (5 s), or its whole request within ``read_timeout``. The reactor itself
 answers ``/healthz``, ``/readyz`` and ``/status`` (they never wait behind CNI work) and every
-refusal; a complete ``/cni`` or ``/delegate`` request goes to
-:class:`~multusd.daemon.lanes.Lanes` (a DEL lane beside the general one, one sandbox's
-requests in order, one at a time), whose worker runs and answers it
-(:mod:`multusd.daemon.cnirun`). Bounded: open connections (at the cap the oldest idle one is
+refusal; a complete ``/cni``, ``/delegate`` or ``/forget`` request goes to
+:class:`~multusd.daemon.lanes.Lanes` (pod work: a DEL lane beside the general one, one
+sandbox's requests in order, one at a time; STATUS and GC: a slot each, one run at a time,
+shared by the identical requests that come meanwhile), whose thread runs and answers it
+(:mod:`multusd.daemon.cnirun`). A request's deadline is ``request_timeout`` after it was read,
+a STATUS's :data:`STATUS_TIMEOUT`: below the shim's own bound, so that the runtime hears the
+daemon's "not available" (code 50, naming the cluster network that did not answer) rather
+than the shim's "no answer". Bounded: open connections (at the cap the oldest idle one is
 closed for a new one), waiting requests, each request's head and body, and bytes of request
 held in all (:class:`~multusd.daemon.cnirun.MemoryBound`: a declared body counts in full once
 its head is read, a chunked one as it comes; past the bound either is refused "busy, retry").
 A refused request is answered 400 with CNI error JSON (the connections themselves, their
 timers, answers and closing: :mod:`multusd.daemon.reactor`). At the daemon's stop
-(:meth:`Server.begin_stop`) ``/readyz`` answers 500 and only DEL and STATUS are still run.
+(:meth:`Server.begin_stop`) ``/readyz`` answers 500 and only DEL and STATUS are still run;
+the others are answered 503 (not started: the shim sends them again to the next daemon).
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ from typing import Any, Callable, List, Mapping
 
 from multusd.daemon import httpreq
 from multusd.daemon.httpreq import LINGER, READ_TIMEOUT, READING, READY_WAIT, Connection
-from multusd.daemon.cnirun import CniRunner, Handler, MemoryBound, error_answer
-from multusd.daemon.lanes import FAST_COMMANDS, Job, Lanes, del_lane_workers
+from multusd.daemon.cnirun import (CniRunner, Handler, MemoryBound, error_answer,
+                                   not_started_answer)
+from multusd.daemon.lanes import NODE_COMMANDS, Job, Lanes, del_lane_workers
 from multusd.daemon.reactor import LINGER_BYTES, LINGER_TIMEOUT, Reactor  # noqa: F401 (were here)
 from multusd.errors import DecodeFailure, MultusError, TryAgainLater
 from multusd.wire import api
+from multusd.wire.shim import STATUS_TIMEOUT as SHIM_STATUS_TIMEOUT
 
 LOG = logging.getLogger(__name__)
 
@@ -49,6 +56,14 @@ PROBE_ROOM = 64  # connection slots CNI requests leave free (probes, idle ones, 
 STOP_GRACE = 1.0  # at stop: how long an accepted connection may still take to send a request
 MAX_BUFFERED = 64 * 1024 * 1024
 SWEEP_INTERVAL = 1.0  # how often waiting requests are checked against their deadline
+# A STATUS is answered within STATUS_TIMEOUT after it was read: the shim waits
+# SHIM_STATUS_TIMEOUT (5 s) for the whole call, STATUS_MARGIN of it is left for a loaded node
+# (the shim's start and connect, the answer's way back; up to SWEEP_INTERVAL more when it
+# comes from the sweep). The cluster network's STATUS plugins are killed at this deadline: a
+# run holds the STATUS slot no longer, whether its callers are still there or not.
+STATUS_MARGIN = 2.0
+STATUS_TIMEOUT = SHIM_STATUS_TIMEOUT - STATUS_MARGIN
+SERVED_WHILE_STOPPING = ("DEL", "STATUS")
 
 
 class Server(Reactor):
@@ -62,7 +77,7 @@ class Server(Reactor):
                  describe: Callable[[], Mapping[str, Any]] = dict,
                  max_connections: int = 0, read_timeout: float = 0.0,
                  head_timeout: float = 0.0, del_workers: int = 0, max_queued: int = 0,
-                 max_buffered: int = 0) -> None:
+                 max_buffered: int = 0, status_timeout: float = STATUS_TIMEOUT) -> None:
         super().__init__(listener, max_connections=max_connections or max(512, 8 * workers),
                          head_timeout=head_timeout or HEAD_TIMEOUT,
                          read_timeout=read_timeout or READ_TIMEOUT,
@@ -70,17 +85,19 @@ class Server(Reactor):
                          observe_http=observe_http)
         self.handler = handler
         self.request_timeout = request_timeout
+        self.status_timeout = min(status_timeout, request_timeout)
         self.readiness = readiness
         self.after_request = after_request
         self.describe = describe
         fast_workers = del_workers or del_lane_workers(workers)
         # CNI requests, running or waiting, never hold the connection slots probes need
-        room = self.max_connections - workers - fast_workers - PROBE_ROOM
+        room = self.max_connections - workers - fast_workers - len(NODE_COMMANDS) - PROBE_ROOM
         self.runner = CniRunner(handler, self.memory, request_timeout=request_timeout,
                                 observe_http=observe_http, after_request=after_request,
                                 finished=lambda job: self._closed())
         self.lanes = Lanes(self.runner.run_job, workers=workers, fast_workers=fast_workers,
-                           max_queued=max(1, min(max_queued or max(256, 4 * workers), room)))
+                           max_queued=max(1, min(max_queued or max(256, 4 * workers), room)),
+                           share=self.runner.run_shared)
         self.ready = True
         self.stopping = False  # see begin_stop
         self._ready_waiters: List[tuple] = []  # (conn, hold deadline)
@@ -128,8 +145,9 @@ class Server(Reactor):
 
     def begin_stop(self) -> None:
         """The daemon is stopping: ``/readyz`` answers 500, and of the CNI requests read from
-        now on only DEL and STATUS run; the others are answered "stopping, retry" (the next
-        daemon serves the retry). Probes are answered until :meth:`stop`."""
+        now on only DEL and STATUS run; the others are answered "stopping, retry" with 503
+        (not started: the next daemon serves the retry, multusd's shim sends it again).
+        Probes are answered until :meth:`stop`."""
         self.ready = False
         self.stopping = True
 
@@ -231,7 +249,7 @@ class Server(Reactor):
                 return self._answer(conn, 405, b"Method not allowed\n", "text/plain")
             self._no_body(conn)
             self._answer(conn, 200, json.dumps(self.status()).encode())
-        elif path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT):
+        elif path in (api.CNI_ENDPOINT, api.DELEGATE_ENDPOINT, api.FORGET_ENDPOINT):
             if method != "POST":
                 return self._answer(conn, 405, b"Method not allowed\n", "text/plain")
             length = parser.body_length()
@@ -281,13 +299,16 @@ class Server(Reactor):
             self._ready_waiters.append((conn, time.monotonic() + READY_HOLD))
             return
         command, key = httpreq.peek_env(parser.body)
-        if self.stopping and command not in FAST_COMMANDS:
+        if self.stopping and command not in SERVED_WHILE_STOPPING:
             self.runner.count("failed")
-            return self._answer(conn, *error_answer(TryAgainLater(
+            return self._answer(conn, *not_started_answer(TryAgainLater(
                 f"multusd is stopping: {command or 'the request'} was not started; retry it "
                 "(the socket stays open: the next multusd serves it)")))
-        job = Job(conn.sock, parser.path, parser.method, parser.body,
-                  time.monotonic() + self.request_timeout, command, key, conn.charged)
+        node = command in NODE_COMMANDS
+        bound = self.status_timeout if command == "STATUS" else self.request_timeout
+        job = Job(conn.sock, parser.path, parser.method, parser.body, time.monotonic() + bound,
+                  command, key, conn.charged,
+                  share=(parser.path, parser.body) if node else None)  # identical ones: one run
         if not self.lanes.submit(job):
             return self._answer(conn, *error_answer(TryAgainLater(
                 f"multusd is busy: {self.lanes.max_queued} requests are waiting for a worker; "
@@ -316,4 +337,4 @@ class Server(Reactor):
         self._conns[conn.fd] = conn
         self._selector.register(sock, selectors.EVENT_READ, conn)
         conn.events = selectors.EVENT_READ
-        self._answer(conn, *self.runner.too_late())
+        self._answer(conn, *self.runner.too_late(job))

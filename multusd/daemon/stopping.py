@@ -10,17 +10,18 @@ deadline (``requestTimeout``, 110 s): a hung plugin must not hold a restart for 
 
 1. **The drain** (:meth:`Stop.begin`): ``/readyz`` answers 500; ``/healthz``, ``/status``,
    DEL and STATUS are still served (upstream's shim probes ``/healthz`` before a DEL); an
-   ADD, CHECK, GC or ``/delegate`` read from now on is answered "stopping, retry" (the
-   shims wait for ``/readyz`` first, so only a race gets there). Once no connection is
-   open, accepting ends: what arrives later waits in the socket, which systemd keeps, for
-   the next daemon.
+   ADD, CHECK, GC or ``/delegate`` read from now on is answered "stopping, retry" with 503,
+   not started (the shims wait for ``/readyz`` first, so only a race gets there; multusd's
+   shim then waits for ``/readyz`` again and sends it to the next daemon). Once no
+   connection is open, accepting ends: what arrives later waits in the socket, which
+   systemd keeps, for the next daemon.
 2. **The cut**, :data:`CUT_GRACE` seconds before the deadline if requests still run: every
    delegate plugin's process group is killed and no plugin starts any more
    (:class:`~multusd.cni.invoke.RunningPlugins`), so each request fails as if its plugin
    had: a DEL through its own failure path, which marks the sandbox unreleased
    (:mod:`multusd.core.unreleased`) as any failing DEL does; an ADD through its rollback,
    whose records stay where it could not release (invariant 3) for the runtime's DEL.
-   Requests not started yet are answered "stopping, retry", and a DEL among them is
+   Requests not started yet are answered "stopping, retry" (503), and a DEL among them is
    recorded the same way (:func:`multusd.core.unreleased.record`), so that nothing it was
    to release is forgotten, whichever shim sent it (upstream's never retries a DEL).
 3. **The exit**, at the deadline at the latest: a DEL still running then (held outside any
@@ -37,13 +38,12 @@ import time
 from typing import Any, Callable, List, Set
 
 from multusd.cni.invoke import RunningPlugins
-from multusd.core import unreleased
+from multusd.core import delmarks, effective, sandboxconfig, unreleased
 from multusd.core.request import decode_body, parse
-from multusd.core.settings import cni_dir_of
 from multusd.daemon import systemd
 from multusd.daemon.lanes import Job
 from multusd.errors import MultusError, TryAgainLater
-from multusd.daemon.cnirun import error_answer
+from multusd.daemon.cnirun import not_started_answer
 from multusd.wire import api
 
 LOG = logging.getLogger(__name__)
@@ -129,9 +129,12 @@ class Stop:
             request = parse(env, config, self.config)
             if not request.container_id:
                 return
-            cni_dir = cni_dir_of(request.config)
-            spare = unreleased.spare_marks_dir(self.config.socket_dir)
-            earlier = unreleased.read(cni_dir, request.container_id, spare=spare)
+            # beside the sandbox's records, where its DEL would have put the mark
+            request = sandboxconfig.sandbox_request(
+                request, LOG, other_dirs=lambda: effective.node_cni_dirs(self.config))
+            cni_dir = request.effective.cni_dir
+            spare = delmarks.spare_marks_dir(self.config.socket_dir)
+            earlier = delmarks.read(cni_dir, request.container_id, spare=spare)
             unreleased.record(cni_dir, request, earlier.failures if earlier else (), why,
                               window=self.config.delete_retry_window,
                               released=earlier.released if earlier else (), spare=spare)
@@ -161,7 +164,7 @@ class Stop:
             if job.task is not None:
                 continue  # the daemon's own work (a reconciliation): no client to answer
             self.record(job, why)
-            self.server.runner.answer(job, *error_answer(TryAgainLater(why)),
+            self.server.runner.answer(job, *not_started_answer(TryAgainLater(why)),
                                       timeout=ANSWER_TIMEOUT)
         if running or waiting:
             LOG.warning("stop: exiting with %d request(s) still running (%s)", len(running),

@@ -21,12 +21,11 @@ DRA-only node, with neither socket nor checkpoint, needs neither for what its cl
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from multusd import store
+from multusd import go_loads, store
 from multusd.errors import DecodeFailure, InvalidEnvironment, IOFailure, TryAgainLater
 
 LOG = logging.getLogger(__name__)
@@ -366,7 +365,7 @@ def checkpoint_device_ids(path: str, uid: str) -> ResourceMap:
             "pod-resources socket")
     try:
         with open(path, "rb") as handle:
-            data = json.load(handle)
+            data = go_loads(handle.read())  # as the kubelet and upstream read it
     except OSError as exc:
         raise IOFailure(f"cannot read the kubelet device-plugin checkpoint {path!r}: "
                         f"{exc.strerror}; neither it nor the pod-resources socket is "
@@ -468,7 +467,7 @@ def remove_device_info(path: str) -> bool:
 
 def _json_object(raw: bytes) -> Optional[Dict[str, Any]]:
     try:
-        value = json.loads(raw)
+        value = go_loads(raw)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from multusd import MARKED_BY_SHIM, as_instant, clock_now
+from multusd import MARKED_BY_SHIM, as_instant, clock_now, go_field, go_loads
 from multusd.config import daemonconf, nodename
 from multusd.errors import ConfigError
 from multusd.wire import api
@@ -146,7 +146,7 @@ def daemon_state(config: daemonconf.DaemonConfig, *, activate: bool = False) -> 
     state["running"] = True
     if response.status == 200:
         try:
-            state["info"] = json.loads(response.body)
+            state["info"] = go_loads(response.body)
         except ValueError:
             state["info"] = None
     else:  # an older multusd without /status, or upstream's daemon: it answers, that is all
@@ -236,7 +236,7 @@ def record_json(record: Any, *, with_conf: bool = False) -> Dict[str, Any]:
 
 
 def _failed_delete_json(mark: Any) -> Optional[Dict[str, Any]]:
-    """A sandbox's failed DEL (:class:`~multusd.core.unreleased.FailedDelete`) as JSON."""
+    """A sandbox's failed DEL (:class:`~multusd.core.delmarks.FailedDelete`) as JSON."""
     if mark is None:
         return None
     doc = mark.to_json(clock_now())
@@ -246,47 +246,57 @@ def _failed_delete_json(mark: Any) -> Optional[Dict[str, Any]]:
 
 def failed_delete_line(record: Any, now: Any = None) -> str:
     """One sentence on a sandbox whose DEL failed: since when, how often, until when, what."""
-    from multusd.core import unreleased
+    from multusd.core.delmarks import stamp
 
     mark = record.failed_delete
     now = as_instant(now)
     who = f"{record.pod or mark.pod or '?'} {record.container_id}"
-    history = (f"its DEL has failed since {unreleased.stamp(mark.first_failure)} "
+    history = (f"its DEL has failed since {stamp(mark.first_failure)} "
                f"({mark.attempts} attempt(s)" + (", recorded by the shim: multusd did not "
                                                   "record them" if mark.by == MARKED_BY_SHIM
                                                   else "")
                + f"): {mark.what_failed()}")
     if mark.is_unreleased(now):
         return (f"{who} is UNRELEASED: {history}; DEL answers success since "
-                f"{unreleased.stamp(mark.until)} so that the pod could terminate; multusd "
+                f"{stamp(mark.until)} so that the pod could terminate; multusd "
                 "retries its DEL until it is released: fix the cause, and `multusd gc` "
                 f"releases it at once (`multusd gc --forget {record.container_id}` drops its "
                 "records instead)")
     return (f"{who}: {history}; reported to the runtime, which retries, until "
-            f"{unreleased.stamp(mark.until)}")
+            f"{stamp(mark.until)}")
 
 
 def _redacted_conf(conf: bytes, records: Any) -> Any:
     try:
-        return records.redact(json.loads(conf))
+        return records.redact(go_loads(conf))
     except ValueError:
         return "<not JSON>"
 
 
 def load_records(config: daemonconf.DaemonConfig) -> List[Any]:
-    from multusd.core import records, settings
+    """Every sandbox the node records (:func:`multusd.core.records.read_node`: every cniDir
+    its configuration names, the marks wherever they are kept)."""
+    from multusd.core import records
     from multusd.errors import MultusError
 
     try:
-        return records.read_sandboxes(settings.cni_dir_of(config.raw), spare=spare_of(config))
+        return records.read_node(cni_dirs(config), spare=spare_of(config))
     except MultusError as exc:
         raise ToolError(exc.msg, EXIT_PROBLEM) from None
+
+
+def cni_dirs(config: daemonconf.DaemonConfig) -> Tuple[str, ...]:
+    """Every cniDir the node's configuration names, its own first
+    (:func:`multusd.core.effective.node_cni_dirs`): where the tools find sandboxes."""
+    from multusd.core import effective
+
+    return effective.node_cni_dirs(config)
 
 
 def spare_of(config: daemonconf.DaemonConfig) -> str:
     """Where the daemon and the shim keep the marks ``<cniDir>`` cannot take (beside the
     socket): every tool reads them too."""
-    from multusd.core.unreleased import spare_marks_dir
+    from multusd.core.delmarks import spare_marks_dir
 
     return spare_marks_dir(config.socket_dir)
 
@@ -343,15 +353,13 @@ REGENERATE = ("run `systemctl start multusd-config.service` (or `multusd generat
 
 
 def runtime_conf(config) -> bytes:
-    """What the runtime passes on stdin: 00-multus.conf when there is a valid one."""
-    path = multus_conf_state(config).get("path")
-    if path:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-            if isinstance(json.loads(data), dict):
-                return data
-        except (OSError, ValueError):
-            pass
-    return json.dumps({"cniVersion": str(config.raw.get("cniVersion") or "1.0.0"),
+    """What the runtime passes on stdin: its multus config as it is on disk now
+    (:func:`multusd.core.effective.read_runtime_conf`), or, while there is none to read, the
+    least a shim needs."""
+    from multusd.core import effective
+
+    runtime = effective.read_runtime_conf(config)
+    if runtime.conf is not None:
+        return runtime.data
+    return json.dumps({"cniVersion": str(go_field(config.raw, "cniVersion") or "1.0.0"),
                        "name": "multus-cni-network", "type": "multus-shim"}).encode()

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from multusd import clock_now
+from multusd import clock_now, go_field, go_loads
 from multusd.tools import common
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
@@ -43,6 +43,7 @@ class Doctor:
         self.node: Any = None  # config.nodename.NodeName, once the config is read
         self.api_ok = False
         self.pods: Optional[List[Any]] = None
+        self.sandboxes: Optional[List[Any]] = None  # every sandbox recorded on the node
         self.checks: List[Check] = []
 
     def run(self) -> List[Check]:
@@ -259,13 +260,17 @@ class Doctor:
     def check_plugins(self) -> Check:
         from multusd.cni import invoke
         from multusd.cni.conflist import NetworkConfigList
-        from multusd.config.daemonconf import overlay
+        from multusd.core import effective
         from multusd.core.multus import Multus
         from multusd.core.podnetworks import build_delegates
-        from multusd.core.settings import load_settings
         from multusd.errors import MultusError
 
-        conf = overlay(_runtime_conf(self.config), self.config)
+        node = effective.for_node(self.config)  # what an ADD on this node is judged by
+        if node.settings is None:
+            return Check("plugins", FAIL, "the node's multus configuration (daemon-config.json "
+                         f"over {node.source or 'no runtime config'}) does not load: "
+                         f"{node.why_no_settings}", "fix clusterNetwork / delegates in "
+                         "daemon-config.json or the runtime's multus config")
         get_nad = _memoized(self.probe.get_nad) if self.api_ok else None
         sources = [("the cluster network and defaultNetworks", "", "", {})]
         sources += [(f"pod {p.namespace}/{p.name}", p.namespace, p.name, dict(p.annotations))
@@ -275,7 +280,7 @@ class Doctor:
         for label, namespace, name, pod_annotations in sources:
             try:
                 delegates = build_delegates(
-                    load_settings(conf), pod_namespace=namespace, pod_name=name,
+                    node.settings, pod_namespace=namespace, pod_name=name,
                     annotations=pod_annotations, cni_ifname="eth0", get_nad=get_nad)
             except MultusError as exc:
                 if not namespace:
@@ -294,7 +299,7 @@ class Doctor:
                     for kind in (plugin.get("type"), ipam.get("type")):
                         if kind:
                             wanted.setdefault(str(kind), (net.cni_version, delegate.name))
-        bin_dirs = Multus(self.config).engine(conf).bin_dirs
+        bin_dirs = Multus(self.config).engine(node.merged).bin_dirs
         missing = []
         for kind, (version, used_by) in sorted(wanted.items()):
             problem = _plugin_problem(invoke, kind, version, bin_dirs)
@@ -322,11 +327,11 @@ class Doctor:
         problems = []
         try:
             with open(path, "rb") as handle:
-                data = json.loads(handle.read())
+                data = go_loads(handle.read())
         except (OSError, ValueError) as exc:
             return Check("00-multus.conf", FAIL, f"{path} is not valid JSON ({exc})",
                          common.REGENERATE)
-        shim = str(self.config.raw.get("type") or "multus-shim")
+        shim = str(go_field(self.config.raw, "type") or "multus-shim")
         if not isinstance(data, dict) or data.get("type") != shim:
             problems.append(f"its type is {data.get('type') if isinstance(data, dict) else '?'!r}"
                             f", not {shim!r}")
@@ -346,7 +351,7 @@ class Doctor:
                      "calls multus-shim, mode 0600")
 
     def check_readiness(self) -> Check:
-        path = self.config.raw.get("readinessindicatorfile")
+        path = go_field(self.config.raw, "readinessindicatorfile")
         if not path:
             return Check("readiness", SKIP, "no readinessindicatorfile configured")
         if os.path.exists(path):
@@ -356,11 +361,11 @@ class Doctor:
                      "run on this node (they write it), or fix readinessindicatorfile")
 
     def check_stale(self) -> Check:
-        from multusd.core import records, settings
+        from multusd.core import records
 
-        stale = [r for r in records.stale_sandboxes(settings.cni_dir_of(self.config.raw),
-                                                    spare=common.spare_of(self.config))
-                 if r.failed_delete is None]  # those are check_unreleased's
+        stale = [r for r in self._sandboxes()
+                 if r.netns_state() == records.GONE and r.failed_delete is None]
+        # (those whose DEL failed are check_unreleased's)
         if not stale:
             return Check("stale", OK, "no sandbox outlived its network namespace")
         details = [f"{r.pod or '?'} {r.container_id}: netns {r.netns} is gone; "
@@ -372,12 +377,8 @@ class Doctor:
 
     def check_unreleased(self) -> Check:
         """Sandboxes whose DEL failed: past deleteRetryWindow (unreleased), or still failing."""
-        from multusd.core import records, settings
-
         now = clock_now()
-        failed = [r for r in records.read_sandboxes(settings.cni_dir_of(self.config.raw),
-                                                    spare=common.spare_of(self.config))
-                  if r.failed_delete is not None]
+        failed = [r for r in self._sandboxes() if r.failed_delete is not None]
         details = [common.failed_delete_line(r, now) for r in failed]
         gone = [r for r in failed if r.is_unreleased(now)]
         if gone:
@@ -394,13 +395,22 @@ class Doctor:
         return Check("unreleased", OK, "no sandbox has a failing or unreleased DEL")
 
     # -- helpers ------------------------------------------------------------------------------
+    def _sandboxes(self) -> List[Any]:
+        """Every sandbox the node records (read once: three checks look at them)."""
+        from multusd.core import records
+
+        if self.sandboxes is None:
+            self.sandboxes = records.read_node(common.cni_dirs(self.config),
+                                               spare=common.spare_of(self.config))
+        return self.sandboxes
+
     def _recorded_pods_elsewhere(self) -> List[str]:
         """Recorded (live) sandboxes whose pod the API schedules on another node."""
-        from multusd.core import records, settings
+        from multusd.core import records
 
         here = {(p.namespace, p.name) for p in self.pods or []}
         found = []
-        for record in records.read_sandboxes(settings.cni_dir_of(self.config.raw)):
+        for record in self._sandboxes():
             key = (record.pod_namespace, record.pod_name)
             if not record.pod_name or key in here or record.netns_state() != records.PRESENT:
                 continue
@@ -438,14 +448,6 @@ def _memoized(get_nad: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
         return seen[(namespace, name)]
 
     return lookup
-
-
-def _runtime_conf(config) -> Dict[str, Any]:
-    try:
-        data = json.loads(common.runtime_conf(config))
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _first_conf(directory: str) -> str:

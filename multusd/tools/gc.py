@@ -14,8 +14,11 @@ network namespace exists, or cannot be told, is never touched.
 
 ``--forget CONTAINER_ID`` is for the one sandbox whose DEL cannot succeed (a plugin binary
 that is gone for good keeps the runtime's DEL failing, and the pod Terminating): every
-delegate gets its DEL, in this process, and the records are dropped whatever failed; what a
-failed delegate set up is reported and left as it is. It runs only when asked, by exact ID.
+delegate gets its DEL and the records are dropped whatever failed; what a failed delegate set
+up is reported and left as it is. It runs only when asked, by exact ID. When the daemon
+answers it runs there (``POST /forget``), in the sandbox's turn: never beside a DEL of the
+same sandbox, the runtime's or the daemon's own retry. Otherwise (no daemon, or one without
+``/forget``: upstream's, or an older multusd) it runs in this process, and says so.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from multusd import clock_now
+from multusd import clock_now, go_field, go_loads
 from multusd.cni.args import format_cni_args
 from multusd.cni.invoke import search_path
-from multusd.core import records, settings, unreleased
+from multusd.core import delmarks, effective, markadoption, records
 from multusd.tools import common
 
 LOG = logging.getLogger("multusd.gc")
@@ -49,7 +52,9 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
     if (left and not dry_run) or (release and stale):
         via = "daemon" if common.healthz(config.socket_path)[0] else "in-process"
     if not dry_run:
-        unreleased.prune(settings.cni_dir_of(config.raw), spare=common.spare_of(config))
+        for problem in markadoption.tidy(common.cni_dirs(config),
+                                         common.spare_of(config)).problems:
+            print(f"multusd gc: {problem}", file=sys.stderr)
     retried = [retry_one(config, r, via) for r in left] if not dry_run else []
     outcomes = [release_one(config, r, via) for r in stale] if release else []
     unreleased_docs = _docs(left, retried)
@@ -68,42 +73,100 @@ def run(config_path: str, *, release: bool = False, dry_run: bool = False,
 
 def forget(config_path: str, container_id: str, *, as_json: bool = False) -> int:
     """``multusd gc --forget CONTAINER_ID``: DEL what can be released, drop every record."""
-    from multusd.core import request
-    from multusd.core.multus import Multus
-
     try:
         config = common.load_config(config_path)
-        cni_dir = settings.cni_dir_of(config.raw)
-        record = records.read_sandbox(cni_dir, container_id, spare=common.spare_of(config))
+        cni_dirs = common.cni_dirs(config)
+        record = records.find_sandbox(cni_dirs, container_id, spare=common.spare_of(config))
     except common.ToolError as exc:
         print(f"multusd gc: {exc}", file=sys.stderr)
         return exc.code
     if record is None:
-        print(f"multusd gc: no sandbox {container_id!r} is recorded in {cni_dir} (give the "
-              "full container ID the DEL error names)", file=sys.stderr)
+        print(f"multusd gc: no sandbox {container_id!r} is recorded in {', '.join(cni_dirs)} "
+              "(give the full container ID the DEL error names)", file=sys.stderr)
         return common.EXIT_NOT_FOUND
     env, conf = del_request(config, record)
-    req = request.parse(env, conf, config)
-    outcome = Multus(config, None).forget(req, time.monotonic() + config.request_timeout,
-                                          logging.LoggerAdapter(LOG, {}))
-    left = records.read_sandbox(cni_dir, container_id)
+    try:
+        via, why, networks = _forget_via_daemon(config, env, conf)
+    except ForgetFailed as exc:
+        print(f"multusd gc: multusd could not forget sandbox {container_id}: {exc}; nothing "
+              "was run here (it may still be running in multusd): see `multusd show "
+              f"{container_id}`, and run this again", file=sys.stderr)
+        return common.EXIT_PROBLEM
+    if networks is None:
+        networks = _forget_in_process(config, env, conf)
+        # a copy of its mark in another cniDir than its records (a shim's): the daemon drops
+        # it once it answered, here it is this process's to drop
+        markadoption.drop_if_released(cni_dirs, container_id, common.spare_of(config))
+    left = records.read_sandbox(record.cni_dir, container_id)
     doc = {"containerId": container_id,
            "pod": {"namespace": record.pod_namespace, "name": record.pod_name},
-           "networks": [{"network": d.name, "interface": d.ifname, "released": not why,
-                         **({"error": why} if why else {})} for d, why in outcome],
-           "recordsLeft": left.files if left is not None else []}
+           "via": via, **({"viaReason": why} if why else {}),
+           "networks": networks, "recordsLeft": left.files if left is not None else []}
     if as_json:
         common.emit_json(doc)
     else:
-        for net in doc["networks"]:
+        print("run by multusd, in the sandbox's turn" if via == "daemon" else
+              f"run in this process, outside multusd's lanes: {why}")
+        for net in networks:
             print(f"released: {net['network']} ({net['interface']})" if net["released"] else
                   f"NOT released, record dropped: {net['network']} ({net['interface']}): "
                   f"{net['error']}")
-        released = sum(1 for n in doc["networks"] if n["released"])
-        print(f"{container_id}: {released} of {len(outcome)} network(s) released; "
+        released = sum(1 for n in networks if n["released"])
+        print(f"{container_id}: {released} of {len(networks)} network(s) released; "
               + ("its records are gone: the runtime's next DEL succeeds" if left is None else
                  "records left: " + ", ".join(left.files)))
     return common.EXIT_OK if left is None else common.EXIT_PROBLEM
+
+
+class ForgetFailed(Exception):
+    """The daemon took ``/forget`` and did not carry it out (its CNI error, or no answer)."""
+
+
+def _forget_via_daemon(config, env: Dict[str, str], conf: bytes
+                       ) -> Tuple[str, str, Optional[List[Dict[str, Any]]]]:
+    """``(via, why not the daemon, networks)``: the daemon's answer to ``/forget``; networks
+    None when it is to run in this process instead (no daemon answers, or one without
+    ``/forget``).
+
+    :raises ForgetFailed: the daemon refused it or did not answer in time (it may still run
+        there: never run beside it here).
+    """
+    from multusd.wire import api
+
+    answered, why = common.healthz(config.socket_path)
+    if not answered:
+        return "in-process", f"multusd does not answer on {config.socket_path} ({why})", None
+    try:
+        response = api.http_request(config.socket_path, "POST", api.FORGET_ENDPOINT,
+                                    api.encode_request(env, conf),
+                                    timeout=config.request_timeout + 10)
+    except OSError as exc:
+        raise ForgetFailed(f"no answer on {config.socket_path}: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from None
+    if response.status in (404, 405):  # upstream's daemon, or a multusd older than /forget
+        return "in-process", (f"the daemon on {config.socket_path} has no {api.FORGET_ENDPOINT} "
+                              f"(upstream's, or an older multusd): HTTP {response.status}"), None
+    try:
+        answer = go_loads(response.body)
+    except ValueError:
+        answer = None
+    if response.status != 200 or not isinstance(answer, dict) or \
+            not isinstance(answer.get("networks"), list):
+        msg = answer.get("msg") if isinstance(answer, dict) else None
+        raise ForgetFailed(str(msg or f"HTTP {response.status} from the daemon"))
+    return "daemon", "", answer["networks"]
+
+
+def _forget_in_process(config, env: Dict[str, str], conf: bytes) -> List[Dict[str, Any]]:
+    """The daemon's own ``forget`` (:meth:`multusd.core.multus.Multus.forget`), run here."""
+    from multusd.core import request
+    from multusd.core.multus import Multus
+    from multusd.wire import api
+
+    req = request.parse(env, conf, config)
+    outcome = Multus(config, None).forget(req, time.monotonic() + config.request_timeout,
+                                          logging.LoggerAdapter(LOG, {}))
+    return api.forgotten_networks((d.name, d.ifname, why) for d, why in outcome)
 
 
 def _docs(sandboxes: List[records.SandboxRecord],
@@ -164,7 +227,7 @@ def render(summary: Dict[str, Any]) -> str:
 
 
 def _stamp(epoch: float) -> str:
-    return unreleased.stamp(epoch)
+    return delmarks.stamp(epoch)
 
 
 def _what_failed(failed: Dict[str, Any]) -> str:
@@ -191,18 +254,20 @@ def retry_one(config, record: records.SandboxRecord, via: str) -> Dict[str, Any]
             config, env, conf)
     except Exception as exc:  # noqa: BLE001 - one sandbox's failure must not stop the rest
         error = f"{type(exc).__name__}: {exc}"
-    cni_dir = settings.cni_dir_of(config.raw)
-    if records.read_sandbox(cni_dir, record.container_id) is None:
+    if records.read_sandbox(record.cni_dir, record.container_id) is None:
         return {"released": True, "error": ""}
     if not error:
-        again = unreleased.read(cni_dir, record.container_id, spare=common.spare_of(config))
+        again = markadoption.mark_of(common.cni_dirs(config), record.container_id,
+                                     common.spare_of(config))
         error = ("DEL failed again: " + again.what_failed() if again is not None else
                  "DEL succeeded but records remain")
     return {"released": False, "error": error}
 
 
 def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], bytes]:
-    """The env and config of the DEL the runtime would send for ``record``."""
+    """The env and config of the DEL the runtime would send for ``record``: the runtime's
+    multus config as it is on disk, ``CNI_PATH`` its ``binDir`` (daemon-config.json's over
+    it). The daemon judges it by the configuration the sandbox recorded."""
     pairs = [("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", record.pod_namespace),
              ("K8S_POD_NAME", record.pod_name),
              ("K8S_POD_INFRA_CONTAINER_ID", record.arg("K8S_POD_INFRA_CONTAINER_ID")
@@ -211,7 +276,8 @@ def del_request(config, record: records.SandboxRecord) -> Tuple[Dict[str, str], 
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": record.container_id,
            "CNI_NETNS": record.netns, "CNI_IFNAME": record.master_ifname,
            "CNI_ARGS": format_cni_args(pairs),
-           "CNI_PATH": ":".join(search_path(str(config.raw.get("binDir") or "")))}
+           "CNI_PATH": ":".join(search_path(str(
+               go_field(effective.for_node(config).merged, "binDir") or "")))}
     return env, common.runtime_conf(config)
 
 
@@ -229,7 +295,7 @@ def release_one(config, record: records.SandboxRecord, via: str) -> Dict[str, An
         error = f"{type(exc).__name__}: {exc}"
     if error:
         return {"released": False, "error": error}
-    left = records.read_sandbox(settings.cni_dir_of(config.raw), record.container_id)
+    left = records.read_sandbox(record.cni_dir, record.container_id)
     if left is not None:
         return {"released": False, "error": "DEL succeeded but records remain: "
                 + ", ".join(left.files)}

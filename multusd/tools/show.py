@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any, Dict, List, Tuple
 
+from multusd import go_loads
 from multusd.tools import common
 
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
@@ -91,7 +92,7 @@ def compare_with_api(config, record) -> Dict[str, Any]:
         differences.append(f"the API's pod {record.pod} has UID {pod.uid}, the records "
                            f"{record.pod_uid}: the pod was re-created")
     try:
-        status = json.loads(raw) if raw else []
+        status = go_loads(raw) if raw else []
     except ValueError:
         status = None
         differences.append(f"the {NETWORK_STATUS} annotation is not valid JSON")
@@ -130,7 +131,7 @@ def _key(name: Any, interface: Any) -> Tuple[str, str]:
 
 
 def _stamp(epoch: float) -> str:
-    from multusd.core.unreleased import stamp
+    from multusd.core.delmarks import stamp
 
     return stamp(epoch)
 

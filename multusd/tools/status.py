@@ -24,6 +24,7 @@ def run(config_path: str, *, as_json: bool = False) -> int:
         "api": _api_json(config, daemon),
         "config": {"path": config.path, "valid": True, "warnings": list(config.warnings)},
         "multusConf": multus_conf,
+        "cniDirs": list(common.cni_dirs(config)),
         "sandboxes": [common.record_json(r) for r in sandboxes],
         "problems": problems,
     }
@@ -63,6 +64,8 @@ def render(doc: Dict[str, Any]) -> str:
     conf = doc["multusConf"]
     lines.append(f"runtime:    {conf['path'] or '00-multus.conf'}: {conf['state']}"
                  + (f" ({conf['detail']})" if conf["detail"] else ""))
+    lines.append(f"records:    {', '.join(doc['cniDirs'])} (every cniDir the node's "
+                 "configuration names)")
     sandboxes = doc["sandboxes"]
     stale = sum(1 for s in sandboxes if s["netnsState"] == "gone")
     failed = [s["failedDelete"]["state"] for s in sandboxes if s.get("failedDelete")]

@@ -6,11 +6,21 @@ HTTP/1.1 over the unix socket ``<socketDir>/multus.sock``:
   shim's whole environment (the ``CNI_*`` variables and the rest, as upstream's shim sends
   ``os.Environ()``); ADD answers 200 ``{"Result": <result>}`` at the daemon's newest version
   (1.1.0 from multusd, 1.0.0 from upstream's), the other commands 200 with an empty body, a
-  failure 400 with CNI error JSON.
+  failure 400 with CNI error JSON. multusd answers a request it did not start because it is
+  stopping :data:`NOT_STARTED` (503) with the same CNI error JSON: nothing was done for it,
+  and the socket (systemd's) keeps the next connection for the next daemon, so a client may
+  send it again once ``/readyz`` answers 200 (multusd's shim does, for ADD, CHECK and GC).
+  Upstream's daemon never answers 503, and upstream's shim reports every answer but 200 alike.
 * ``POST /delegate``: the same plus ``"interfaceAttributes"`` (hot-plug of one interface).
 * ``GET|POST /healthz`` (always 200 while serving), ``/readyz`` (500 once stopping).
 * ``GET /status``: the daemon's own facts as JSON (version, uptime, request counts), for
   ``multusd status``; read-only, multusd's own (upstream has no such endpoint).
+* ``POST /forget``: ``multusd gc --forget``, multusd's own (upstream's daemon answers 404,
+  and its shim never sends it): the body of the runtime's DEL of the sandbox, as for
+  ``/cni``; the daemon runs every delegate's DEL and drops the sandbox's records whatever
+  failed, in the sandbox's turn (one request per sandbox at a time, the runtime's DEL and the
+  daemon's own retries included); 200 ``{"networks": [...]}`` (:func:`forgotten_networks`),
+  a failure 400 with CNI error JSON.
 
 The client here is deliberately tiny (a raw request on a unix socket, ``Connection: close``)
 because the shim runs it once per pod sandbox and must start fast. Its ``timeout`` bounds the
@@ -27,13 +37,16 @@ import time
 # _socket, not socket: socket.py imports selectors and enum, which the shim pays for per pod.
 import _socket
 
-from multusd.wire import quickjson
+from multusd import ascii_json, go_field, go_loads
 
 CNI_ENDPOINT = "/cni"
 DELEGATE_ENDPOINT = "/delegate"
 HEALTH_ENDPOINT = "/healthz"
 READY_ENDPOINT = "/readyz"
 STATUS_ENDPOINT = "/status"
+FORGET_ENDPOINT = "/forget"
+#: a request the daemon refused without starting it (it is stopping): safe to send again
+NOT_STARTED = 503
 DEFAULT_SOCKET_DIR = "/run/multus/"
 SOCKET_NAME = "multus.sock"
 #: what a request that ran out of time raises (socket.timeout: TimeoutError from 3.10)
@@ -56,7 +69,14 @@ def encode_request(env: dict, config: bytes,
                   "config": binascii.b2a_base64(config, newline=False).decode()}
     if interface_attributes is not None:
         body["interfaceAttributes"] = dict(interface_attributes)
-    return quickjson.dumps(body).encode()
+    return ascii_json(body).encode()
+
+
+def forgotten_networks(outcome) -> list:
+    """What ``/forget`` answers (and ``multusd gc --forget --json`` shows), from ``outcome``:
+    ``(network, interface, why not released)`` of each delegate ("" when it was)."""
+    return [{"network": network, "interface": ifname, "released": not why,
+             **({"error": why} if why else {})} for network, ifname, why in outcome]
 
 
 class HTTPResponse:
@@ -140,10 +160,10 @@ def post_failure(sock_path: str, endpoint: str, body: bytes, timeout: float) -> 
     if response.status == 200:
         return ""
     try:
-        answer = quickjson.loads(response.body)
+        answer = go_loads(response.body)
     except ValueError:
         answer = None
-    msg = answer.get("msg") if isinstance(answer, dict) else None
+    msg = go_field(answer, "msg")
     return str(msg or f"HTTP {response.status} from the daemon")
 
 

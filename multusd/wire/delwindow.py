@@ -8,20 +8,24 @@ terminate and a drain finishes. What the sandbox set up stays recorded: multusd 
 
 The window of a sandbox is kept on disk, where the daemon finds it and a restart does not
 lose it: ``<cniDir>/.multusd-unreleased/<containerID>``, a JSON file (root only, written
-atomically) whose ``until``/``untilBoot`` end the window. ``cniDir`` is the one in the shim's
-config (00-multus.conf carries daemon-config.json's, as upstream's generator writes it), read
-by the rule the daemon uses (:func:`multusd.cni_dir_of`): beside the sandbox's records, in a
+atomically) whose ``until``/``untilBoot`` end the window. ``cniDir`` is the one the daemon
+judges the request by: daemon-config.json's laid over the shim's config (:func:`multusd.overlaid`,
+read by :func:`multusd.cni_dir_of`), so that an operator's static multus config that names
+no cniDir (upstream's needs none) still has its marks beside the daemon's records and reads
+the daemon's published window; 00-multus.conf in auto mode carries daemon-config.json's
+anyway, as upstream's generator writes it. The mark is beside the sandbox's records, in a
 directory whose name (a leading dot) is never a container ID, so it cannot collide with
 upstream's files. When ``<cniDir>`` cannot take the mark (a full or read-only disk, a file
 where the directory should be) it goes to the same name in the socket's directory
 (``/run/multus/.multusd-unreleased``, lost at reboot), and the shim says so on stderr and in
 the journal: the window still ends, and the daemon and the tools read both places.
-The daemon writes the same files with more detail (:mod:`multusd.core.unreleased` defines
-them and publishes its ``deleteRetryWindow`` in ``.settings`` for the shim); the shim writes
-a mark only where there is none, or its own. Keys the shim writes: ``containerId``, ``by``
-("shim"), ``firstFailure``, ``lastFailure``, ``until``, ``bootId``, ``untilBoot``,
-``window``, ``attempts``, ``error``, ``cniDir`` and ``request`` (the runtime's CNI_*
-variables and config, so that the DEL can be run again as the runtime sent it).
+The daemon writes the same files with more detail (:mod:`multusd.core.delmarks`; it publishes
+its ``deleteRetryWindow`` in ``.settings`` for the shim); the shim writes a mark only where
+there is none, or its own. Both write and read a mark through the one definition of its
+format, :func:`multusd.mark_json` and :func:`multusd.parse_mark` (the package's: nothing more
+to import); the shim's marks leave out what only the daemon knows (which delegates failed or
+were released already), and keep the runtime's request (:func:`multusd.mark_request`: its
+CNI_* variables and config), so that the DEL can be run again as the runtime sent it.
 
 Times: ``firstFailure``, ``lastFailure`` and ``until`` are the wall clock (seconds since the
 epoch, for people and across reboots); the window is counted on the boot's clock
@@ -33,9 +37,10 @@ DEL failed: a DEL that succeeds costs nothing.
 import os
 import time
 
-from multusd import (MARK_REQUEST_ENV, MARKED_BY_SHIM, WINDOW_FILE, as_instant, cni_dir_of,
-                     seconds_of, unreleased_marks_dir, window_end, window_left)
-from multusd.wire import quickjson  # not json: it imports re and enum, ~13 ms of a shim run
+from multusd import (MARKED_BY_SHIM, WINDOW_FILE, as_instant, ascii_json, cni_dir_of,
+                     go_field, go_loads, mark_json, mark_request, marks_places, overlaid,
+                     parse_mark, seconds_of, unreleased_marks_dir, window_end,
+                     window_left)  # not json: it imports re and enum, ~13 ms of a shim run
 
 # Ten seconds from the first failure. A kubelet retries a failed KillPodSandbox 10 to 15 s
 # after the failure (its pod workers' back-off, 10 s with up to 50% jitter), so its first
@@ -58,8 +63,8 @@ def window(directory: str) -> float:
 def _published_window(directory: str) -> "float | None":
     try:
         with open(os.path.join(directory, WINDOW_FILE), "rb") as handle:
-            value = quickjson.loads(handle.read()).get("deleteRetryWindow")
-    except (OSError, ValueError, AttributeError):
+            value = go_field(go_loads(handle.read()), "deleteRetryWindow")
+    except (OSError, ValueError):
         return None
     return seconds_of(value)
 
@@ -68,7 +73,7 @@ def read_mark(path: str) -> "dict | None":
     """The mark at ``path``; None when there is none or it cannot be read as one."""
     try:
         with open(path, "rb") as handle:
-            mark = quickjson.loads(handle.read())
+            mark = go_loads(handle.read())
     except (OSError, ValueError):
         return None
     return mark if isinstance(mark, dict) else None
@@ -82,46 +87,42 @@ def expired(mark: dict, now: object = None) -> bool:
 
 def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
                  now: object = None, *, socket_dir: str = "",
-                 warn: "object | None" = None) -> "dict | None":
+                 warn: "object | None" = None, daemon: "dict | None" = None) -> "dict | None":
     """Record that this DEL failed; return the sandbox's mark (None: it cannot be marked).
 
     A mark the daemon wrote is only read (the daemon counted this failure itself when it
-    answered); the shim's own mark gets one more attempt. The mark goes to ``<cniDir>``;
-    when that fails, to ``socket_dir``'s marks directory, and ``warn`` (a callable) is told.
+    answered); the shim's own mark gets one more attempt. The mark goes to ``<cniDir>``
+    (``daemon``'s, daemon-config.json's, laid over ``conf``'s: the daemon's records are
+    there); when that fails, to ``socket_dir``'s marks directory, and ``warn`` (a callable)
+    is told.
     """
     container_id = env.get("CNI_CONTAINERID", "")
     if not _is_file_name(container_id):
         return None
     now = as_instant(now)
-    cni_dir = cni_dir_of(conf)
-    places = [unreleased_marks_dir(cni_dir)]
-    if socket_dir:
-        places.append(unreleased_marks_dir(socket_dir))
+    cni_dir = marks_cni_dir(conf, daemon)
+    places = marks_places(cni_dir, unreleased_marks_dir(socket_dir) if socket_dir else "")
     mark, found_in = None, ""
     for place in places:
-        mark = read_mark(os.path.join(place, container_id))
+        mark = parse_mark(container_id, read_mark(os.path.join(place, container_id)))
         if mark is not None:
             found_in = place
             break
-    if mark is not None and mark.get("by") != MARKED_BY_SHIM:
+    if mark is not None and mark["by"] != MARKED_BY_SHIM:
         return mark
     first = mark is None
     if first:
         seconds = next((w for w in map(_published_window, places) if w is not None),
                        DEFAULT_WINDOW)
-        mark = {"containerId": container_id, "by": MARKED_BY_SHIM, "firstFailure": now[0],
-                "lastFailure": now[0], **window_end(seconds, None, now), "window": seconds,
-                "attempts": 1, "error": error, "cniDir": cni_dir,
-                "request": {"env": {k: env[k] for k in MARK_REQUEST_ENV if k in env},
-                            "config": stdin.decode("utf-8", "replace")}}
+        mark = mark_json(container_id, by=MARKED_BY_SHIM, first_failure=now[0],
+                         last_failure=now[0], end=window_end(seconds, None, now),
+                         window=seconds, attempts=1, error=error, cni_dir=cni_dir,
+                         request=mark_request(env, stdin))
     else:
-        attempts = mark.get("attempts")
-        mark = dict(mark, lastFailure=now[0], error=error,
-                    attempts=(attempts if isinstance(attempts, int) else 0) + 1)
-        if mark.get("bootId") != now[1]:  # written in another boot: on this boot's clock now
-            mark.update(window_end(seconds_of(mark.get("window")) or DEFAULT_WINDOW, mark,
-                                   now))
-    data = quickjson.dumps(mark).encode()
+        mark = dict(mark, lastFailure=now[0], error=error, attempts=mark["attempts"] + 1)
+        if mark["bootId"] != now[1]:  # written in another boot: on this boot's clock now
+            mark.update(window_end(seconds_of(mark["window"]) or DEFAULT_WINDOW, mark, now))
+    data = ascii_json(mark).encode()
     for place in places:
         try:  # the first failure must survive a power loss; a lost count costs nothing
             _write(place, container_id, data, durable=first)
@@ -141,6 +142,12 @@ def note_failure(conf: dict, env: "dict[str, str]", stdin: bytes, error: str,
                 pass
         return mark
     return None
+
+
+def marks_cni_dir(conf: dict, daemon: "dict | None") -> str:
+    """The cniDir a failed DEL is marked in: the one the daemon judges the request by,
+    ``daemon`` (daemon-config.json, None: not there) laid over ``conf`` (the shim's)."""
+    return cni_dir_of(overlaid(conf, daemon) if daemon else conf)
 
 
 def give_up_message(mark: dict, now: object = None) -> str:

@@ -8,6 +8,12 @@ config, answers VERSION itself, and POSTs everything else to ``/cni`` on the dae
 and so does STATUS, whose job is to say "not ready" at once: it never waits for ``/readyz``,
 and a daemon that does not answer its probe within seconds is CNI error 50, as the daemon's
 own "not ready" is.
+A daemon that answers ADD, CHECK or GC with HTTP 503 (:data:`~multusd.wire.api.NOT_STARTED`)
+did not start it: it is stopping (a restart or upgrade), and systemd's socket keeps the next
+connection for the next daemon. The shim then waits for ``/readyz`` again and sends the
+request once more, as long as the readiness wait's own bound (:data:`READY_TIMEOUT`, from the
+first wait) has not passed; every other answer, 400 among them, is final (a DEL is served
+while the daemon drains; STATUS answers at once).
 The call to ``/cni`` is bounded, whole: the daemon's request deadline (``requestTimeout``,
 :data:`REQUEST_TIMEOUT` unless daemon-config.json says longer, read only once that has
 passed) plus :data:`ANSWER_MARGIN` (STATUS: :data:`STATUS_TIMEOUT`); a daemon that does not
@@ -16,8 +22,11 @@ runtime waiting forever.
 Unlike upstream, a failed DEL is reported to the runtime so that it retries instead of
 leaking addresses, but only for a bounded window (:mod:`multusd.wire.delwindow`): after it
 the shim answers success, so that the pod can terminate, and the sandbox stays recorded as
-unreleased for multusd to show and release. A DEL of something already gone succeeds in the
-daemon.
+unreleased for multusd to show and release, its mark beside the daemon's records (the
+``cniDir`` of daemon-config.json laid over the shim's config, as the daemon judges the
+request). A DEL of something already gone succeeds in the daemon.
+daemon-config.json (:class:`DaemonFile`) is read at most once per run, and only on those two
+paths: a call the daemon has not answered within the default deadline, a DEL that failed.
 """
 
 import sys
@@ -27,8 +36,9 @@ import time
 import posix
 
 from multusd import (COMMAND_MIN_VERSION, CURRENT_VERSION, SUPPORTED_VERSIONS, ResultError,
-                     __version__, convert, seconds_of, wire)
-from multusd.wire import api, quickjson
+                     __version__, ascii_json, convert, go_field, go_fields, go_loads,
+                     seconds_of, wire)
+from multusd.wire import api
 
 READY_POLL_FIRST = 0.01   # a daemon just activated answers within milliseconds ...
 READY_POLL_INTERVAL = 0.1  # ... one waiting for its API caches, upstream's 100 ms
@@ -45,20 +55,47 @@ DAEMON_CONFIG = "/etc/cni/net.d/multus.d/daemon-config.json"
 LEVELS = {"panic": 0, "error": 1, "verbose": 2, "debug": 3}
 
 
+class DaemonFile:
+    """daemon-config.json at :data:`DAEMON_CONFIG` (where ``multusd serve`` reads it), read as
+    the daemon reads it, at most once per shim run and only when asked: its
+    ``requestTimeout`` once the default has passed, the whole of it for a failed DEL's mark.
+    Absent, unreadable or no JSON object: ``{}`` (the shim's own config alone counts)."""
+
+    def __init__(self, path: str = DAEMON_CONFIG) -> None:
+        self.path = path
+        self._doc: "dict | None" = None
+
+    def doc(self) -> dict:
+        if self._doc is None:
+            try:
+                with open(self.path, "rb") as handle:
+                    doc = go_loads(handle.read())
+            except (OSError, ValueError):
+                doc = None
+            self._doc = doc if isinstance(doc, dict) else {}
+        return self._doc
+
+    def request_timeout(self) -> "float | None":
+        """``requestTimeout`` (seconds), None when it names none (or the file is not there)."""
+        return seconds_of(go_field(self.doc(), "requestTimeout"))
+
+
 class ShimConfig:
-    """The few keys of the runtime's config that the shim itself reads."""
+    """The few keys of the runtime's config that the shim itself reads, as upstream's shim reads
+    them (its ShimNetConf struct: "CNIVersion" sets cniVersion)."""
 
     def __init__(self, conf: dict) -> None:
         self.raw = conf  # the rest is read only on a failure path (cniDir, for a failed DEL)
-        self.cni_version = _setting(conf, "cniVersion", str)
-        self.socket_dir = _path_setting(conf, "daemonSocketDir") or api.DEFAULT_SOCKET_DIR
-        self.log_file = _path_setting(conf, "logFile")
-        level = _setting(conf, "logLevel", str).lower()
+        settings = go_fields(conf, tuple(_SETTINGS), check=_check_setting)
+        self.cni_version = settings.get("cniVersion", "")
+        self.socket_dir = _path_setting(settings, "daemonSocketDir") or api.DEFAULT_SOCKET_DIR
+        self.log_file = _path_setting(settings, "logFile")
+        level = settings.get("logLevel", "").lower()
         if level and level not in LEVELS:
             raise wire.errors().DecodeFailure(f"invalid \"logLevel\" {level!r} in the multus-shim config: "
                                 f"use one of {', '.join(LEVELS)}")
         self.log_level = LEVELS.get(level, 0)
-        self.log_to_stderr = _setting(conf, "logToStderr", bool) is True
+        self.log_to_stderr = settings.get("logToStderr") is True
 
     def log(self, level: str, message: str) -> None:
         """Upstream's line format, to logFile and/or stderr as configured."""
@@ -84,23 +121,23 @@ class ShimConfig:
                 pass
 
 
+# The keys the shim reads (upstream's ShimNetConf fields) and their JSON types.
+_SETTINGS = {"cniVersion": str, "daemonSocketDir": str, "logFile": str, "logLevel": str,
+             "logToStderr": bool}
 _TYPE_NAMES = {str: "a string", bool: "a boolean"}
 
 
-def _setting(conf: dict, key: str, kind: type):
-    """``conf[key]`` if it has the JSON type ``kind``; "" when absent or null."""
-    value = conf.get(key)
-    if value is None:
-        return ""
+def _check_setting(key: str, value: object) -> None:
+    """Every value a setting is given must have its JSON type (null leaves it unset)."""
+    kind = _SETTINGS[key]
     if type(value) is not kind:
         raise wire.errors().DecodeFailure(f"invalid \"{key}\" in the multus-shim config: it must be "
                             f"{_TYPE_NAMES[kind]}, not {value!r:.40}")
-    return value
 
 
-def _path_setting(conf: dict, key: str) -> str:
+def _path_setting(settings: dict, key: str) -> str:
     """An absolute path setting: the shim never writes or connects relative to its cwd."""
-    value = _setting(conf, key, str)
+    value = settings.get(key, "")
     if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
         raise wire.errors().DecodeFailure(f"invalid \"{key}\" {value!r:.80} in the multus-shim config: it "
                             "must be an absolute path")
@@ -115,7 +152,7 @@ def parse_config(stdin: bytes) -> ShimConfig:
         raise wire.errors().DecodeFailure(f"invalid CNI configuration passed to multus-shim: {len(stdin)} "
                             f"bytes, over the limit of {MAX_STDIN}")
     try:
-        conf = quickjson.loads(stdin)
+        conf = go_loads(stdin)
         if not isinstance(conf, dict):
             raise ValueError("the configuration is not a JSON object")
     except ValueError as exc:
@@ -138,13 +175,14 @@ def check_command_allowed(command: str, cni_version: str) -> None:
         raise wire.errors().IncompatibleCNIVersion(f"config version does not allow {command}")
 
 
-def wait_ready(sock: str, timeout: float = READY_TIMEOUT) -> None:
-    """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds.
+def wait_ready(sock: str, timeout: float = READY_TIMEOUT, since: "float | None" = None) -> None:
+    """Poll /readyz until it answers 200; raise TryAgainLater after ``timeout`` seconds
+    (counted from the monotonic instant ``since``, by default now; polled at least once).
 
     A 404 means a daemon without a readiness endpoint (upstream's v4.2 and older): it is
     polled on /healthz instead, at once, as upstream's shim does.
     """
-    deadline = time.monotonic() + timeout
+    deadline = (time.monotonic() if since is None else since) + timeout
     last = "no answer"
     pause = READY_POLL_FIRST
     endpoint = api.READY_ENDPOINT
@@ -194,11 +232,12 @@ def unreachable_hint(exc: "OSError | None") -> str:
 
 
 def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
-             timeout: "float | None" = None, not_ready: bool = False) -> bytes:
+             timeout: "float | None" = None, not_ready: bool = False,
+             daemon: "DaemonFile | None" = None) -> bytes:
     """POST the call to /cni; return the body of a 200, raise the daemon's CNI error otherwise.
 
     :param timeout: seconds the whole call may take; by default the daemon's requestTimeout
-        (:data:`REQUEST_TIMEOUT`, or the longer one of :data:`DAEMON_CONFIG`) plus
+        (:data:`REQUEST_TIMEOUT`, or the longer one of ``daemon``, daemon-config.json) plus
         :data:`ANSWER_MARGIN`.
     :param not_ready: STATUS: no answer is CNI error 50 ("not available"), not 11.
     """
@@ -206,7 +245,7 @@ def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
     waited_for = [REQUEST_TIMEOUT if timeout is None else None]
 
     def longer() -> float:  # the default has passed: does the daemon take longer?
-        configured = configured_request_timeout()
+        configured = (daemon or DaemonFile()).request_timeout()
         if configured is None or configured <= REQUEST_TIMEOUT:
             return 0.0
         waited_for[0] = configured
@@ -228,13 +267,46 @@ def post_cni(sock: str, env: "dict[str, str]", stdin: bytes,
     if response.status == 200:
         return response.body
     try:
-        error = quickjson.loads(response.body)
+        error = go_loads(response.body)
     except ValueError:
         error = None
     if isinstance(error, dict) and error.get("msg"):
-        raise wire.errors().ForwardedError(error)
-    text = response.body.decode("utf-8", "replace").strip()
-    raise wire.errors().MultusError(f"CNI request failed with status {response.status}: '{text}'")
+        failure = wire.errors().ForwardedError(error)
+    else:
+        text = response.body.decode("utf-8", "replace").strip()
+        failure = wire.errors().MultusError(
+            f"CNI request failed with status {response.status}: '{text}'")
+    if response.status == api.NOT_STARTED:
+        raise NotStarted(failure)
+    raise failure
+
+
+class NotStarted(Exception):
+    """The daemon answered 503 (:data:`~multusd.wire.api.NOT_STARTED`): it did not start the
+    request, which may be sent again; :attr:`error` is its CNI error, for when it is not."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def post_when_ready(conf: ShimConfig, sock: str, env: "dict[str, str]", stdin: bytes,
+                    timeout: float = READY_TIMEOUT, daemon: "DaemonFile | None" = None
+                    ) -> bytes:
+    """ADD, CHECK, GC: wait for ``/readyz``, then :func:`post_cni` (``daemon``: its
+    daemon-config.json); a request the daemon did not start (503: it is stopping) is sent
+    again once a daemon is ready, while ``timeout`` seconds from the first wait (the readiness
+    wait's own bound) have not passed."""
+    started = time.monotonic()
+    while True:
+        wait_ready(sock, timeout, since=started)
+        try:
+            return post_cni(sock, env, stdin, daemon=daemon)
+        except NotStarted as refusal:
+            if time.monotonic() - started >= timeout:
+                raise refusal.error from None
+            conf.log("verbose", f"{env.get('CNI_COMMAND', '')} (shim): multusd did not start "
+                                f"it ({refusal}); sending it again once multusd is ready")
 
 
 def no_answer_message(sock: str, command: str, waited: float,
@@ -251,21 +323,16 @@ def no_answer_message(sock: str, command: str, waited: float,
 
 def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
     """daemon-config.json's ``requestTimeout`` (seconds), None when absent or unreadable."""
-    try:
-        with open(path, "rb") as handle:
-            value = quickjson.loads(handle.read()).get("requestTimeout")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return seconds_of(value)
+    return DaemonFile(path).request_timeout()
 
 
 def add_result(body: bytes, cni_version: str) -> dict:
     """The ADD result from the daemon's ``{"Result": ...}``, converted to the config's version."""
     try:
-        result = quickjson.loads(body).get("Result") if body else None
-    except (ValueError, AttributeError):
+        result = go_field(go_loads(body), "Result", nil=True) if body else None
+    except ValueError:
         raise wire.errors().DecodeFailure(f"failed to decode the result from multusd: {body[:200]!r}") from None
-    if result is None:
+    if not isinstance(result, dict):
         raise wire.errors().DecodeFailure("multusd answered ADD without a result")
     if cni_version and cni_version != result.get("cniVersion"):
         try:
@@ -280,6 +347,7 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
     command = env.get("CNI_COMMAND", "")
     config_version = ""
     conf = None
+    daemon = DaemonFile()  # read only if needed, once
     try:
         if command == "VERSION":
             return 0, version_info(stdin)
@@ -296,10 +364,12 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
             check_alive(sock, STATUS_PROBE_TIMEOUT, not_ready=True)
         elif command == "DEL":
             check_alive(sock)  # DEL must proceed while the daemon drains
+        if command in ("STATUS", "DEL"):
+            body = post_cni(sock, env, stdin,
+                            timeout=STATUS_TIMEOUT if command == "STATUS" else None,
+                            not_ready=command == "STATUS", daemon=daemon)
         else:
-            wait_ready(sock)
-        body = post_cni(sock, env, stdin, timeout=STATUS_TIMEOUT if command == "STATUS" else None,
-                        not_ready=command == "STATUS")
+            body = post_when_ready(conf, sock, env, stdin, daemon=daemon)
         conf.log("verbose", f"{command} (shim): done for {env.get('CNI_CONTAINERID', '')}")
         if command == "ADD":
             return 0, add_result(body, conf.cni_version)
@@ -308,18 +378,23 @@ def run(env: "dict[str, str]", stdin: bytes) -> "tuple[int, dict | None]":
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             raise
         errors = wire.errors()
+        if isinstance(exc, NotStarted):  # a DEL or STATUS is not sent again
+            exc = exc.error
         if not isinstance(exc, errors.MultusError):
             exc = errors.MultusError(f"multus-shim failed unexpectedly: {type(exc).__name__}: "
                                      f"{exc!s:.500}")
         elif conf is not None:
             conf.log("error", f"{command} (shim): {exc.msg}")
-        if command == "DEL" and conf is not None and del_window_passed(conf, env, stdin, exc.msg):
+        if command == "DEL" and conf is not None and \
+                del_window_passed(conf, env, stdin, exc.msg, daemon):
             return 0, None
         return 1, exc.to_cni_error(config_version or errors.DEFAULT_CNI_VERSION)
 
 
-def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, error: str) -> bool:
-    """Mark the sandbox whose DEL failed; True once its window is over (answer success)."""
+def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, error: str,
+                      daemon: "DaemonFile | None" = None) -> bool:
+    """Mark the sandbox whose DEL failed (beside the records of the daemon that ``daemon``,
+    daemon-config.json, configures); True once its window is over (answer success)."""
     from multusd.wire import delwindow
 
     def say(message: str) -> None:
@@ -327,7 +402,7 @@ def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, err
         delwindow.to_syslog(message)
 
     mark = delwindow.note_failure(conf.raw, env, stdin, error, socket_dir=conf.socket_dir,
-                                  warn=say)
+                                  warn=say, daemon=(daemon or DaemonFile()).doc())
     if mark is None or not delwindow.expired(mark):
         return False
     say(delwindow.give_up_message(mark))
@@ -336,8 +411,8 @@ def del_window_passed(conf: ShimConfig, env: "dict[str, str]", stdin: bytes, err
 
 def version_info(stdin: bytes) -> dict:
     try:
-        requested = quickjson.loads(stdin).get("cniVersion") if stdin.strip() else None
-    except (ValueError, AttributeError):
+        requested = go_field(go_loads(stdin), "cniVersion") if stdin.strip() else None
+    except ValueError:
         requested = None
     if not isinstance(requested, str) or not requested:
         requested = CURRENT_VERSION
@@ -359,9 +434,9 @@ def main(argv: "list[str] | None" = None) -> int:
     try:
         stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
         code, output = run(environment(), stdin)
-        text = quickjson.dumps(output) + "\n" if output is not None else ""
+        text = ascii_json(output) + "\n" if output is not None else ""
     except Exception as exc:  # noqa: B902 - last line of defence: still a CNI error
-        code, text = 1, quickjson.dumps(wire.errors().MultusError(
+        code, text = 1, ascii_json(wire.errors().MultusError(
             f"multus-shim failed unexpectedly: {type(exc).__name__}: {exc!s:.500}")
             .to_cni_error()) + "\n"
     if text:

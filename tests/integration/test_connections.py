@@ -15,6 +15,7 @@ import pytest
 
 from harness import call_shim
 from testlib import wait_for
+from multusd.daemon.httpreq import READ_TIMEOUT
 from multusd.daemon.server import Server
 from multusd.wire import api
 
@@ -63,6 +64,9 @@ class InProcessServer:
         self.thread.start()
         self.answers: dict = {}
         self._clients: list = []
+        # the longest a request takes to be taken in, run and answered: the server answers
+        # each by its deadline (run, or "busy"), its answer written within READ_TIMEOUT
+        self.bound = self.server.request_timeout + READ_TIMEOUT
 
     def get(self, path: str) -> int:
         return api.http_request(self.path, "GET", path, timeout=30).status
@@ -72,7 +76,8 @@ class InProcessServer:
         """POST a /cni request on a thread; its (status, body) lands in ``answers[name]``."""
         def send() -> None:
             response = api.http_request(self.path, "POST", "/cni",
-                                        body or cni_body(command, container_id), timeout=60)
+                                        body or cni_body(command, container_id),
+                                        timeout=self.bound)
             self.answers[name] = (response.status, response.body)
         thread = threading.Thread(target=send, daemon=True)
         thread.start()
@@ -80,7 +85,7 @@ class InProcessServer:
         return thread
 
     def answered(self, name: str) -> tuple:
-        wait_for(lambda: name in self.answers, 30, what=f"the answer to {name}")
+        wait_for(lambda: name in self.answers, self.bound, what=f"the answer to {name}")
         return self.answers[name]
 
     def close(self) -> None:
@@ -198,8 +203,8 @@ def test_probes_and_a_del_answer_while_every_worker_is_busy(served):
     for name in ("a", "b", "c"):
         recorder.hold[("ADD", name)] = threading.Event()
         server.post(name, "ADD", name)
-    wait_for(lambda: len(recorder.started) == 2, 10, what="two ADDs running")
-    wait_for(lambda: server.server.lanes.queued == 1, 10, what="the third ADD waiting")
+    wait_for(lambda: len(recorder.started) == 2, server.bound, what="two ADDs running")
+    wait_for(lambda: server.server.lanes.queued == 1, server.bound, what="the third ADD waiting")
     assert server.get("/healthz") == 200
     assert server.get("/readyz") == 200
     status = json.loads(api.http_request(server.path, "GET", "/status", timeout=30).body)
@@ -219,9 +224,9 @@ def test_one_sandbox_runs_in_order_and_its_waiting_del_holds_no_thread(served):
     server = served(handler=recorder, workers=1, del_workers=1)
     recorder.hold[("ADD", "c1")] = threading.Event()
     server.post("add", "ADD", "c1")
-    wait_for(lambda: recorder.started == [("ADD", "c1")], 10, what="the ADD running")
+    wait_for(lambda: recorder.started == [("ADD", "c1")], server.bound, what="the ADD running")
     server.post("del1", "DEL", "c1")
-    wait_for(lambda: server.server.lanes.queued == 1, 10, what="its DEL waiting")
+    wait_for(lambda: server.server.lanes.queued == 1, server.bound, what="its DEL waiting")
     server.post("del2", "DEL", "c2")  # the DEL lane is free: c1's DEL waits without it
     assert server.answered("del2") == (200, b"")
     assert "del1" not in server.answers
@@ -238,12 +243,12 @@ def test_one_sandbox_at_a_time_however_its_container_id_is_spelled(served):
     server = served(handler=recorder, workers=2, del_workers=1)
     recorder.hold[("ADD", "c1")] = threading.Event()
     server.post("add", "ADD", "c1")
-    wait_for(lambda: recorder.started == [("ADD", "c1")], 10, what="the ADD running")
+    wait_for(lambda: recorder.started == [("ADD", "c1")], server.bound, what="the ADD running")
     escaped = cni_body("CHECK", "c1").replace(b'"CNI_CONTAINERID"', b'"CNI\\u005fCONTAINERID"')
     assert escaped != cni_body("CHECK", "c1")
     server.post("check", "CHECK", "c1", body=escaped)
     lanes = server.server.lanes
-    wait_for(lambda: lanes.queued + lanes.running == 2, 10, what="the CHECK taken in")
+    wait_for(lambda: lanes.queued + lanes.running == 2, server.bound, what="the CHECK taken in")
     # a request behind it in the general lane: once it has run, a free worker took the CHECK
     # before it (the lane is first come, first served) unless the CHECK waits for its sandbox
     server.post("other", "ADD", "c2")
@@ -259,9 +264,9 @@ def test_waiting_requests_are_bounded(served):
     server = served(handler=recorder, workers=1, del_workers=1, max_queued=1)
     recorder.hold[("ADD", "a")] = threading.Event()
     server.post("a", "ADD", "a")
-    wait_for(lambda: recorder.started == [("ADD", "a")], 10, what="the ADD running")
+    wait_for(lambda: recorder.started == [("ADD", "a")], server.bound, what="the ADD running")
     server.post("b", "ADD", "b")
-    wait_for(lambda: server.server.lanes.queued == 1, 10, what="the second ADD waiting")
+    wait_for(lambda: server.server.lanes.queued == 1, server.bound, what="the second ADD waiting")
     server.post("c", "ADD", "c")
     status, body = server.answered("c")
     error = json.loads(body)
@@ -306,7 +311,7 @@ def test_a_declared_body_holds_its_share_of_the_bound_before_it_arrives(served):
             received += chunk
     assert received.startswith(b"HTTP/1.1 200 ") and recorder.started == [("ADD", "c1")]
     # alone, a body that came with its head is charged once (not as read and as declared)
-    wait_for(lambda: server.server.in_flight == 0, 10, what="c1's connection given back")
+    wait_for(lambda: server.server.in_flight == 0, server.bound, what="c1's connection given back")
     body = cni_body("ADD", "c3") + b" " * (40 * 1024)
     alone = send_and_read(server.path, head + b"\r\n" + body)  # the same length as c1's
     assert alone.startswith(b"HTTP/1.1 200 ") and recorder.started[-1] == ("ADD", "c3")
@@ -398,15 +403,16 @@ def test_the_daemon_answers_a_probe_and_a_del_beside_64_idle_connections(sandbox
 
 def test_cni_requests_never_take_the_slots_probes_need(served):
     recorder = Recorder()
-    # 70 connections: 1 + 1 workers, 64 kept for probes and the like, so 4 may wait
-    server = served(handler=recorder, workers=1, del_workers=1, max_connections=70)
+    # 72 connections: 1 + 1 workers, the STATUS and GC slots' runs, 64 kept for probes and the
+    # like, so 4 may wait
+    server = served(handler=recorder, workers=1, del_workers=1, max_connections=72)
     assert server.server.lanes.max_queued == 4
     recorder.hold[("ADD", "a")] = threading.Event()
     server.post("a", "ADD", "a")
-    wait_for(lambda: recorder.started == [("ADD", "a")], 10, what="the first ADD running")
+    wait_for(lambda: recorder.started == [("ADD", "a")], server.bound, what="the first ADD running")
     for number in range(10):
         server.post(f"add{number}", "ADD", f"c{number}")
-    wait_for(lambda: server.server.lanes.queued + len(server.answers) == 10, 10,
+    wait_for(lambda: server.server.lanes.queued + len(server.answers) == 10, server.bound,
              what="ten ADDs waiting or answered")
     assert server.get("/healthz") == 200
     busy = [name for name, (status, _) in server.answers.items() if status == 400]

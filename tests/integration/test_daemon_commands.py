@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from harness import call_shim, netns_addresses
+from harness import call_shim, netns_addresses, shim_bound
 from multusd.wire import api
 from testlib import wait_for
 
@@ -87,11 +87,12 @@ def test_add_waits_for_the_readiness_indicator_file(sandbox, static_mode):
     caller = threading.Thread(target=lambda: result.update(
         add=call_shim("ADD", daemon.shim_conf(), netns=ns_path, **pod(cid))))
     caller.start()
-    wait_for(lambda: "ADD starting" in daemon.log(), 20, what="the ADD to reach the daemon")
+    wait_for(lambda: "ADD starting" in daemon.log() or not caller.is_alive(), shim_bound("ADD"),
+             what="the ADD to reach the daemon")
     assert "eth0" not in netns_addresses(ns_name)
     ready.parent.mkdir()
     ready.write_text("")
-    caller.join(60)
+    caller.join(shim_bound("ADD"))
     assert result["add"].code == 0, result["add"].output
     assert netns_addresses(ns_name)["eth0"] == ["10.72.0.2/24"]
     assert call_shim("DEL", daemon.shim_conf(), netns=ns_path, **pod(cid)).code == 0

@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from harness import start_bound, unit_stop_timeout, watch_bound
 from multusd.wire import api
 from testlib import wait_for
 
@@ -28,7 +29,8 @@ def test_healthz_answers_while_the_api_is_down_and_readyz_follows_the_caches(san
     assert _status(daemon, "/healthz") == 200
     assert _status(daemon, "/readyz") == 500
     kube_api.start()
-    wait_for(lambda: _status(daemon, "/readyz") == 200, 30, what="/readyz after the API is back")
+    wait_for(lambda: _status(daemon, "/readyz") == 200, watch_bound(),
+             what="/readyz after the API is back")
 
 
 def test_an_unusable_kubeconfig_stops_the_daemon_with_the_reason(sandbox, tmp_path):
@@ -40,7 +42,7 @@ def test_an_unusable_kubeconfig_stops_the_daemon_with_the_reason(sandbox, tmp_pa
         api.http_request(daemon.socket_path, "GET", "/healthz", timeout=5)  # activates it
     except OSError:
         pass  # it may already be gone
-    assert daemon.proc.wait(30) == 3
+    assert daemon.proc.wait(start_bound() + unit_stop_timeout()) == 3
     assert str(broken) in daemon.log()
     assert "cannot start" in daemon.log()
 
@@ -48,7 +50,7 @@ def test_an_unusable_kubeconfig_stops_the_daemon_with_the_reason(sandbox, tmp_pa
 def test_sigterm_on_an_idle_daemon_exits_0_with_its_log_flushed(sandbox, kube_api):
     daemon = sandbox.daemon({"kubeconfig": kube_api.kubeconfig_path, "nodeName": kube_api.node,
                              "clusterNetwork": "/nonexistent/10-cluster.conf"})
-    wait_for(lambda: _status(daemon, "/readyz") == 200, 30, what="/readyz")
+    wait_for(lambda: _status(daemon, "/readyz") == 200, start_bound(), what="/readyz")
     daemon.proc.send_signal(signal.SIGTERM)
-    assert daemon.proc.wait(30) == 0
+    assert daemon.proc.wait(unit_stop_timeout()) == 0
     assert daemon.log().rstrip().endswith("multusd stopped")

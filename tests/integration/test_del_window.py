@@ -24,7 +24,8 @@ import uuid
 
 import pytest
 
-from harness import SHIM_ARGV, Cluster
+from harness import SHIM_ARGV, Cluster, events_bound, shim_bound, start_bound, watch_bound
+from multusd.daemon import delretry
 from testlib import free_port, metric_value, wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -71,7 +72,7 @@ def del_until_answered(cluster: Cluster, pod, ns_path: str, cid: str) -> list:
         answers.append(cluster.shim("DEL", pod, ns_path, cid))
         return answers[-1].code == 0
 
-    wait_for(answered, WINDOW + 60, interval=0.2, what="DEL answered success")
+    wait_for(answered, WINDOW + shim_bound("DEL"), interval=0.2, what="DEL answered success")
     return answers
 
 
@@ -139,12 +140,21 @@ def assert_released(cluster: Cluster, cid: str, port: int = 0) -> None:
     assert tool(cluster, "status")[1]["sandboxes"] == []
 
 
-def released_by_the_daemon(cluster: Cluster, cid: str, timeout: float = 60) -> None:
+def retry_bound() -> float:
+    """How long the daemon's own retry of a sandbox may take to come and end: at its start
+    (which may take start_bound), or at the next step of its backoff (at most RETRY_MAX and
+    half as long again), then that DEL's own deadline."""
+    return (start_bound() + delretry.RETRY_MAX * (1 + delretry.RETRY_JITTER)
+            + shim_bound("DEL"))
+
+
+def released_by_the_daemon(cluster: Cluster, cid: str) -> None:
     """Wait for the daemon's own retries (no gc, no DEL from the runtime) to release ``cid``."""
+    # the daemon says so once the records are gone: the line is part of what is waited for
     wait_for(lambda: not cluster.sandbox.leases_held() and
-             not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid)), timeout,
-             interval=0.1, what="the daemon to release the sandbox by itself")
-    assert f"unreleased sandbox {cid} (default/" in cluster.daemon.log()
+             not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid)) and
+             f"unreleased sandbox {cid} (default/" in cluster.daemon.log(), retry_bound(),
+             interval=0.1, what="the daemon to release the sandbox by itself and say so")
 
 
 def test_a_plugin_whose_del_fails_for_good_holds_the_pod_only_for_the_window(cluster):
@@ -187,16 +197,18 @@ def test_a_plugin_whose_del_fails_for_good_holds_the_pod_only_for_the_window(clu
     # said once, by the DEL the daemon answers success, or (when the shim found the window
     # ended first, on an error the daemon sent just before) by the daemon's retry seconds later
     log = wait_for(lambda: (lambda text: text if f"DEL of sandbox {cid} (default/drained) has "
-                            "failed since" in text else None)(cluster.daemon.log()), 30,
-                   what="the journal's warning")
+                            "failed since" in text else None)(cluster.daemon.log()),
+                   retry_bound(), what="the journal's warning")
     assert "stays recorded as unreleased" in log
-    [event] = wait_for(lambda: cluster.events("NetworkNotReleased"), 10, what="the Event")
+    # behind the attach's two AddedInterface events at most
+    [event] = wait_for(lambda: cluster.events("NetworkNotReleased"), events_bound(3),
+                       what="the Event")
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "drained"
     assert "net1" in event["message"] and "multusd gc" in event["message"]
     assert cluster.shim("DEL", pod, ns_path, cid).code == 0  # the runtime's DEL on remove
     # every retry, the runtime's and the daemon's own, ran only what is still held
     wait_for(lambda: "its DEL failed again" in cluster.daemon.log() or
-             failed_delete(cluster, cid)["attempts"] > 2 + len(answers), 30,
+             failed_delete(cluster, cid)["attempts"] > 2 + len(answers), retry_bound(),
              what="a retry of the daemon's own")
     assert del_runs(port, "bridge") == 1
 
@@ -252,7 +264,7 @@ def test_a_daemon_that_cannot_start_holds_the_pod_only_for_the_window(cluster):
 
     daemon.start()  # it releases the sandbox at its start, without gc
 
-    released_by_the_daemon(cluster, cid, timeout=30)
+    released_by_the_daemon(cluster, cid)
     assert_released(cluster, cid, port)
     assert not cluster.events("NetworkNotReleased")  # released before anyone needed telling
 
@@ -273,7 +285,7 @@ def test_a_read_only_cni_dir_still_ends_the_window_and_loses_nothing(cluster):
         answers.append(cluster.shim("DEL", pod, ns_path, cid, argv=read_only))
         return answers[-1].code == 0
 
-    wait_for(answered, WINDOW + 60, interval=0.2, what="DEL answered success")
+    wait_for(answered, WINDOW + shim_bound("DEL"), interval=0.2, what="DEL answered success")
 
     assert len(answers) >= 2 and all(a.code == 1 for a in answers[:-1])
     spare = os.path.join(daemon.socket_dir, MARKS)
@@ -292,7 +304,7 @@ def test_a_read_only_cni_dir_still_ends_the_window_and_loses_nothing(cluster):
 
     daemon.start()  # back, cniDir writable as ever: it finds the mark and releases the sandbox
 
-    released_by_the_daemon(cluster, cid, timeout=30)
+    released_by_the_daemon(cluster, cid)
     assert_released(cluster, cid, port)
 
 
@@ -307,7 +319,7 @@ def test_a_pod_gone_from_the_api_does_not_shorten_the_window(cluster):
     present = cluster.shim("DEL", pod, ns_path, cid)
     assert present.code == 1
     cluster.kube.delete_pod("default", "forced")  # `kubectl delete --force`: nobody waits on it
-    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 0, 10,
+    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 0, watch_bound(),
              what="the watch to deliver the deletion")
     gone = cluster.shim("DEL", pod, ns_path, cid)
 

@@ -18,7 +18,8 @@ import uuid
 
 import pytest
 
-from harness import STATUS_KEY, Cluster, netns_addresses
+from harness import (STATUS_KEY, Cluster, events_bound, netns_addresses, reconcile_bound,
+                     watch_bound)
 from multusd.wire import api
 from testlib import free_port, metric_value, wait_for
 
@@ -65,7 +66,8 @@ def daemon_status(cluster: Cluster) -> dict:
 def settled(cluster: Cluster) -> dict:
     """The daemon's dynamicNetworks status once every pod change it got was dealt with."""
     return wait_for(lambda: (lambda d: d if d["pending"] == 0 else None)(
-        daemon_status(cluster)["dynamicNetworks"]), 20, what="every pod change dealt with")
+        daemon_status(cluster)["dynamicNetworks"]), reconcile_bound(),
+        what="every pod change dealt with")
 
 
 def show(cluster: Cluster, query: str) -> subprocess.CompletedProcess:
@@ -95,15 +97,17 @@ def test_a_selection_added_to_a_running_pod_appears_in_it_and_in_network_status(
     # the element the sandbox's ADD named net1 stays, written without an interface as before
     select(cluster, "web-0", [{"name": "net-a"}, {"name": "net-b", "interface": "fast0"}])
 
-    wait_for(lambda: links(ns_name).get("fast0"), 10, what="fast0 with its address")
+    wait_for(lambda: links(ns_name).get("fast0"), reconcile_bound(), what="fast0 with its address")
     assert links(ns_name) == {"eth0": ["10.80.0.2/24"], "net1": ["10.81.0.2/24"],
                               "fast0": ["10.82.0.2/24"]}
-    wait_for(lambda: len(cluster.status("default", "web-0")) == 3, 10, what="network-status")
+    wait_for(lambda: len(cluster.status("default", "web-0")) == 3, reconcile_bound(),
+             what="network-status")
     assert status_of(cluster, "web-0") == [("cluster-net", "eth0", ["10.80.0.2"]),
                                            ("default/net-a", "net1", ["10.81.0.2"]),
                                            ("default/net-b", "fast0", ["10.82.0.2"])]
     wait_for(lambda: any(e["message"] == "Add fast0 [10.82.0.2/24] from default/net-b"
-                         for e in cluster.events("AddedInterface")), 10, what="the event")
+                         for e in cluster.events("AddedInterface")),
+             events_bound(3), what="the event")  # behind the ADD's two
     assert settled(cluster)["reconciliations"]["changed"] == 1
     shown = show(cluster, "default/web-0")
     assert shown.returncode == 0, shown.stdout + shown.stderr  # network-status agrees
@@ -137,19 +141,22 @@ def test_a_removed_selection_leaves_the_pod_and_releases_its_lease(cluster):
 
     select(cluster, "web-1", "net-b@data0")  # net-a (net1) goes
 
-    wait_for(lambda: len(cluster.status("default", "web-1")) == 2, 10, what="network-status")
+    wait_for(lambda: len(cluster.status("default", "web-1")) == 2, reconcile_bound(),
+             what="network-status")
     assert status_of(cluster, "web-1") == [("cluster-net", "eth0", ["10.80.0.2"]),
                                            ("default/net-b", "data0", ["10.82.0.2"])]
     assert links(ns_name) == {"eth0": ["10.80.0.2/24"], "data0": ["10.82.0.2/24"]}
     assert len(cluster.sandbox.leases_held()) == 2
     wait_for(lambda: [e["message"] for e in cluster.events("RemovedInterface")] ==
-             ["Remove net1 from default/net-a"], 10, what="the RemovedInterface event")
+             ["Remove net1 from default/net-a"], events_bound(4),  # behind the ADD's three
+             what="the RemovedInterface event")
     shown = show(cluster, "default/web-1")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "net1: network default/net-a, REMOVED while the pod ran, at " in shown.stdout
 
     select(cluster, "web-1", None)  # no selection at all: data0 goes too, eth0 stays
-    wait_for(lambda: len(cluster.status("default", "web-1")) == 1, 10, what="network-status")
+    wait_for(lambda: len(cluster.status("default", "web-1")) == 1, reconcile_bound(),
+             what="network-status")
     assert set(links(ns_name)) == {"eth0"}
     assert len(cluster.sandbox.leases_held()) == 1
     assert cluster.shim("DEL", pod, ns_path, cid).code == 0
@@ -166,7 +173,8 @@ def test_a_selection_without_an_interface_name_is_refused_with_an_event(cluster)
 
     select(cluster, "web-2", "net-a,net-b")
 
-    wait_for(lambda: cluster.events("FailedAddingInterface"), 10, what="the Warning event")
+    wait_for(lambda: cluster.events("FailedAddingInterface"),
+             reconcile_bound() + events_bound(3), what="the Warning event")
     (event,) = cluster.events("FailedAddingInterface")
     assert event["type"] == "Warning"
     assert "network default/net-b names no interface" in event["message"]
@@ -190,7 +198,8 @@ def test_a_failed_add_is_rolled_back_and_reported_with_the_plugins_error(cluster
 
     select(cluster, "web-3", "hotbad@bad0")
 
-    wait_for(lambda: cluster.events("FailedAddingInterface"), 10, what="the Warning event")
+    wait_for(lambda: cluster.events("FailedAddingInterface"),
+             reconcile_bound() + events_bound(2), what="the Warning event")
     message = cluster.events("FailedAddingInterface")[0]["message"]
     assert message.startswith("bad0 (default/hotbad): its ADD failed and was rolled back:")
     assert set(links(ns_name)) == {"eth0"}
@@ -211,7 +220,8 @@ def test_the_daemon_killed_in_the_middle_of_an_add_converges_after_its_restart(c
     pod, ns_name, ns_path, cid = running_pod(cluster, "web-4")
 
     select(cluster, "web-4", "gated@slow0")
-    wait_for(lambda: os.path.exists(started), 10, what="the ADD held in its second plugin")
+    wait_for(lambda: os.path.exists(started), reconcile_bound(),
+             what="the ADD held in its second plugin")
     assert "slow0" in links(ns_name)  # the bridge made it and took a lease
     os.killpg(cluster.daemon.proc.pid, signal.SIGKILL)
     cluster.daemon.proc.wait()
@@ -219,7 +229,7 @@ def test_the_daemon_killed_in_the_middle_of_an_add_converges_after_its_restart(c
     os.unlink(started)
 
     cluster.daemon.start()
-    wait_for(lambda: len(cluster.status("default", "web-4")) == 2, 20,
+    wait_for(lambda: len(cluster.status("default", "web-4")) == 2, reconcile_bound(),
              what="network-status after the restart")
     assert status_of(cluster, "web-4")[1][:2] == ("default/gated", "slow0")
     assert set(links(ns_name)) == {"eth0", "slow0"}
@@ -231,8 +241,8 @@ def test_the_daemon_killed_in_the_middle_of_an_add_converges_after_its_restart(c
     cluster.daemon.terminate()
     puts = cluster.kube.count("PUT")
     cluster.daemon.start()
-    wait_for(lambda: daemon_status(cluster).get("dynamicNetworks", {}).get("podsChecked"), 20,
-             what="the pod looked at after the second restart")
+    wait_for(lambda: daemon_status(cluster).get("dynamicNetworks", {}).get("podsChecked"),
+             reconcile_bound(), what="the pod looked at after the second restart")
     assert settled(cluster)["reconciliations"] == {
         outcome: 0 for outcome in ("changed", "unchanged", "refused", "failed", "gone",
                                    "stopped")}
@@ -248,10 +258,11 @@ def test_a_terminating_pod_and_the_key_off_change_nothing(cluster):
     cluster.start()  # enableDynamicNetworks unset: off
     pod, ns_name, ns_path, cid = running_pod(cluster, "web-5")
     cluster.pod("marker")
-    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 2, 10, what="the marker")
+    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 2, watch_bound(),
+             what="the marker")
     select(cluster, "web-5", "net-a@net9")
     cluster.kube.delete_pod("default", "marker")  # delivered after the annotation's change
-    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 1, 10,
+    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 1, watch_bound(),
              what="the watch past the change")
     assert set(links(ns_name)) == {"eth0"}
     assert "dynamicNetworks" not in daemon_status(cluster)
@@ -261,11 +272,12 @@ def test_a_terminating_pod_and_the_key_off_change_nothing(cluster):
     cluster.start(enableDynamicNetworks=True)
     pod, ns_name, ns_path, cid = running_pod(cluster, "web-6")
     cluster.pod("marker")
-    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 3, 10, what="the marker")
+    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 3, watch_bound(),
+             what="the marker")
     cluster.kube.update_pod("default", "web-6", annotations={NETWORKS_KEY: "net-a@net9"},
                             terminating=True)
     cluster.kube.delete_pod("default", "marker")
-    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 2, 10,
+    wait_for(lambda: daemon_status(cluster)["kube"]["cachedPods"] == 2, watch_bound(),
              what="the watch past the change")
     assert sum(settled(cluster)["reconciliations"].values()) == 0
     assert set(links(ns_name)) == {"eth0"}

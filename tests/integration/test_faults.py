@@ -114,16 +114,16 @@ def commands(record: str) -> list:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "file"])
-def test_a_netns_that_is_not_a_namespace_fails_within_a_second(sandbox, tmp_path, kind):
+def test_a_netns_that_is_not_a_namespace_fails_by_the_check_not_the_deadline(sandbox, tmp_path, kind):
     daemon = sandbox.daemon({"cniVersion": "0.4.0",
                              "delegates": [sandbox.net("primary", "10.97.0.0/24")]})
     path = str(tmp_path / f"not-a-netns-{kind}")
     {"fifo": os.mkfifo, "directory": os.mkdir, "file": lambda p: open(p, "w").close()}[kind](path)
     cid = uuid.uuid4().hex
 
-    # A bound, not a measurement: unfixed, a FIFO holds the worker until the 110 s deadline.
-    add = call_shim("ADD", daemon.shim_conf("0.4.0"), netns=path, timeout=15,
-                    **pod_args(cid))
+    # Unfixed, a FIFO holds the worker until the 110 s deadline: the ADD fails by it, not by
+    # the check (the shim is given its own bound, not a guess a busy machine may pass).
+    add = call_shim("ADD", daemon.shim_conf("0.4.0"), netns=path, **pod_args(cid))
 
     assert add.code == 1, add.output
     assert "is not a network namespace" in add.output["msg"]
@@ -142,7 +142,7 @@ def test_del_with_a_fifo_netns_still_releases_the_addresses(sandbox, tmp_path):
     os.mkfifo(fifo)
 
     # Unfixed, bridge refuses the path ("unknown FS magic") and every retried DEL fails.
-    delete = call_shim("DEL", conf, netns=fifo, timeout=15, **pod_args(cid))
+    delete = call_shim("DEL", conf, netns=fifo, **pod_args(cid))
 
     assert delete.code == 0, delete.output
     assert sandbox.leases_held() == []

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from harness import events_bound, watch_bound
 from kubeapi import FakeKubeAPI
 from multusd.errors import MultusError, PodNotFound, TryAgainLater
 from multusd.kube.client import NETWORK_STATUS_ANNOTATION, KubeClient, Pod
@@ -51,7 +52,7 @@ def make_client():
 def client(kube_api, make_client) -> KubeClient:
     """A started client whose caches are in sync with kube_api."""
     made = make_client(kube_api)
-    assert made.wait_synced(10, nads=True), made.last_error
+    assert made.wait_synced(watch_bound(), nads=True), made.last_error
     return made
 
 
@@ -63,7 +64,7 @@ def test_caches_sync_with_one_watch_list_each(kube_api, make_client):
     client = make_client(kube_api, start=False)
     assert not client.synced()
     client.start()
-    assert client.wait_synced(10, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
     assert client.synced()
     assert kube_api.wait_for_watchers(2)
     nads = "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions"
@@ -79,18 +80,18 @@ def test_caches_sync_with_one_watch_list_each(kube_api, make_client):
 def test_not_synced_while_the_list_fails(kube_api, make_client):
     kube_api.fail_next("GET", "/api/v1/pods", 500, times=None)
     client = make_client(kube_api)
-    wait_for(lambda: client.last_error, what="the failing pod list to be reported")
+    wait_for(lambda: client.last_error, watch_bound(), what="the failing pod list to be reported")
     assert not client.synced()
     assert "500" in client.last_error and kube_api.url in client.last_error
     kube_api.clear_failures()
-    assert client.wait_synced(15, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
 
 
 def test_cached_pod_and_nad_cost_no_requests(kube_api, make_client):
     created = kube_api.add_pod(NS, "web", annotations={"k8s.v1.cni.cncf.io/networks": "net1"})
     kube_api.add_nad(NS, "net1", NAD_CONFIG)
     client = make_client(kube_api)
-    assert client.wait_synced(10, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
     before, sent = len(kube_api.requests), client.api_requests
     pod = client.get_pod(NS, "web")
     nad = client.get_nad(NS, "net1")
@@ -124,7 +125,8 @@ def test_after_a_404_the_watch_may_still_deliver_the_pod(kube_api, client):
     found = []
     fetch = threading.Thread(target=lambda: found.append(client.get_pod(NS, "late-2")))
     fetch.start()
-    wait_for(lambda: kube_api.count("GET", pod_path("late-2")) == 1, what="the first GET")
+    wait_for(lambda: kube_api.count("GET", pod_path("late-2")) == 1, watch_bound(),
+             what="the first GET")
     kube_api.add_pod(NS, "late-2")
     fetch.join(10)
     assert found and found[0] is not None and found[0].name == "late-2"
@@ -133,7 +135,7 @@ def test_after_a_404_the_watch_may_still_deliver_the_pod(kube_api, client):
 
 def test_recreated_pod_with_another_uid_is_fetched_live(kube_api, client):
     kube_api.add_pod(NS, "sts-0", uid="old-uid")
-    wait_for(lambda: client.cached_pod(NS, "sts-0"), what="sts-0 in the cache")
+    wait_for(lambda: client.cached_pod(NS, "sts-0"), watch_bound(), what="sts-0 in the cache")
     kube_api.fail_next("GET", "/api/v1/pods", 500, times=None, watch=True)  # no new events
     kube_api.stop()
     kube_api.start()
@@ -147,7 +149,8 @@ def test_recreated_pod_with_another_uid_is_fetched_live(kube_api, client):
 def test_pod_on_another_node_is_not_cached(kube_api, client):
     kube_api.add_pod(NS, "elsewhere", node="node-b")
     kube_api.add_pod(NS, "here")
-    wait_for(lambda: client.cached_pod(NS, "here"), what="the local pod in the cache")
+    wait_for(lambda: client.cached_pod(NS, "here"), watch_bound(),
+             what="the local pod in the cache")
     assert client.cached_pod(NS, "elsewhere") is None
     assert all(q.get("fieldSelector") == f"spec.nodeName={kube_api.node}"
                for m, path, q in kube_api.requests if path == "/api/v1/pods")
@@ -157,26 +160,29 @@ def test_pod_on_another_node_is_not_cached(kube_api, client):
 def test_pod_moving_to_this_node_enters_the_cache(kube_api, client):
     kube_api.add_pod(NS, "moving", node="node-b")
     kube_api.update_pod(NS, "moving", node=kube_api.node)
-    wait_for(lambda: client.cached_pod(NS, "moving"), what="the pod after it moved here")
+    wait_for(lambda: client.cached_pod(NS, "moving"), watch_bound(),
+             what="the pod after it moved here")
     kube_api.update_pod(NS, "moving", node="node-c")
-    wait_for(lambda: client.cached_pod(NS, "moving") is None, what="the pod to leave the cache")
+    wait_for(lambda: client.cached_pod(NS, "moving") is None, watch_bound(),
+             what="the pod to leave the cache")
 
 
 def test_pod_annotation_change_and_delete_seen_through_watch(kube_api, client):
     kube_api.add_pod(NS, "web")
-    wait_for(lambda: client.cached_pod(NS, "web"), what="web in the cache")
+    wait_for(lambda: client.cached_pod(NS, "web"), watch_bound(), what="web in the cache")
     kube_api.update_pod(NS, "web", annotations={"k8s.v1.cni.cncf.io/networks": "net2"})
     wait_for(lambda: client.cached_pod(NS, "web").annotations.get(
-        "k8s.v1.cni.cncf.io/networks") == "net2", what="the new annotation")
+        "k8s.v1.cni.cncf.io/networks") == "net2", watch_bound(), what="the new annotation")
     kube_api.delete_pod(NS, "web")
-    wait_for(lambda: client.cached_pod(NS, "web") is None, what="web to leave the cache")
+    wait_for(lambda: client.cached_pod(NS, "web") is None, watch_bound(),
+             what="web to leave the cache")
 
 
 # ---- NetworkAttachmentDefinitions -------------------------------------------------------------
 
 def test_nad_miss_makes_one_live_get(kube_api, make_client):
     client = make_client(kube_api)
-    assert client.wait_synced(10, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
     kube_api.hold_watch_cache()  # the watch delivers nothing newer
     kube_api.add_nad("team", "late-net", NAD_CONFIG)
     assert client.cached_nad("team", "late-net") is None
@@ -189,13 +195,15 @@ def test_nad_miss_makes_one_live_get(kube_api, make_client):
 
 def test_nad_update_and_delete_seen_through_watch(kube_api, client):
     kube_api.add_nad("team", "net1", NAD_CONFIG)
-    wait_for(lambda: client.cached_nad("team", "net1"), what="net1 in the cache")
+    wait_for(lambda: client.cached_nad("team", "net1"), watch_bound(), what="net1 in the cache")
     changed = NAD_CONFIG.replace("bridge", "macvlan")
     kube_api.add_nad("team", "net1", changed, annotations={"k8s.v1.cni.cncf.io/resourceName": "x"})
-    wait_for(lambda: client.cached_nad("team", "net1").config == changed, what="the new config")
+    wait_for(lambda: client.cached_nad("team", "net1").config == changed, watch_bound(),
+             what="the new config")
     assert client.get_nad("team", "net1").annotations["k8s.v1.cni.cncf.io/resourceName"] == "x"
     kube_api.delete_nad("team", "net1")
-    wait_for(lambda: client.cached_nad("team", "net1") is None, what="net1 to leave the cache")
+    wait_for(lambda: client.cached_nad("team", "net1") is None, watch_bound(),
+             what="net1 to leave the cache")
     assert kube_api.count("GET", nad_path("net1", "team")) == 0
 
 
@@ -219,7 +227,7 @@ def test_set_network_status_writes_the_annotation_with_one_put(kube_api, client)
     assert pod_requests(kube_api, before, "web") == [
         ("PUT", pod_path("web") + "/status")]  # the watch's copy, guarded by resourceVersion
     wait_for(lambda: client.cached_pod(NS, "web").annotations.get(NETWORK_STATUS_ANNOTATION)
-             == STATUS, what="the watch to bring the annotation back")
+             == STATUS, watch_bound(), what="the watch to bring the annotation back")
 
 
 def test_set_network_status_from_a_stale_copy_loses_no_change_made_since(kube_api, client):
@@ -244,7 +252,7 @@ def test_set_network_status_already_in_the_copy_is_confirmed_with_the_server(kub
     client.set_network_status(pod, STATUS)  # the copy says done; the server says otherwise
     assert kube_api.pod(NS, "web")["metadata"]["annotations"][NETWORK_STATUS_ANNOTATION] == STATUS
     wait_for(lambda: client.cached_pod(NS, "web").annotations.get(NETWORK_STATUS_ANNOTATION)
-             == STATUS, what="the watch to bring the annotation")
+             == STATUS, watch_bound(), what="the watch to bring the annotation")
     before = len(kube_api.requests)
     client.set_network_status(client.get_pod(NS, "web"), STATUS)  # nothing to write
     assert pod_requests(kube_api, before, "web") == [("GET", pod_path("web"))]
@@ -321,7 +329,8 @@ def test_events_are_delivered_with_source_multus(kube_api, client):
     client.emit_event(pod, "Normal", "AddedInterface", "Add net1 [1.1.1.3/24] from test/net1")
     client.emit_event(pod, "Warning", "NoNetworkFound", "cannot find a network-attachment-"
                       "definition (nope) in namespace (default): not found")
-    wait_for(lambda: len(kube_api.events) == 2, what="two events")
+    wait_for(lambda: len(kube_api.events) == 2, events_bound(2, client.request_timeout),
+             what="two events")
     first, second = kube_api.events
     assert first["involvedObject"]["uid"] == pod.uid
     assert first["involvedObject"]["kind"] == "Pod"
@@ -340,7 +349,7 @@ def test_events_never_raise(kube_api, client):
     kube_api.start()
     client.emit_event(pod, "Normal", "AddedInterface", "after the restart")
     wait_for(lambda: any(e["message"] == "after the restart" for e in kube_api.events),
-             what="the event sent after the restart")
+             events_bound(2, client.request_timeout), what="the event sent after the restart")
     assert all(e["type"] in ("Normal", "Warning") for e in kube_api.events)
 
 
@@ -349,33 +358,34 @@ def test_events_never_raise(kube_api, client):
 def test_caches_recover_after_the_api_server_restarts(kube_api, client):
     kube_api.add_pod(NS, "stays")
     kube_api.add_pod(NS, "goes")
-    wait_for(lambda: client.cached_pod(NS, "goes"), what="the pods in the cache")
+    wait_for(lambda: client.cached_pod(NS, "goes"), watch_bound(), what="the pods in the cache")
     kube_api.stop()
     kube_api.add_pod(NS, "while-away")
     kube_api.delete_pod(NS, "goes")
     kube_api.add_nad(NS, "net-while-away", NAD_CONFIG)
-    wait_for(lambda: client.last_error, what="the lost watch to be reported")
+    wait_for(lambda: client.last_error, watch_bound(), what="the lost watch to be reported")
     kube_api.start()
-    wait_for(lambda: client.cached_pod(NS, "while-away"), timeout=30,
+    wait_for(lambda: client.cached_pod(NS, "while-away"), timeout=watch_bound(),
              what="the pod added while the API server was away")
-    wait_for(lambda: client.cached_nad(NS, "net-while-away"), timeout=30,
+    wait_for(lambda: client.cached_nad(NS, "net-while-away"), timeout=watch_bound(),
              what="the NAD added while the API server was away")
-    wait_for(lambda: client.cached_pod(NS, "goes") is None, what="the deleted pod to leave")
+    wait_for(lambda: client.cached_pod(NS, "goes") is None, watch_bound(),
+             what="the deleted pod to leave")
     assert client.cached_pod(NS, "stays") is not None
     assert kube_api.count_list_reads("pods") == 1  # resumed, not relisted
-    wait_for(lambda: client.last_error is None, what="the error to clear")
+    wait_for(lambda: client.last_error is None, watch_bound(), what="the error to clear")
 
 
 def test_expired_watch_relists(kube_api, client):
     kube_api.add_pod(NS, "old")
-    wait_for(lambda: client.cached_pod(NS, "old"), what="old in the cache")
+    wait_for(lambda: client.cached_pod(NS, "old"), watch_bound(), what="old in the cache")
     kube_api.stop()
     kube_api.delete_pod(NS, "old")
     kube_api.add_pod(NS, "new")
     kube_api.compact()  # the client's resourceVersion is now too old: 410 Gone
     kube_api.start()
     wait_for(lambda: client.cached_pod(NS, "new") and client.cached_pod(NS, "old") is None,
-             timeout=30, what="the relisted cache")
+             timeout=watch_bound(), what="the relisted cache")
     assert kube_api.count_list_reads("pods") == 2
 
 
@@ -398,7 +408,7 @@ def test_server_errors_are_try_again_later(kube_api, client):
 def test_forbidden_watch_is_diagnosed(kube_api, make_client):
     kube_api.fail_next("GET", "/api/v1/pods", 403, times=None, watch=True)
     client = make_client(kube_api)
-    wait_for(lambda: client.last_error, what="the forbidden watch to be reported")
+    wait_for(lambda: client.last_error, watch_bound(), what="the forbidden watch to be reported")
     assert "403" in client.last_error and "watch" in client.last_error
     assert "ClusterRole" in client.last_error
 
@@ -414,7 +424,7 @@ def test_wrong_token_gives_a_clear_401_error(kube_api, make_client, tmp_path):
     assert "401" in info.value.msg and "credentials" in info.value.msg
     assert kubeconfig in info.value.msg and kube_api.url in info.value.msg
     assert wrong not in str(info.value) and wrong not in info.value.details
-    wait_for(lambda: client.last_error, what="the watch to report the 401")
+    wait_for(lambda: client.last_error, watch_bound(), what="the watch to report the 401")
     assert "401" in client.last_error and wrong not in client.last_error
     assert not client.synced()
 
@@ -425,17 +435,17 @@ def test_no_credential_reaches_a_log_record(kube_api, make_client, tmp_path, cap
     bad = make_client(kube_api, kubeconfig=kube_api.write_kubeconfig(
         str(tmp_path / "bad.kubeconfig"), token=wrong))
     good = make_client(kube_api)
-    assert good.wait_synced(10, nads=True)
+    assert good.wait_synced(watch_bound(), nads=True)
     kube_api.add_pod(NS, "web")
     pod = good.get_pod(NS, "web", wait=5)
     good.set_network_status(pod, STATUS)
     good.emit_event(pod, "Normal", "AddedInterface", "Add net1")
-    wait_for(lambda: kube_api.events, what="the event")
+    wait_for(lambda: kube_api.events, events_bound(1, good.request_timeout), what="the event")
     with pytest.raises(MultusError):
         bad.get_pod(NS, "web", wait=0)
-    wait_for(lambda: bad.last_error, what="the failing watch")
+    wait_for(lambda: bad.last_error, watch_bound(), what="the failing watch")
     kube_api.stop()
-    wait_for(lambda: good.last_error, what="the lost watch")
+    wait_for(lambda: good.last_error, watch_bound(), what="the lost watch")
     with pytest.raises(TryAgainLater):
         good.get_pod(NS, "ghost", wait=0)
     kube_api.start()
@@ -454,13 +464,13 @@ def test_tls_and_token_file(make_kube_api, make_client):
     assert "tokenFile" in kubeconfig["users"][0]["user"]
     assert api.url.startswith("https://")
     client = make_client(api)
-    assert client.wait_synced(10, nads=True), client.last_error
+    assert client.wait_synced(watch_bound(), nads=True), client.last_error
     assert client.get_pod(NS, "web").name == "web"
 
 
 def test_stop_ends_the_background_threads(kube_api, make_client):
     client = make_client(kube_api)
-    assert client.wait_synced(10, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
     assert kube_api.wait_for_watchers(2)
     client.emit_event(Pod(NS, "p", "u", {}, False, "1"), "Normal", "R", "m")
     client.stop()

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from harness import watch_bound
 from multusd.kube.client import KubeClient
 
 NS = "default"
@@ -19,7 +20,7 @@ def make_client(kube_api):
         client = KubeClient(kube_api.kubeconfig_path, node, node_source="nodeName",
                             request_timeout=5.0)
         client.start()
-        assert client.wait_synced(10, nads=True), client.last_error
+        assert client.wait_synced(watch_bound(), nads=True), client.last_error
         made.append(client)
         return client
 

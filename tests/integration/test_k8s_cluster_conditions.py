@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from harness import watch_bound
 from kubeapi import FakeKubeAPI
 from multusd.errors import DeadlineExceeded, MultusError, TryAgainLater
 from multusd.kube.client import NETWORK_STATUS_ANNOTATION, KubeClient
@@ -50,8 +51,8 @@ def test_a_missing_nad_crd_blocks_no_pod_and_names_the_fix(kube_api, make_client
     kube_api.nad_crd_installed = False
     kube_api.add_pod(NS, "web")
     client = make_client(kube_api)
-    assert client.wait_synced(10), client.last_error  # readiness: the pod cache only
-    wait_for(lambda: client.nad_problem() is not None, 10, what="the NAD list to fail")
+    assert client.wait_synced(watch_bound()), client.last_error  # readiness: the pod cache only
+    wait_for(lambda: client.nad_problem() is not None, watch_bound(), what="the NAD list to fail")
     condition, message = client.nad_problem()
     assert condition == "crd-missing" and "kubectl apply -f" in message
     assert client.get_pod(NS, "web") is not None
@@ -63,15 +64,15 @@ def test_a_missing_nad_crd_blocks_no_pod_and_names_the_fix(kube_api, make_client
     kube_api.nad_crd_installed = True
     kube_api.add_nad(NS, "net1", NAD_CONFIG)
     assert client.get_nad(NS, "net1").config == NAD_CONFIG
-    assert client.wait_synced(5, nads=True) and client.nad_problem() is None
+    assert client.wait_synced(watch_bound(), nads=True) and client.nad_problem() is None
 
 
 def test_nads_the_node_may_not_read_name_the_rbac_file(kube_api, make_client):
     for verb in ("get", "list", "watch"):
         kube_api.deny(verb, "network-attachment-definitions", "k8s.cni.cncf.io")
     client = make_client(kube_api)
-    assert client.wait_synced(10)
-    wait_for(lambda: client.nad_problem() is not None, 10, what="the NAD list to fail")
+    assert client.wait_synced(watch_bound())
+    wait_for(lambda: client.nad_problem() is not None, watch_bound(), what="the NAD list to fail")
     assert client.nad_problem()[0] == "forbidden"
     with pytest.raises(MultusError) as info:
         client.get_nad(NS, "net1")
@@ -81,14 +82,14 @@ def test_nads_the_node_may_not_read_name_the_rbac_file(kube_api, make_client):
 def test_a_failing_nad_api_is_asked_live_and_tried_again_later(kube_api, make_client):
     kube_api.fail_next("GET", NADS, 503, times=None)
     client = make_client(kube_api)
-    assert client.wait_synced(10)
-    wait_for(lambda: client.nad_problem() is not None, 10, what="the NAD list to fail")
+    assert client.wait_synced(watch_bound())
+    wait_for(lambda: client.nad_problem() is not None, watch_bound(), what="the NAD list to fail")
     assert client.nad_problem()[0] == "unavailable"
     kube_api.fail_next("GET", "/apis/k8s.cni.cncf.io/v1/namespaces", 503, times=None)
     with pytest.raises(TryAgainLater):  # 503 to every retry until the deadline's end
         client.get_nad(NS, "net1", deadline=time.monotonic() + 1.0)
     kube_api.clear_failures()
-    assert client.wait_synced(15, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
 
 
 # ---- credentials that rotate ---------------------------------------------------------------------
@@ -97,7 +98,7 @@ def test_a_rotated_token_file_is_read_again(make_kube_api, make_client):
     api = make_kube_api(token_file=True)
     api.add_pod(NS, "web")
     client = make_client(api)
-    assert client.wait_synced(10, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
     old = api.token
     api.rotate_token()  # the old token is refused from now on
     api.add_pod(NS, "second", node="elsewhere")  # not in the cache: a live GET
@@ -106,14 +107,15 @@ def test_a_rotated_token_file_is_read_again(make_kube_api, make_client):
     # the watches, cut and reconnected, authenticate with the new token too
     api.restart()
     api.add_pod(NS, "third")
-    wait_for(lambda: client.cached_pod(NS, "third") is not None, 15, what="watch after restart")
+    wait_for(lambda: client.cached_pod(NS, "third") is not None, watch_bound(),
+             what="watch after restart")
     assert client.config.redact(f"{old} {api.token}") == "<redacted> <redacted>"
 
 
 def test_a_401_rereads_the_token_file(make_kube_api, make_client, tmp_path):
     api = make_kube_api(token_file=True)
     client = make_client(api)
-    assert client.wait_synced(10)
+    assert client.wait_synced(watch_bound())
     token_path = api.kubeconfig_path + ".token"
     info = os.stat(token_path)
     new = api.rotate_token("rotated-token-same-length-000000", write_files=False)
@@ -129,7 +131,7 @@ def test_a_401_rereads_the_token_file(make_kube_api, make_client, tmp_path):
 def test_a_rotated_kubelet_certificate_is_used_for_new_connections(make_kube_api, make_client):
     api = make_kube_api(client_certs=True)
     client = make_client(api)
-    assert client.wait_synced(10), client.last_error
+    assert client.wait_synced(watch_bound()), client.last_error
     assert client.config.node_identity() == api.node
     first = os.readlink(api.certs.current)
     api.rotate_client_cert()  # the old certificate is revoked
@@ -139,7 +141,8 @@ def test_a_rotated_kubelet_certificate_is_used_for_new_connections(make_kube_api
     assert client.config.credentials.tls_generation == 1
     api.restart()  # the watches come back with the new certificate
     api.add_pod(NS, "third")
-    wait_for(lambda: client.cached_pod(NS, "third") is not None, 15, what="watch after restart")
+    wait_for(lambda: client.cached_pod(NS, "third") is not None, watch_bound(),
+             what="watch after restart")
 
 
 def test_a_connection_opened_before_a_certificate_rotation_is_not_reused_after_it(make_kube_api):
@@ -187,7 +190,7 @@ def test_an_exec_plugin_runs_again_after_a_401_and_its_tokens_are_redacted(
     kubeconfig = tmp_path / "exec-kubeconfig"
     kubeconfig.write_text(json.dumps(document))
     client = make_client(api, kubeconfig=str(kubeconfig))
-    assert client.wait_synced(10), client.last_error
+    assert client.wait_synced(watch_bound()), client.last_error
     runs = len(count_file.read_text())
     new = api.rotate_token()
     token_file.write_text(new)
@@ -204,7 +207,7 @@ def test_a_label_changed_since_the_watch_never_fails_the_status_write(make_kube_
     api = make_kube_api(user="system:node:node-a")
     api.add_pod(NS, "web", labels={"app": "web"})
     client = make_client(api)
-    assert client.wait_synced(10)
+    assert client.wait_synced(watch_bound())
     pod = client.cached_pod(NS, "web")
     api.update_pod(NS, "web", labels={"app": "web", "rollout": "2"})  # after the watch's copy
     client.set_network_status(pod, STATUS)
@@ -227,7 +230,7 @@ def test_a_pod_of_another_node_is_refused_with_the_servers_reason(make_kube_api,
 
 def test_a_blackholed_api_server_never_holds_a_lookup_past_its_deadline(kube_api, make_client):
     client = make_client(kube_api, request_timeout=30.0)
-    assert client.wait_synced(10)
+    assert client.wait_synced(watch_bound())
     kube_api.blackhole()
     try:
         started = time.monotonic()
@@ -245,14 +248,15 @@ def test_a_blackholed_api_server_never_holds_a_lookup_past_its_deadline(kube_api
 
 def test_a_silent_watch_is_resumed_without_a_relist(kube_api, make_client):
     client = make_client(kube_api, watch_idle=1.0)
-    assert client.wait_synced(10, nads=True) and kube_api.wait_for_watchers(2)
+    assert client.wait_synced(watch_bound(), nads=True) and kube_api.wait_for_watchers(2)
     kube_api.blackhole()
     wait_for(lambda: client.watch_reopens.get(("pods", "silence")) and
-             client.watch_reopens.get(("network-attachment-definitions", "silence")), 15,
+             client.watch_reopens.get(("network-attachment-definitions", "silence")), watch_bound(),
              what="both watches noticed silent")
     kube_api.blackhole(False)
     kube_api.add_pod(NS, "after")
-    wait_for(lambda: client.cached_pod(NS, "after") is not None, 15, what="the resumed watch")
+    wait_for(lambda: client.cached_pod(NS, "after") is not None, watch_bound(),
+             what="the resumed watch")
     assert kube_api.count_list_reads("pods") == 1  # resumed, never relisted
 
 
@@ -304,7 +308,7 @@ def test_the_node_serves_pods_while_the_nad_crd_is_missing(sandbox, kube_api, tm
     cluster.nad("storage", "10.86.0.0/24")
     added = cluster.shim("ADD", wants, ns2_path, cid2)
     assert added.code == 0, added.output
-    wait_for(lambda: _metric(port, "multusd_nad_api_unavailable") == 0, 15,
+    wait_for(lambda: _metric(port, "multusd_nad_api_unavailable") == 0, watch_bound(),
              what="the NAD watch to recover")
     for pod, path, container in ((plain, ns_path, cid), (wants, ns2_path, cid2)):
         assert cluster.shim("DEL", pod, path, container).code == 0

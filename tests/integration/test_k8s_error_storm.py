@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster
+from harness import Cluster, watch_bound
 from kubecache import LEADER_CHANGED
 from multusd.wire import api
 from testlib import wait_for
@@ -97,7 +97,8 @@ def test_a_daemon_under_an_error_storm_asks_a_handful_then_recovers_and_serves(
     asked = {kind: kube_api.count_list_watch(kind, began, until) for kind in ("pods", "nads")}
     assert all(1 <= count <= MOST_PER_RESOURCE for count in asked.values()), asked
     # after it, each reflector is back within its current wait (at most 2 x 30 s)
-    wait_for(lambda: kube_api.wait_for_watchers(2, 0), 120, what="both watches open again")
+    wait_for(lambda: kube_api.wait_for_watchers(2, 0), watch_bound(),
+             what="both watches open again")
     assert ready(cluster)
     pod = cluster.pod("after-storm", annotations={NETWORKS_KEY: "storm-net"})
     _ns_name, ns_path = sandbox.netns()

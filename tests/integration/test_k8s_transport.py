@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster
+from harness import Cluster, events_bound, watch_bound
 from multusd.kube.client import NETWORK_STATUS_ANNOTATION, KubeClient
 from testlib import free_port, wait_for
 
@@ -91,7 +91,7 @@ def test_an_add_waits_for_a_stopped_api_server_within_its_deadline(cluster):
     port = free_port()
     cluster.start(metricsPort=port)
     pod = cluster.pod("waits")
-    wait_for(lambda: cluster.kube.count("GET", "/api/v1/pods", watch=True) >= 1, 10,
+    wait_for(lambda: cluster.kube.count("GET", "/api/v1/pods", watch=True) >= 1, watch_bound(),
              what="the pod watch")
     ns_name, ns_path = cluster.sandbox.netns()
     cid = uuid.uuid4().hex
@@ -101,7 +101,7 @@ def test_an_add_waits_for_a_stopped_api_server_within_its_deadline(cluster):
                                                                           cid)))
     shim.start()
     try:
-        wait_for(lambda: retries(port).get("refused", 0) >= 2, 30,
+        wait_for(lambda: retries(port).get("refused", 0) >= 2, watch_bound(),
                  what="the daemon's writes to be refused twice")
     finally:
         cluster.kube.start()
@@ -152,7 +152,7 @@ def test_an_add_whose_pod_read_trickles_ends_at_its_deadline_while_other_pods_ar
     # the contract: it ended by its deadline (plus a generous margin for a loaded machine),
     # not when the server was done trickling
     assert result["took"] < request_timeout + 20
-    wait_for(lambda: cluster.kube.trickled == [(pod_path("slow"), "client gone")], 20,
+    wait_for(lambda: cluster.kube.trickled == [(pod_path("slow"), "client gone")], watch_bound(),
              what="the daemon to hang up on the trickling server")
     for pod, netns, cid in ((fast, fast_ns, fast_id), (slow, slow_ns, slow_id)):
         assert cluster.shim("DEL", pod, netns, cid).code == 0
@@ -163,7 +163,7 @@ def test_an_add_whose_pod_read_trickles_ends_at_its_deadline_while_other_pods_ar
 def client(kube_api):
     made = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
     made.start()
-    assert made.wait_synced(10, nads=True), made.last_error
+    assert made.wait_synced(watch_bound(), nads=True), made.last_error
     yield made
     made.stop()
 
@@ -189,7 +189,8 @@ def test_an_event_whose_answer_was_lost_is_not_sent_twice(kube_api, client):
     kube_api.fail_next("POST", events, drop="reset", processed=True)
     client.emit_event(pod, "Normal", "AddedInterface", "lost answer")
     client.emit_event(pod, "Normal", "AddedInterface", "next one")
-    wait_for(lambda: len(kube_api.events) == 2, 10, what="both events")
+    wait_for(lambda: len(kube_api.events) == 2, events_bound(2, client.request_timeout),
+             what="both events")
     assert [e["message"] for e in kube_api.events] == ["lost answer", "next one"]
     assert kube_api.count("POST", events) == 2
 
@@ -201,7 +202,7 @@ def test_an_ipv6_api_server_over_tls(make_kube_api):
     client = KubeClient(api.kubeconfig_path, api.node, request_timeout=5.0)
     try:
         client.start()
-        assert client.wait_synced(10, nads=True), client.last_error
+        assert client.wait_synced(watch_bound(), nads=True), client.last_error
         assert client.get_pod(NS, "absent", not_found_wait=0) is None  # a live GET
         pod = client.get_pod(NS, "web")
         client.set_network_status(pod, "[]")

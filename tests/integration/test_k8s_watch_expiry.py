@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster
+from harness import Cluster, watch_bound
 from kubeapi import FakeKubeAPI
 from multusd.kube.client import KubeClient
 from multusd.wire import api
@@ -32,7 +32,7 @@ NETWORKS_KEY = "k8s.v1.cni.cncf.io/networks"
 def client(kube_api):
     made = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
     made.start()
-    assert made.wait_synced(10, nads=True), made.last_error
+    assert made.wait_synced(watch_bound(), nads=True), made.last_error
     assert kube_api.wait_for_watchers(2)
     yield made
     made.stop()
@@ -64,16 +64,17 @@ def test_expired_watch_relists_and_drops_a_nad_deleted_meanwhile(kube_api, form)
     client = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
     client.start()
     try:
-        assert client.wait_synced(10, nads=True)
+        assert client.wait_synced(watch_bound(), nads=True)
         assert client.cached_nad(NS, "gone-net") is not None
         delete_unseen(kube_api, form)
-        wait_for(lambda: client.cached_nad(NS, "gone-net") is None, 30,
+        wait_for(lambda: client.cached_nad(NS, "gone-net") is None, watch_bound(),
                  what=f"the NAD to leave the cache after {form}")
         assert nad_lists(kube_api) == 2 and client.relists >= 1
-        assert client.wait_synced(10, nads=True)
+        assert client.wait_synced(watch_bound(), nads=True)
         # and the watch from the new list's version works: a new NAD arrives by watch alone
         kube_api.add_nad(NS, "new-net", NAD_CONFIG)
-        wait_for(lambda: client.cached_nad(NS, "new-net") is not None, 10, what="new NAD")
+        wait_for(lambda: client.cached_nad(NS, "new-net") is not None, watch_bound(),
+                 what="new NAD")
         assert nad_lists(kube_api) == 2
     finally:
         client.stop()
@@ -81,25 +82,27 @@ def test_expired_watch_relists_and_drops_a_nad_deleted_meanwhile(kube_api, form)
 
 def test_error_410_in_an_open_stream_relists(kube_api, client):
     kube_api.add_nad(NS, "a", NAD_CONFIG)
-    wait_for(lambda: client.cached_nad(NS, "a") is not None, 10, what="NAD by watch")
+    wait_for(lambda: client.cached_nad(NS, "a") is not None, watch_bound(), what="NAD by watch")
     assert nad_lists(kube_api) == 1
     assert kube_api.expire_watches() == 2
     wait_for(lambda: nad_lists(kube_api) == 2 and
-             kube_api.count_list_reads("pods") == 2, 10, what="both relisted")
-    assert client.wait_synced(10, nads=True)
+             kube_api.count_list_reads("pods") == 2, watch_bound(), what="both relisted")
+    assert client.wait_synced(watch_bound(), nads=True)
     kube_api.add_nad(NS, "b", NAD_CONFIG)
-    wait_for(lambda: client.cached_nad(NS, "b") is not None, 10, what="NAD after relist")
+    wait_for(lambda: client.cached_nad(NS, "b") is not None, watch_bound(),
+             what="NAD after relist")
 
 
 def test_a_cache_known_stale_is_not_synced(kube_api, client):
     kube_api.fail_next("GET", NADS, 500, times=None, initial_events=True)  # relists fail
     kube_api.expire_watches()
-    wait_for(lambda: not client.nads_synced(), 10, what="the stale cache to count as unsynced")
-    wait_for(lambda: client.last_error, 10, what="the failing relist to be reported")
+    wait_for(lambda: not client.nads_synced(), watch_bound(),
+             what="the stale cache to count as unsynced")
+    wait_for(lambda: client.last_error, watch_bound(), what="the failing relist to be reported")
     # readiness needs the pod cache only, which relists fine while the NAD list fails
-    assert client.wait_synced(10) and not client.nads_synced()
+    assert client.wait_synced(watch_bound()) and not client.nads_synced()
     kube_api.clear_failures()
-    assert client.wait_synced(20, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
 
 
 def test_a_stale_cache_answers_nothing_but_readiness_stays(kube_api, client):
@@ -108,7 +111,7 @@ def test_a_stale_cache_answers_nothing_but_readiness_stays(kube_api, client):
     kube_api.add_pod(NS, "gone-pod")
     kube_api.add_nad(NS, "gone-net", NAD_CONFIG)
     wait_for(lambda: client.cached_pod(NS, "gone-pod") and client.cached_nad(NS, "gone-net"),
-             10, what="both in the caches")
+             watch_bound(), what="both in the caches")
     kube_api.fail_next("GET", "/api/v1/pods", 500, times=None, initial_events=True)  # relists
     kube_api.fail_next("GET", NADS, 500, times=None, initial_events=True)  # fail for now
     kube_api.stop()
@@ -117,7 +120,7 @@ def test_a_stale_cache_answers_nothing_but_readiness_stays(kube_api, client):
     kube_api.add_pod(NS, "new-pod")
     kube_api.compact()
     kube_api.start()  # both watches expire; their relists fail
-    wait_for(lambda: client.relists >= 2, 15, what="both caches to be known stale")
+    wait_for(lambda: client.relists >= 2, watch_bound(), what="both caches to be known stale")
     assert client.ready() and not client.synced() and not client.nads_synced()
     assert client.cached_pod(NS, "gone-pod") is not None  # still held, but not answered:
     assert client.get_pod(NS, "gone-pod", not_found_wait=0) is None
@@ -125,7 +128,7 @@ def test_a_stale_cache_answers_nothing_but_readiness_stays(kube_api, client):
     assert client.get_pod(NS, "new-pod", not_found_wait=0) is not None
     assert kube_api.count("GET", f"/api/v1/namespaces/{NS}/pods/gone-pod") == 1
     kube_api.clear_failures()
-    assert client.wait_synced(20, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
     assert client.cached_pod(NS, "gone-pod") is None and client.cached_nad(NS, "gone-net") is None
 
 
@@ -133,16 +136,16 @@ def test_an_api_server_restart_relists_from_its_new_watch_cache(kube_api, client
     """kube-apiserver comes back with a new watch cache: the watches from older versions get
     410 and relist at their last version, a watch-cache read; no etcd list of pods."""
     kube_api.add_pod(NS, "stays")
-    wait_for(lambda: client.cached_pod(NS, "stays"), 10, what="the pod")
+    wait_for(lambda: client.cached_pod(NS, "stays"), watch_bound(), what="the pod")
     kube_api.stop()
     kube_api.add_pod(NS, "while-away")
     kube_api.restart(new_watch_cache=True)
-    wait_for(lambda: client.cached_pod(NS, "while-away"), 30, what="the relisted pod")
+    wait_for(lambda: client.cached_pod(NS, "while-away"), watch_bound(), what="the relisted pod")
     assert kube_api.count_list_reads("pods", "cache") == 2
     assert kube_api.count_list_reads("pods", "storage") == 0
     reopens = client.watch_reopens
     assert reopens.get(("pods", "expired")) == 1
-    assert client.wait_synced(20, nads=True)
+    assert client.wait_synced(watch_bound(), nads=True)
 
 
 @pytest.mark.privileged
@@ -161,12 +164,14 @@ def test_daemon_refuses_a_nad_deleted_while_its_watch_was_expired(sandbox, kube_
     assert cluster.shim("DEL", first, ns_path, cid).code == 0
     # a NAD event moves the daemon's watch to a version a restored etcd has not reached yet
     cluster.nad("later-net", "10.89.0.0/24")
-    wait_for(lambda: "multusd_cached_nads 2" in metrics(port), 10, what="later-net watched")
+    wait_for(lambda: "multusd_cached_nads 2" in metrics(port), watch_bound(),
+             what="later-net watched")
 
     delete_unseen(kube_api, form)
-    wait_for(lambda: nad_lists(kube_api) == 2, 30, what=f"the daemon to relist after {form}")
+    wait_for(lambda: nad_lists(kube_api) == 2, watch_bound(),
+             what=f"the daemon to relist after {form}")
     wait_for(lambda: api.http_request(cluster.daemon.socket_path, "GET", "/readyz",
-                                      timeout=2).status == 200, 20, what="synced again")
+                                      timeout=2).status == 200, watch_bound(), what="synced again")
     second = cluster.pod("exp-2", annotations={NETWORKS_KEY: "gone-net"})
     ns2_name, ns2_path = sandbox.netns()
     add = cluster.shim("ADD", second, ns2_path, uuid.uuid4().hex)

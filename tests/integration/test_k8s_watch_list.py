@@ -17,7 +17,7 @@ from typing import Dict, List
 
 import pytest
 
-from harness import Cluster
+from harness import Cluster, watch_bound
 from kubeapi import NAD_GROUP_PATH
 from multusd.kube.reflector import WATCH_TIMEOUT_SECONDS
 from multusd.wire import api
@@ -71,11 +71,12 @@ def test_the_daemon_reads_with_one_watch_list_per_resource_or_falls_back_for_goo
             assert first[0]["resourceVersionMatch"] == "NotOlderThan"
             assert WATCH_TIMEOUT_SECONDS[0] <= int(first[0]["timeoutSeconds"])
         if server == "serve":  # one request, which goes on as the watch
-            wait_for(lambda: kube_api.wait_for_watchers(2, 0), 10, what="both streams open")
+            wait_for(lambda: kube_api.wait_for_watchers(2, 0), watch_bound(),
+                     what="both streams open")
             assert len(asked(kube_api, kind)) == 1
         else:  # the fallback: a LIST from the cache, then a watch from its version
             tried = 1 if kind == "pods" else 0
-            wait_for(lambda: len(asked(kube_api, kind)) == tried + 2, 10,
+            wait_for(lambda: len(asked(kube_api, kind)) == tried + 2, watch_bound(),
                      what=f"{kind} watched")
             listed, watched = asked(kube_api, kind)[tried:]
             assert listed["resourceVersion"] == "0" and "watch" not in listed
@@ -88,7 +89,7 @@ def test_the_daemon_reads_with_one_watch_list_per_resource_or_falls_back_for_goo
     kube_api.add_pod("default", "while-away", node="node-z")
     kube_api.compact()
     kube_api.start()
-    wait_for(lambda: all(kube_api.count_list_reads(kind) == 2 for kind in PATHS), 30,
+    wait_for(lambda: all(kube_api.count_list_reads(kind) == 2 for kind in PATHS), watch_bound(),
              what="both relisted")
     for kind in PATHS:
         watch_lists = [q for q in asked(kube_api, kind) if is_watch_list(q)]

@@ -137,7 +137,15 @@ def test_multusd_writes_upstreams_format_field_by_field(sandbox, kube_api, tmp_p
 
     expected_scratch = [upstreamfmt.delegate_entry(conf, name)
                         for conf, name, _, _ in node.delegates()]
-    compare_scratch(read_json(os.path.join(node.cni_dir, node.cid)), expected_scratch)
+    ours = read_json(os.path.join(node.cni_dir, node.cid))
+    compare_scratch(ours, expected_scratch)
+    # ours after upstream's fields: the configuration the sandbox was attached under and what
+    # named each delegate, in keys no field of upstream's DelegateNetConf matches
+    assert [[k for k in entry if k in OURS] for entry in ours] == [
+        ["multusdNamedBy", "multusdConfig"], ["multusdNamedBy"]]
+    assert [entry["multusdNamedBy"] for entry in ours] == ["clusterNetwork",
+                                                           "k8s.v1.cni.cncf.io/networks"]
+    assert ours[0]["multusdConfig"]["cniDir"] == node.cni_dir
     for conf, _, net_name, ifname in node.delegates():
         ours = read_json(os.path.join(node.cni_dir, "results", f"{net_name}-{node.cid}-{ifname}"))
         expected = upstreamfmt.result_entry(node.cid, conf, ifname, net_name, node.ns_path,
@@ -167,10 +175,19 @@ def compare_fields(ours: Dict[str, Any], theirs: Dict[str, Any], what: str) -> N
         assert mine == other, f"{what}: {key}: {mine!r} != {other!r}"
 
 
+# multusd's keys in a scratch cache entry (Go's decoder skips them: no DelegateNetConf field
+# matches, even case-insensitively); always after upstream's fields
+OURS = ("multusdNamedBy", "multusdConfig")
+
+
 def compare_scratch(ours: List[dict], theirs: List[dict]) -> None:
+    """Upstream's fields, the same keys in the same order with the same values; then only
+    multusd's own keys."""
     assert len(ours) == len(theirs)
     for index, (mine, other) in enumerate(zip(ours, theirs)):
-        compare_fields(mine, other, f"scratch cache entry {index}")
+        upstreams = {k: v for k, v in mine.items() if k not in OURS}
+        compare_fields(upstreams, other, f"scratch cache entry {index}")
+        assert list(mine)[:len(upstreams)] == list(upstreams), "multusd's keys come last"
 
 
 # ---- with upstream's own binaries ($MULTUSD_UPSTREAM_BIN) -----------------------------------

@@ -106,6 +106,8 @@ def test_gc_forget_releases_what_it_can_and_drops_the_records(cluster):
     out = gc(cluster, "--forget", cid)
 
     assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("run by multusd, in the sandbox's turn\n")  # it answers
+    assert f"gc --forget {cid}: 2 of 3 network(s) released" in cluster.daemon.log()
     assert "NOT released, record dropped: default/vendor (net1)" in out.stdout
     assert "released: default/plain (net2)" in out.stdout
     assert "released: cluster-net (eth0)" in out.stdout  # the runtime's name, not another

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster, call_shim, netns_addresses
+from harness import Cluster, call_shim, events_bound, netns_addresses, shim_bound, watch_bound
 from multusd.wire import api
 from testlib import wait_for
 
@@ -54,7 +54,8 @@ def test_pod_with_two_nads_gets_eth0_net1_net2_and_network_status(cluster):
         ("default/net-a", "net1", ["10.81.0.2"], False),
         ("default/net-b", "net2", ["10.82.0.2"], False)]
     assert all(s["mac"] for s in status)
-    wait_for(lambda: len(cluster.events("AddedInterface")) == 3, 10, what="3 events")
+    wait_for(lambda: len(cluster.events("AddedInterface")) == 3, events_bound(3),
+             what="3 events")
     messages = sorted(e["message"] for e in cluster.events("AddedInterface"))
     assert "Add net1 [10.81.0.2/24] from default/net-a" in messages
 
@@ -103,7 +104,8 @@ def test_missing_nad_fails_with_an_event_and_leaves_nothing(cluster):
     add, ns_name, _, cid = attach(cluster, pod)
     assert add.code != 0
     assert "cannot find a network-attachment-definition (ghost)" in add.output["msg"]
-    wait_for(lambda: cluster.events("NoNetworkFound"), 10, what="NoNetworkFound event")
+    wait_for(lambda: cluster.events("NoNetworkFound"), events_bound(),
+             what="NoNetworkFound event")
     assert set(netns_addresses(ns_name)) == {"lo"}
     assert not os.path.exists(os.path.join(cluster.daemon.cni_dir, cid))
 
@@ -202,9 +204,10 @@ def test_pod_created_a_moment_after_add_starts(cluster):
                                                                          "latecid")))
     caller.start()
     wait_for(lambda: cluster.kube.count("GET", "/api/v1/namespaces/default/pods/late-0") or
-             len(cluster.daemon.log().split("ADD starting")) > 1, 20, what="ADD to start")
+             len(cluster.daemon.log().split("ADD starting")) > 1, shim_bound("ADD"),
+             what="ADD to start")
     cluster.kube.add_pod("default", "late-0", uid=uid)
-    caller.join(60)
+    caller.join(shim_bound("ADD"))
     assert out["add"].code == 0, out["add"].output
     assert netns_addresses(ns_name)["eth0"] == ["10.80.0.2/24"]
     assert cluster.shim("DEL", pod_ref, ns_path, "latecid").code == 0
@@ -306,7 +309,8 @@ def test_readyz_waits_for_the_api_caches(cluster):
     assert (shim_status.code, shim_status.output["code"]) == (1, 50)
     cluster.kube.start()
     wait_for(lambda: api.http_request(daemon.socket_path, "GET", "/readyz",
-                                      timeout=2).status == 200, 30, what="readyz after API back")
+                                      timeout=2).status == 200, watch_bound(),
+             what="readyz after API back")
 
 
 def test_a_failed_hot_plug_leaves_no_interface_or_lease(cluster):

@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster, NotifyListener
+from harness import Cluster, NotifyListener, watch_bound
 from testlib import free_port, wait_for
 
 from multusd.kube import kubeconfig as kubeconfig_reader
@@ -105,7 +105,8 @@ def cached_pods(cluster: Cluster) -> int:
 def check_node(cluster: Cluster, node: str, source: str) -> None:
     pod = cluster.pod("web-id")
     # the watch delivers the pod first: an ADD racing that event would pay a live GET
-    wait_for(lambda: cached_pods(cluster) == 1, 10, what="the pod in the daemon's cache")
+    wait_for(lambda: cached_pods(cluster) == 1, watch_bound(),
+             what="the pod in the daemon's cache")
     add_gets = add_and_del(cluster, pod)
     assert watched_node(cluster.kube) == {f"spec.nodeName={node}"}
     assert f'node name "{node}" from {source}' in cluster.daemon.log()

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from harness import STATUS_KEY, Cluster, netns_addresses
+from harness import STATUS_KEY, Cluster, events_bound, netns_addresses
 from testlib import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -253,7 +253,8 @@ def test_result_status_and_events_are_those_of_the_sequential_run(cluster, timed
         add = cluster.shim("ADD", pod, ns_path, cid)
         assert add.code == 0, add.output
         status = cluster.kube.pod("default", "par-4")["metadata"]["annotations"][STATUS_KEY]
-        wait_for(lambda: len(cluster.events("AddedInterface")) == events_before + 4, 10,
+        wait_for(lambda: len(cluster.events("AddedInterface")) == events_before + 4,
+                 events_bound(4),
                  what="4 AddedInterface events")
         events = [e["message"] for e in cluster.events("AddedInterface")[events_before:]]
         seen[parallel] = (json.dumps(add.output), status, sorted(events))

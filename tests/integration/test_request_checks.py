@@ -42,8 +42,11 @@ VALIDATION = [
     ("name a number", body(conf={"name": 7}), '"name"'),
     ("cniVersion unknown", body(conf={"cniVersion": "9.9.9"}), "cniVersion"),
     ("delegates an object", body(conf={"delegates": {}}), '"delegates"'),
-    ("duplicate keys", body(conf=b'{"cniVersion":"0.4.0","name":"a","name":"b","type":"t"}'),
-     "'name' appears twice"),
+    # JSON Go's decoder refuses (a key given twice it reads, as a map: the last one wins)
+    ("NaN", body(conf=b'{"cniVersion":"0.4.0","name":"a","type":"t","mtu":NaN}'),
+     "NaN is not JSON"),
+    ("nested past Go's limit", body(conf=b'{"cniVersion":"0.4.0","name":"a","type":"t","x":'
+                                    + b"[" * 10001 + b"]" * 10001 + b"}"), "exceeded max depth"),
     ("no CNI_IFNAME", body(CNI_IFNAME=None), "CNI_IFNAME"),
     ("CNI_IFNAME with a slash", body({"CNI_IFNAME": "a/b"}), "CNI_IFNAME"),
     ("CNI_IFNAME too long", body({"CNI_IFNAME": "x" * 16}), "CNI_IFNAME"),

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from harness import call_shim, shim_conf
+from harness import call_shim, shim_bound, shim_conf
 from testlib import wait_for
 from upstreamd import UpstreamDaemon
 
@@ -59,10 +59,10 @@ def test_add_converts_the_result_to_the_runtime_config_version(upstream):
 
 def test_a_del_upstreams_daemon_keeps_failing_is_reported_only_for_the_window(upstream,
                                                                            tmp_path):
-    from multusd.core import unreleased
+    from multusd.core import delmarks
 
     cni_dir = str(tmp_path / "cni")
-    unreleased.publish_window(cni_dir, 2, default=300)  # a multusd ran here before
+    delmarks.publish_window(cni_dir, 2, default=300)  # a multusd ran here before
     conf = shim_conf(upstream.socket_dir, "1.0.0", cniDir=cni_dir)
     args = {"container_id": "c0ffee", "netns": "/run/netns/x", "pod": ("default", "web")}
     upstream.del_error = {"code": 7, "msg": "no IP ranges specified"}
@@ -70,7 +70,7 @@ def test_a_del_upstreams_daemon_keeps_failing_is_reported_only_for_the_window(up
     assert answers[0].code == 1 and answers[0].output["msg"] == "no IP ranges specified"
 
     wait_for(lambda: answers.append(call_shim("DEL", conf, **args)) or answers[-1].code == 0,
-             60, interval=0.2, what="DEL answered success")
+             2 + shim_bound("DEL"), interval=0.2, what="DEL answered success")  # the window
 
     assert all(a.code == 1 for a in answers[:-1])
     assert "has passed, so DEL answers success" in answers[-1].stderr

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from harness import STATUS_KEY, Cluster
+from harness import STATUS_KEY, Cluster, events_bound
 from testlib import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -35,7 +35,8 @@ def test_system_namespace_pod_gets_no_network_status(cluster):
     add_del(cluster, cluster.pod("coredns-1", namespace="kube-system"))
     assert STATUS_KEY not in annotations(cluster, "kube-system", "coredns-1")
     # the attachment itself was reported as usual
-    wait_for(lambda: cluster.events("AddedInterface"), 10, what="the AddedInterface event")
+    wait_for(lambda: cluster.events("AddedInterface"), events_bound(),
+             what="the AddedInterface event")
 
 
 def test_pod_named_like_a_system_namespace_gets_network_status(cluster):

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from harness import Cluster, REPO, netns_addresses
+from harness import Cluster, REPO, netns_addresses, start_bound
 from testlib import run, wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.cni_plugins]
@@ -392,7 +392,8 @@ def test_status_names_a_missing_nad_crd_and_its_fix(node):
     node.kube.nad_crd_installed = False
     node.start()
     node.attach("plain")  # pods without NADs are served meanwhile
-    wait_for(lambda: node.tool_json("status")[1]["api"].get("nadProblem"), 15,
+    # the NAD cache's first list fails: a part of the daemon's start
+    wait_for(lambda: node.tool_json("status")[1]["api"].get("nadProblem"), start_bound(),
              what="the NAD condition in status")
     code, doc = node.tool_json("status")
     assert code == 1 and doc["api"]["nadProblem"]["condition"] == "crd-missing"

@@ -84,3 +84,25 @@ def test_runtime_conf_defaults():
     rt = RuntimeConf(container_id="c", netns="/n", ifname="eth0")
     assert rt.args == () and dict(rt.capability_args) == {}
     assert rt.cache_dir == "/var/lib/cni/multus"
+
+
+def test_a_single_conf_is_read_into_libcnis_netconf_struct_and_a_list_into_a_map():
+    """libcni reads one plugin's config into its NetConf struct (Go's field matching: "Type",
+    "Name", "CNIVersion" count) and a conflist into a map (its keys exactly)."""
+    net = NetworkConfigList.load(b'{"CNIVersion": "0.4.0", "Name": "mv", "TYPE": "macvlan"}')
+    assert (net.name, net.cni_version) == ("mv", "0.4.0")
+    listed = NetworkConfigList.load(b'{"cniVersion": "1.0.0", "name": "l", '
+                                    b'"plugins": [{"Type": "bridge"}]}')
+    assert [p["Type"] for p in listed.plugins] == ["bridge"]
+    with pytest.raises(InvalidNetworkConfig, match="no 'name'"):
+        NetworkConfigList.load(b'{"cniVersion": "1.0.0", "Name": "l", "plugins": [{"type": "x"}]}')
+
+
+@pytest.mark.parametrize("data, fragment", [
+    (b'{"cniVersion": "1.0.0", "name": "n", "type": "bridge", "mtu": NaN}', "NaN is not JSON"),
+    (b'{"cniVersion": "1.0.0", "name": "n", "type": "bridge", "mtu": 1e999}', "out of range"),
+    (b'{"cniVersion": "1.0.0", "name": "n", "type": "bridge", "x": ' + b"[" * 10001, "max depth"),
+])
+def test_load_refuses_what_gos_decoder_refuses(data, fragment):
+    with pytest.raises(DecodeFailure, match=fragment):
+        NetworkConfigList.load(data, source="ns1/nad1")

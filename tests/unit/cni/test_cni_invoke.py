@@ -14,6 +14,7 @@ from testlib import wait_for  # tests/conftest.py (pytest puts tests/ on sys.pat
 from multusd.cni import invoke
 from multusd.errors import (DeadlineExceeded, DelegateError, InvalidNetworkConfig,
                             PluginError)
+from multusd.wire.shim import REQUEST_TIMEOUT  # the daemon's default request deadline
 
 
 
@@ -138,8 +139,18 @@ def _dead(pid: int) -> bool:
 
 def test_hanging_plugin_and_its_children_are_killed_at_the_deadline(stub_bin, tmp_path):
     pid_file = tmp_path / "pids"
-    with pytest.raises(DeadlineExceeded) as err:
-        _exec(os.path.join(stub_bin, "stub-hang"), {"pidFile": str(pid_file)}, timeout=3.0)
+    timeout = 3.0
+    while True:  # until the stub had started (written its pids) by the deadline
+        with pytest.raises(DeadlineExceeded) as err:
+            _exec(os.path.join(stub_bin, "stub-hang"), {"pidFile": str(pid_file)},
+                  timeout=timeout)
+        if pid_file.exists():
+            break
+        # a loaded machine did not even start it in time: again, with twice as long, up to
+        # the daemon's request deadline (what a plugin gets to run in)
+        assert timeout < REQUEST_TIMEOUT, "stub-hang never started within a request deadline"
+        timeout *= 2
+    print(f"\nstub-hang started within a deadline of {timeout:g}s")
     assert "'stub-hang'" in err.value.msg and "deadline" in err.value.msg
     assert err.value.code == 11
     plugin_pid, child_pid = (int(p) for p in pid_file.read_text().split())
@@ -294,13 +305,13 @@ def test_end_all_kills_every_running_plugin_group_and_says_why(stub_bin, tmp_pat
             invoke.exec_plugin(os.path.join(stub_bin, "stub-hang"), command="DEL",
                                stdin=json.dumps({"pidFile": str(pid_file)}).encode(),
                                env=dict(ENV, CNI_COMMAND="DEL"),
-                               deadline=time.monotonic() + 3600, running=running)
+                               deadline=time.monotonic() + REQUEST_TIMEOUT, running=running)
         except DeadlineExceeded as exc:
             failures.append(exc)
 
     thread = threading.Thread(target=run)
     thread.start()
-    wait_for(lambda: pid_file.exists(), 30, what="stub-hang running")
+    wait_for(lambda: pid_file.exists(), REQUEST_TIMEOUT, what="stub-hang running")
     assert running.running() == ["stub-hang DEL"]
     assert running.end_all("the daemon stops") == ["stub-hang DEL"]
     thread.join(30)

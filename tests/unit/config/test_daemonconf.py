@@ -101,3 +101,27 @@ def test_enable_dynamic_networks_without_a_kubeconfig_is_a_warning():
     assert len(loaded.warnings) == 1
     assert loaded.warnings[0].startswith("enableDynamicNetworks:")
     assert "kubeconfig" in loaded.warnings[0] and "ignored" in loaded.warnings[0]
+
+
+def test_keys_are_read_as_upstreams_daemon_reads_them_into_its_structs(tmp_path):
+    """Go's field matching ("SocketDir" is socketDir), null leaves a setting at its default,
+    the last of a key given twice wins; the overlay keeps the keys as written."""
+    text = ('{"SocketDir": "/run/a/", "logLevel": "debug", "LOGLEVEL": "error", '
+            '"metricsPort": 9091, "metricsPort": null, "requestTimeout": 1e2}')
+    loaded = daemonconf.load(write(tmp_path, text))
+    assert loaded.socket_dir == "/run/a/" and loaded.log_level == "error"
+    assert loaded.metrics_port == 9091 and loaded.request_timeout == 100.0
+    assert loaded.warnings == ()
+    assert set(loaded.raw) == {"SocketDir", "logLevel", "LOGLEVEL", "metricsPort",
+                               "requestTimeout"}
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"requestTimeout": NaN}', "NaN is not JSON"),
+    ('{"requestTimeout": 1e400}', "out of range"),
+    ('\ufeff{}', "byte order mark"),
+    ('{"x": ' + "[" * 10001 + "]" * 10001 + "}", "exceeded max depth"),
+])
+def test_json_upstream_refuses_is_a_config_error(tmp_path, text, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        daemonconf.load(write(tmp_path, text))

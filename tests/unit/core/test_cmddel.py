@@ -13,7 +13,7 @@ import pytest
 from multusd import store
 from multusd.cni import resultcache
 from multusd.cni.resultcache import RuntimeConf
-from multusd.core import scratch, unreleased
+from multusd.core import delmarks, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.errors import MultusError
 
@@ -82,10 +82,10 @@ def test_a_failed_delete_is_reported_and_kept_until_it_succeeds(node, tmp_path):
                                     "will retry: flaky (net1): its daemon is down")
     assert node.calls() == [("DEL", "flaky", "net1"), ("DEL", "cluster", "eth0")]
     assert node.records() == ["c1", "results/flaky-c1-net1"]  # what is not released stays
-    assert unreleased.read(node.cni_dir, "c1").attempts == 1
+    assert delmarks.read(node.cni_dir, "c1").attempts == 1
     open(fixed, "w").close()
     node.run("DEL", "c1")
-    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
+    assert node.records() == [] and delmarks.read(node.cni_dir, "c1") is None
 
 
 def test_a_missing_plugin_names_both_ways_out(node):
@@ -128,7 +128,7 @@ def test_forget_drops_every_record_whatever_failed(node, tmp_path):
     outcome = node.multus.forget(node.request("DEL"), time.monotonic() + 30, LOG)
     assert [(d.name, why) for d, why in outcome] == [("cluster", ""),
                                                     ("stuck", "its daemon is down")]
-    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
+    assert node.records() == [] and delmarks.read(node.cni_dir, "c1") is None
     assert os.listdir(os.path.join(node.cni_dir, "results")) == []
 
 
@@ -141,9 +141,9 @@ def test_a_retry_runs_only_the_delegates_still_held(node, tmp_path):
     with pytest.raises(MultusError):
         node.run("DEL", "c1")
     assert len(node.calls()) == 3
-    mark = unreleased.read(node.cni_dir, "c1")
-    assert mark.released == (unreleased.Released("cluster", "eth0"),
-                             unreleased.Released("extra", "net1"))
+    mark = delmarks.read(node.cni_dir, "c1")
+    assert mark.released == (delmarks.Released("cluster", "eth0"),
+                             delmarks.Released("extra", "net1"))
     # the scratch cache keeps every delegate, in upstream's format, for upstream's daemon
     with open(scratch.cache_path(node.cni_dir, "c1"), "rb") as handle:
         assert [d.name for d in scratch.delegates_from_cache(handle.read())] == \
@@ -156,7 +156,7 @@ def test_a_retry_runs_only_the_delegates_still_held(node, tmp_path):
     open(fixed, "w").close()
     node.run("DEL", "c1")
     assert node.calls()[4:] == [("DEL", "flaky", "net2")]
-    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
+    assert node.records() == [] and delmarks.read(node.cni_dir, "c1") is None
 
 
 def test_a_mark_cni_dir_cannot_take_lands_beside_the_socket_and_the_error_stays(node, tmp_path):
@@ -165,15 +165,15 @@ def test_a_mark_cni_dir_cannot_take_lands_beside_the_socket_and_the_error_stays(
     node.configure(confs, deleteRetryWindow=300)
     record(node, "c1", *confs)
     (tmp_path / "cni" / ".multusd-unreleased").write_text("a file in the way")
-    spare = unreleased.spare_marks_dir(node.socket_dir)
+    spare = delmarks.spare_marks_dir(node.socket_dir)
 
     with pytest.raises(MultusError) as err:
         node.run("DEL", "c1")
 
     assert err.value.msg.startswith("[ns/web/u1]: DEL failed for 1 network(s)")
     assert "This is reported until" in err.value.msg  # the window runs: the mark landed
-    mark = unreleased.read(node.cni_dir, "c1", spare=spare)
-    assert mark.place == spare and mark.released == (unreleased.Released("cluster", "eth0"),)
+    mark = delmarks.read(node.cni_dir, "c1", spare=spare)
+    assert mark.place == spare and mark.released == (delmarks.Released("cluster", "eth0"),)
     open(fixed, "w").close()
     node.run("DEL", "c1")
     assert node.calls()[2:] == [("DEL", "flaky", "net1")]  # read from there too
@@ -190,11 +190,11 @@ def test_records_that_cannot_be_removed_are_reported_as_a_failure(node):
         node.run("DEL", "c1")
 
     assert "DEL released every network, but its records cannot be removed" in err.value.msg
-    mark = unreleased.read(node.cni_dir, "c1")
-    assert mark.failures == () and mark.released == (unreleased.Released("cluster", "eth0"),)
+    mark = delmarks.read(node.cni_dir, "c1")
+    assert mark.failures == () and mark.released == (delmarks.Released("cluster", "eth0"),)
     os.rmdir(scratch.cache_path(node.cni_dir, "c1"))
     node.run("DEL", "c1")
-    assert len(node.calls()) == 1 and unreleased.read(node.cni_dir, "c1") is None
+    assert len(node.calls()) == 1 and delmarks.read(node.cni_dir, "c1") is None
 
 
 def test_a_delegate_the_result_cache_still_holds_is_run_whatever_the_mark_says(node):
@@ -204,7 +204,7 @@ def test_a_delegate_the_result_cache_still_holds_is_run_whatever_the_mark_says(n
     node.configure(confs)
     record(node, "c1", *confs)
     unreleased.record(node.cni_dir, node.request("DEL"), (), "m", window=5,
-                      released=(unreleased.Released("cluster", "eth0"),))
+                      released=(delmarks.Released("cluster", "eth0"),))
     node.run("DEL", "c1")
     assert sorted(node.calls()) == [("DEL", "cluster", "eth0"), ("DEL", "extra", "net1")]
-    assert node.records() == [] and unreleased.read(node.cni_dir, "c1") is None
+    assert node.records() == [] and delmarks.read(node.cni_dir, "c1") is None

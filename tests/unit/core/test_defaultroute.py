@@ -70,3 +70,28 @@ def test_corrupt_cached_routes_fail_before_the_namespace_is_touched(nowhere, tmp
     cache(str(tmp_path), eth0, dict(RESULT, routes={"dst": "0.0.0.0/0"}))
     with pytest.raises(DecodeFailure, match="'routes' must be a list of route objects"):
         apply_default_routes(eth0, RESULT, nowhere, str(tmp_path), "c1")
+
+
+def test_an_empty_gateway_counts_as_an_ipv6_one_as_upstream_counts_a_nil_ip():
+    """Go reads "" and null in default-route as a nil net.IP, whose To4() is nil: upstream's
+    CheckGatewayConfig counts it as an IPv6 gateway (its marks, its ECMP check)."""
+    eth0, net1 = mark_gateway_filters([delegate("cluster", "eth0"),
+                                       delegate("m", "net1", gateway_request=("",))])
+    assert (eth0.filter_v4_gateway, eth0.filter_v6_gateway) == (True, True)
+    assert (net1.filter_v4_gateway, net1.filter_v6_gateway) == (True, False)
+    with pytest.raises(InvalidNetworkConfig, match="ECMP.*an empty gateway"):
+        mark_gateway_filters([delegate("m", "net1", gateway_request=("",)),
+                              delegate("n", "net2", gateway_request=("fd00::1",))])
+
+
+def test_a_default_route_ending_with_an_empty_gateway_fails_before_the_namespace(nowhere,
+                                                                                  tmp_path):
+    """Upstream's SetDefaultGW fails its route via a nil gateway, and the ADD fails when it
+    was the last one of the list: here too, before the namespace or the cache is touched."""
+    (empty,) = mark_gateway_filters([delegate("m", "net1", gateway_request=("10.1.1.254", ""))])
+    cache(str(tmp_path), empty, RESULT)
+    with pytest.raises(InvalidNetworkConfig, match="error setting default gateway: the "
+                                                   "default-route of network 'm' ends with an "
+                                                   "empty gateway"):
+        apply_default_routes(empty, RESULT, nowhere, str(tmp_path), "c1")
+    assert resultcache.read_result(str(tmp_path), "m", "c1", "net1") == RESULT

@@ -14,6 +14,7 @@ from multusd.core import request
 from multusd.core.multus import Multus
 from multusd.errors import MultusError, NotReady, TryAgainLater
 
+from harness import watch_bound
 from stubnode import LOG, StubNode
 from testlib import wait_for
 
@@ -104,7 +105,7 @@ def test_status_while_the_pod_watch_has_not_synced_names_it_and_why(node, kube_a
     client.start()
     try:
         multus = Multus(node.config, client)
-        wait_for(lambda: client.last_error, 10, what="the first list to be refused")
+        wait_for(lambda: client.last_error, watch_bound(), what="the first list to be refused")
         with pytest.raises(NotReady) as err:
             multus.cni(node.request("STATUS", cniVersion="1.1.0"), time.monotonic() + 3600, LOG)
         assert err.value.code == 50

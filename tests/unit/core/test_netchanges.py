@@ -126,3 +126,28 @@ def test_other_attributes_of_a_kept_selection_change_nothing():
     records = [CLUSTER, rec("default/a", "net1")]
     changes = plan(wanted('[{"name":"a","interface":"net1","ips":["10.1.1.1/24"]}]'), records)
     assert not changes.changes
+
+
+@pytest.mark.parametrize("named_by, protected, removed", [
+    ("k8s.v1.cni.cncf.io/networks", (), True),       # the annotation named it
+    ("defaultNetworks", (), False),                  # recorded: never the annotation's
+    ("clusterNetwork", (), False),
+    ("delegates", (), False),
+    ("auxiliaryCNIChainName", (), False),
+    ("", ("kube-system/storage",), False),           # a record that does not say: as now
+    ("", (), True),
+])
+def test_only_what_the_annotation_named_is_removed(named_by, protected, removed):
+    records = [CLUSTER, Recorded(delegate=Delegate(name="kube-system/storage", conf=CONF,
+                                                   ifname="net1", master=False,
+                                                   named_by=named_by))]
+    changes = plan(wanted(""), records, protected=protected)
+    assert names(changes.remove) == (["kube-system/storage@net1"] if removed else [])
+
+
+def test_a_selection_the_add_would_refuse_is_refused_with_its_message():
+    changes = plan(wanted("other/b@net2,c@net3"), [CLUSTER],
+                   refuse=lambda s: "isolated" if s.namespace == "other" else "")
+    assert added(changes) == ["default/c@net3"]
+    assert [(selection_name(r.selection), r.why) for r in changes.refused] == [
+        ("other/b", "isolated")]

@@ -130,3 +130,32 @@ def test_small_readers_of_a_config():
     check_delegate_conf(b'{"plugins":[{"type":"bridge"}]}', "here")
     with pytest.raises(InvalidNetworkConfig, match="here: the CNI config is not valid JSON"):
         check_delegate_conf(b"{", "here")
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ('{"type": "bridge", "mtu": NaN}', "NaN is not JSON"),
+    ('{"type": "bridge", "mtu": Infinity}', "Infinity is not JSON"),
+    ('{"type": "bridge", "mtu": 1e400}', "out of range"),
+    ('{"type": "bridge", "x": ' + "[" * 10001 + "]" * 10001 + "}", "exceeded max depth"),
+    ('\ufeff{"type": "bridge"}', "byte order mark"),
+])
+def test_a_nad_config_upstreams_decoder_refuses_is_an_invalid_config(conf_dir, config, fragment):
+    with pytest.raises(InvalidNetworkConfig, match=fragment):
+        nad_config(Nad("test", "n", config), conf_dir)
+
+
+def test_a_nad_config_with_a_lone_surrogate_is_read_as_go_reads_it(conf_dir):
+    """Go decodes an unpaired \\ud800 as U+FFFD: the config named after the NAD is valid UTF-8
+    JSON (it raised UnicodeEncodeError)."""
+    conf = nad_config(Nad("test", "n", '{"type": "bridge", "bridge": "\\ud800"}'), conf_dir)
+    assert json.loads(conf) == {"name": "n", "type": "bridge", "bridge": "\ufffd"}
+
+
+def test_a_delegate_config_is_checked_as_upstreams_netconf_structs_read_it():
+    check_delegate_conf(b'{"Type": "bridge"}', "here")
+    check_delegate_conf(b'{"Plugins": [{"TYPE": "bridge"}]}', "here")
+    assert network_name(b'{"Name": "x", "type": "bridge"}') == "x"
+    check_delegate_conf(b'{"type": "bridge", "type": null}', "here")  # null: no effect
+    with pytest.raises(InvalidNetworkConfig, match="must have the 'type' or 'plugin' field"):
+        check_delegate_conf(b'{"type": null, "plugins": [{"type": "x"}], "plugins": null}',
+                            "here")

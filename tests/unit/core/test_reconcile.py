@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
 from multusd.cni import resultcache
-from multusd.core import reconcile, scratch, unreleased
+from multusd.core import reconcile, scratch
 from multusd.core.hotplugrecord import ADDED, ADDING, read_marks
-from multusd.kube.objects import pod_from_object
+from multusd.errors import MultusError
 
+from harness import watch_bound
 from hotplugnode import NETWORKS, STATUS, Node, result
 from stubnode import LOG
 from testlib import run, wait_for
@@ -46,7 +48,8 @@ def test_an_added_selection_runs_its_add_is_recorded_and_network_status_is_writt
     assert node.api.count("PUT") == before + 1
     # events go out asynchronously: the attach's own (eth0) may land after this one
     added = wait_for(lambda: [e for e in node.events("AddedInterface")
-                              if "hot0" in e["message"]], 10, what="hot0's AddedInterface")
+                              if "hot0" in e["message"]], node.events_bound(),
+                     what="hot0's AddedInterface")
     assert [e["message"] for e in added] == ["Add hot0 [10.9.0.2/24] from default/b"]
 
     calls = len(node.calls())
@@ -73,7 +76,7 @@ def test_a_removed_selection_runs_its_del_and_the_later_unnamed_ones_keep_their_
     assert node.recorded() == [("cluster", "eth0"), ("default/b", "net2")]  # not net1
     assert read_marks(node.scratch())[1][0].ifname == "net1"
     assert resultcache.read(node.cni_dir, "a", node.cid, "net1") is None
-    wait_for(lambda: node.events("RemovedInterface"), 10, what="RemovedInterface")
+    wait_for(lambda: node.events("RemovedInterface"), node.events_bound(), what="RemovedInterface")
     assert node.status() == [("cluster", "eth0"), ("default/b", "net2")]
     assert node.reconcile().result == reconcile.UNCHANGED
 
@@ -93,7 +96,8 @@ def test_a_failed_add_is_rolled_back_and_its_entry_dropped(node):
     assert node.recorded() == [("cluster", "eth0")]
     assert read_marks(node.scratch()) == ([None], ())
     assert node.status() == status
-    wait_for(lambda: node.events("FailedAddingInterface"), 10, what="the Warning event")
+    wait_for(lambda: node.events("FailedAddingInterface"), node.events_bound(),
+             what="the Warning event")
     message = node.events("FailedAddingInterface")[0]["message"]
     assert "hot0 (default/b): its ADD failed and was rolled back: its daemon is down" in message
 
@@ -152,7 +156,7 @@ def test_a_missing_nad_fails_with_no_network_found(node):
     node.attach()
     outcome = node.reconcile(node.select("ghost@hot0"))
     assert outcome.result == reconcile.FAILED
-    wait_for(lambda: node.events("NoNetworkFound"), 10, what="NoNetworkFound")
+    wait_for(lambda: node.events("NoNetworkFound"), node.events_bound(), what="NoNetworkFound")
     assert node.recorded() == [("cluster", "eth0")]
 
 
@@ -164,9 +168,12 @@ def test_an_annotation_that_does_not_parse_changes_nothing(node):
     assert outcome.result == reconcile.REFUSED
     assert len(node.calls()) == calls
     assert node.recorded() == [("cluster", "eth0"), ("default/a", "net1")]
-    wait_for(lambda: node.events("FailedAddingInterface"), 10, what="the Warning event")
-    assert "no interface was added or removed" in \
-        node.events("FailedAddingInterface")[0]["message"]
+    wait_for(lambda: node.events("FailedAddingInterface"), node.events_bound(),
+             what="the Warning event")
+    (event,) = node.events("FailedAddingInterface")
+    assert event["message"] == outcome.problems[0]  # the ADD's message, as the ADD says it
+    add, name = refused_add(node, "[{not json")
+    assert add.msg.endswith(": " + event["message"].replace("default/web", f"default/{name}"))
 
 
 def test_a_released_sandbox_or_a_gone_namespace_is_left_alone(node):
@@ -208,41 +215,22 @@ def test_a_pod_in_a_system_namespace_gets_no_network_status(tmp_path, kube_api, 
         node.client.stop()
 
 
-def test_needs_reconciling_only_when_something_is_to_be_done(node):
-    node.nad("b", "hot0")
-    node.attach()
-    config = node.config
-    assert not reconcile.needs_reconciling(node.pod(), node.cid, config, LOG)
-    pod = node.select("b@hot0")
-    assert reconcile.needs_reconciling(pod, node.cid, config, LOG)
-    node.reconcile(pod)
-    assert not reconcile.needs_reconciling(node.pod(), node.cid, config, LOG)
-    # network-status behind the records (a write that did not happen): to be done again
-    node.api.update_pod("default", "web", annotations={STATUS: "[]"})
-    assert reconcile.needs_reconciling(node.pod(), node.cid, config, LOG)
 
+def refused_add(node, networks: str, namespace: str = "default"):
+    """The error an ADD of another pod with this network selection answers, and the pod's
+    name."""
+    import uuid
 
-def test_the_sandbox_of_a_pod_is_the_one_its_records_name(node):
-    node.attach()
-    entries = resultcache.list_entries(node.cni_dir)
-    pod = node.pod()
-    assert reconcile.sandbox_of(pod, entries, node.cni_dir) == node.cid
-    other = pod_from_object(dict(node.api.pod("default", "web"), metadata=dict(
-        node.api.pod("default", "web")["metadata"], uid="another")))
-    assert reconcile.sandbox_of(other, entries, node.cni_dir) is None  # re-created pod
-    renamed = pod_from_object(dict(node.api.pod("default", "web"), metadata=dict(
-        node.api.pod("default", "web")["metadata"], name="api")))
-    assert reconcile.sandbox_of(renamed, entries, node.cni_dir) is None
-    run("ip", "netns", "del", os.path.basename(node.netns))
-    assert reconcile.sandbox_of(pod, entries, node.cni_dir) is None  # its netns is gone
+    from multusd.core import request
+    from stubnode import RUNTIME_CONF
 
-
-def test_a_sandbox_whose_failed_del_is_marked_in_the_spare_directory_is_none(node, tmp_path):
-    node.attach()
-    entries = resultcache.list_entries(node.cni_dir)
-    spare = unreleased.spare_marks_dir(str(tmp_path / "run"))
-    assert reconcile.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) == node.cid
-    os.makedirs(spare)
-    with open(os.path.join(spare, node.cid), "w") as handle:  # <cniDir> could not take it
-        json.dump({"containerId": node.cid, "firstFailure": 1.0}, handle)
-    assert reconcile.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) is None
+    name = f"other-{uuid.uuid4().hex[:6]}"
+    meta = node.api.add_pod(namespace, name, annotations={NETWORKS: networks})["metadata"]
+    wait_for(lambda: node.client.cached_pod(namespace, name), watch_bound(), what="the pod cached")
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": node.netns,
+           "CNI_IFNAME": "eth0", "CNI_ARGS": f"K8S_POD_NAMESPACE={namespace};K8S_POD_NAME="
+           f"{name};K8S_POD_UID={meta['uid']}"}
+    with pytest.raises(MultusError) as refused:
+        node.multus.cni(request.parse(env, json.dumps(RUNTIME_CONF).encode(), node.config),
+                        time.monotonic() + 30, LOG)
+    return refused.value, name

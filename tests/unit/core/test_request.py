@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from multusd import go_field, go_loads
 from multusd.config import daemonconf
 from multusd.core.request import (check_cni_args, check_runtime_config, decode_body, parse,
                                   pod_prefix)
@@ -70,8 +71,9 @@ def test_a_container_that_is_not_a_pod_has_no_pod_identity():
 
 
 @pytest.mark.parametrize("conf, error, expected", [
-    ({"cniVersion": None}, InvalidNetworkConfig, '"cniVersion" in the CNI config from the '
-                                                 'runtime must be a string, not nothing'),
+    ({"cniVersion": None}, InvalidNetworkConfig, 'has no "cniVersion"'),  # null: unset, as Go
+    ({"cniVersion": 1}, InvalidNetworkConfig, '"cniVersion" in the CNI config from the '
+                                              'runtime must be a string, not a number'),
     ({"cniVersion": "9.9.9"}, IncompatibleCNIVersion, "'9.9.9'"),
     ({"name": " "}, InvalidNetworkConfig, '"name" in the CNI config from the runtime is empty'),
     ({"clusterNetwork": ["a"]}, InvalidNetworkConfig, '"clusterNetwork" in the CNI config '
@@ -90,9 +92,35 @@ def test_a_config_without_type_is_fine_for_a_conflist_only():
         check_runtime_config({"cniVersion": "1.0.0", "name": "l"})
 
 
-def test_a_key_twice_in_the_runtimes_config_is_a_decode_failure():
+def test_a_key_twice_in_the_runtimes_config_keeps_its_last_value_as_upstream():
     raw = b'{"cniVersion":"0.4.0","name":"a","name":"b","type":"multus-shim"}'
-    with pytest.raises(DecodeFailure, match="'name' appears twice"):
+    assert parse(ENV, raw, DAEMON).config["name"] == "b"
+
+
+@pytest.mark.parametrize("raw, expected", [
+    # upstream's NetConf struct: keys in another case set the field
+    (b'{"CNIVersion":"0.4.0","Name":"a","TYPE":"multus-shim"}', "0.4.0"),
+    # read into a map first, then written out with its keys sorted: "cniVersion" comes last
+    (b'{"cniVersion":"0.4.0","CNIVersion":"1.0.0","name":"a","type":"multus-shim"}', "0.4.0"),
+])
+def test_the_runtimes_config_is_read_as_upstreams_netconf_struct(raw, expected):
+    assert go_field(parse(ENV, raw, DAEMON).config, "cniVersion") == expected
+
+
+def test_a_null_after_a_value_in_the_runtimes_config_is_the_maps_null():
+    raw = b'{"cniVersion":"0.4.0","name":"a","type":"multus-shim","cniVersion":null}'
+    with pytest.raises(InvalidNetworkConfig, match='has no "cniVersion"'):
+        parse(ENV, raw, DAEMON)
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    (b'{"cniVersion":"0.4.0","name":"a","type":"x","mtu":NaN}', "NaN is not JSON"),
+    (b'{"cniVersion":"0.4.0","name":"a","type":"x","mtu":1e400}', "out of range"),
+    (b'\xef\xbb\xbf{"cniVersion":"0.4.0","name":"a","type":"x"}', "byte order mark"),
+    (b'[' * 20000, "exceeded max depth"),
+])
+def test_json_upstream_refuses_is_a_decode_failure_saying_why(raw, fragment):
+    with pytest.raises(DecodeFailure, match=fragment):
         parse(ENV, raw, DAEMON)
 
 
@@ -116,6 +144,31 @@ def test_decode_body_takes_the_shims_json_and_says_what_it_expects():
         with pytest.raises(DecodeFailure) as err:
             decode_body(bad)
         assert expected in err.value.msg
+
+
+def test_decode_body_reads_the_request_as_upstreams_api_request_struct():
+    """Go's field matching ("Env"), a null string in the env map is "", and the hot-plug
+    attributes as upstream's DelegateInterfaceAttributes (ips, mac, cni-args)."""
+    config = json.dumps(CONF).encode()
+    body = ('{"Env": {"CNI_COMMAND": "ADD", "CNI_ARGS": null}, "CONFIG": "'
+            + base64.b64encode(config).decode() + '", "interfaceAttributes": '
+            '{"MAC": "c2:11:22:33:44:55", "IPs": ["10.0.0.5"], "Cni-Args": {"vlan": 1e2}, '
+            '"other": 1}}').encode()
+    env, got, attributes = decode_body(body)
+    assert env == {"CNI_COMMAND": "ADD", "CNI_ARGS": ""} and got == config
+    assert attributes == {"mac": "c2:11:22:33:44:55", "ips": ["10.0.0.5"],
+                          "cni-args": {"vlan": 100.0}}
+    with pytest.raises(DecodeFailure, match="NaN is not JSON"):
+        decode_body(b'{"env": {}, "config": "e30=", "x": NaN}')
+    for attributes, expected in (('{"ips": 5}', '"ips" must be a list of strings'),
+                                 ('{"ips": [5]}', '"ips" must be a list of strings'),
+                                 ('{"mac": 5, "mac": "x"}', '"mac" must be a string'),
+                                 ('{"cni-args": []}', '"cni-args" must be an object')):
+        with pytest.raises(DecodeFailure, match=expected):
+            decode_body(b'{"env": {}, "config": "e30=", "interfaceAttributes": '
+                        + attributes.encode() + b"}")
+    assert decode_body(b'{"env": {}, "config": "e30=", "interfaceAttributes": '
+                       b'{"ips": ["10.0.0.5", null]}}')[2] == {"ips": ["10.0.0.5", ""]}
 
 
 def test_pod_prefix_names_the_pod_or_the_container():

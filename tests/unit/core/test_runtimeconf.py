@@ -113,6 +113,21 @@ def test_inject_cni_args_into_every_plugin_of_a_conflist():
     assert conflist == original
 
 
+def test_cni_args_numbers_are_written_as_upstreams_go_encoder_writes_them():
+    """Upstream decodes cni-args into interface{} (every number a float64) and marshals the
+    config again: 1e2 is written 100 (a plugin that decodes an integer takes it), 1.0 is 1."""
+    (selection,) = parse_selections('[{"name": "n", "cni-args": {"vlan": 1e2, "mtu": 1.0, '
+                                    '"ratio": 0.5, "tiny": 1e-7, "big": 1e21}}]', "ns")
+    out = inject_cni_args(b'{"type":"vlan","name":"n"}', selection.cni_args)
+    assert out == (b'{"args":{"cni":{"big":1e+21,"mtu":1,"ratio":0.5,"tiny":1e-7,"vlan":100}},'
+                   b'"name":"n","type":"vlan"}')
+
+
+def test_a_conf_with_type_in_another_case_gets_cni_args_as_a_conf_upstream():
+    out = json.loads(inject_cni_args(b'{"Type":"vlan","name":"n"}', {"a": 1}))
+    assert out["args"] == {"cni": {"a": 1}}
+
+
 def test_inject_cni_args_output_is_sorted_like_upstream():
     assert inject_cni_args(b'{"type":"b","name":"n"}', {"z": 1}) == \
         b'{"args":{"cni":{"z":1}},"name":"n","type":"b"}'

@@ -10,9 +10,11 @@ import os
 import pytest
 
 from multusd.core.podnetworks import build_delegates
-from multusd.core.scratch import cache_path, delegates_from_cache, delegates_to_cache, read_cache
+from multusd.core.scratch import (NAMED_BY_KEY, cache_path, delegates_from_cache,
+                                  delegates_to_cache, read_cache)
 from multusd.core.settings import load_settings
 from multusd.errors import DecodeFailure, IOFailure
+from multusd.store.valueclass import replace
 
 from nads import BRIDGE, MACVLAN, Nad, Nads, write
 
@@ -58,7 +60,15 @@ def test_cache_matches_upstream_bytes(tmp_path):
         '"ips":["10.1.1.5/24"],"default-route":["10.1.1.254"]}]')}, nads)
     expected = UPSTREAM_CACHE % (base64.b64encode(open(primary, "rb").read()).decode(),
                                  base64.b64encode(MACVLAN.encode()).decode())
-    assert delegates_to_cache(delegates).decode() == expected
+    assert delegates_to_cache([replace(d, named_by="") for d in delegates]).decode() == expected
+    # and what named each delegate, last, in a key no field of upstream's DelegateNetConf has
+    ours = json.loads(delegates_to_cache(delegates))
+    assert [(list(e)[-1], e[NAMED_BY_KEY]) for e in ours] == [
+        (NAMED_BY_KEY, "clusterNetwork"), (NAMED_BY_KEY, "k8s.v1.cni.cncf.io/networks")]
+    assert [{k: v for k, v in e.items() if k != NAMED_BY_KEY} for e in ours] == \
+        json.loads(expected)
+    assert [d.named_by for d in delegates_from_cache(delegates_to_cache(delegates))] == \
+        ["clusterNetwork", "k8s.v1.cni.cncf.io/networks"]
 
 
 def test_an_upstream_v43_conflist_from_a_file_is_read_from_what_it_executed():

@@ -224,3 +224,79 @@ def test_every_request_is_a_key_of_the_element_and_a_field_of_the_selection_and_
     for request in REQUESTS:
         kept = getattr(back, request.delegate)
         assert (kept == getattr(delegate, request.delegate)) == bool(request.cache_key), request
+
+
+# --- read as upstream's Go decoder reads a NetworkSelectionElement (issue 39) -------------------
+
+GO_FIELDS = [
+    # (an element's JSON, the attribute, its value as upstream's struct holds it)
+    ('{"name": "a", "Bandwidth": {"IngressRate": 1000, "IngressBurst": 2000}}', "bandwidth",
+     {"ingressRate": 1000, "ingressBurst": 2000, "egressRate": 0, "egressBurst": 0}),
+    ('{"name": "a", "portMappings": [{"HostPort": 8080, "ContainerPort": 80, '
+     '"Protocol": "udp", "HOSTIP": "10.0.0.1"}]}', "port_mappings",
+     ({"hostPort": 8080, "containerPort": 80, "protocol": "udp", "hostIP": "10.0.0.1"},)),
+    ('{"name": "a", "Interface": "net5"}', "interface", "net5"),
+    ('{"name": "a", "Default-route": ["10.1.1.254"]}', "default_route", ("10.1.1.254",)),
+    ('{"name": "a", "MAC": "c2:11:22:33:44:55"}', "mac", "c2:11:22:33:44:55"),
+    ('{"name": "a", "IPS": ["10.1.1.5"]}', "ips", ("10.1.1.5",)),
+    ('{"name": "a", "Cni-Args": {"vlan": 1e2}}', "cni_args", {"vlan": 100.0}),
+    ('{"name": "a", "DeviceId": "0000:03:00.1"}', "device_id", "0000:03:00.1"),
+    ('{"name": "a", "Infiniband-GUID": "00:00:00:00:00:00:00:01"}', "infiniband_guid",
+     "00:00:00:00:00:00:00:01"),
+    ('{"name": "a", "ınterface": "net5"}', "interface", ""),      # dotless i: no match in Go
+    ('{"name": "a", "\u0131nterface": "x", "interface": "net5"}', "interface", "net5"),
+    ('{"name": "a", "portMappings": [{"ho\u017ftPort": 1, "containerPort": 2}]}',
+     "port_mappings", ({"hostPort": 1, "containerPort": 2},)),   # ſ folds onto s
+    ('{"name": "a", "bandwidth": {"ingressRate": 5, "IngressRate": 7}}', "bandwidth",
+     {"ingressRate": 7, "ingressBurst": 0, "egressRate": 0, "egressBurst": 0}),
+    ('{"name": "a", "mac": "c2:11:22:33:44:55", "mac": null}', "mac", "c2:11:22:33:44:55"),
+    ('{"name": "a", "interface": "net5", "Interface": "net6"}', "interface", "net6"),
+    ('{"name": "a", "ips": ["10.1.1.5"], "ips": null}', "ips", ()),
+    ('{"name": "a", "bandwidth": {"ingressRate": 1}, "bandwidth": {"egressRate": 2}}',
+     "bandwidth", {"ingressRate": 1, "ingressBurst": 0, "egressRate": 2, "egressBurst": 0}),
+    ('{"name": "a", "cni-args": {"x": 1}, "cni-args": {"y": 2}}', "cni_args", {"x": 1, "y": 2}),
+    ('{"name": "a", "default-route": [""]}', "default_route", ("",)),
+    ('{"name": "a", "default-route": [null]}', "default_route", ("",)),
+    ('{"name": "a", "default-route": null}', "default_route", None),
+    ('{"name": "a", "portMappings": [null]}', "port_mappings", (None,)),
+]
+
+
+@pytest.mark.parametrize("element, attribute, expected", GO_FIELDS)
+def test_an_element_is_read_as_upstreams_go_struct(element, attribute, expected):
+    (selection,) = parse_selections(f"[{element}]", "ns", pod=POD)
+    assert getattr(selection, attribute) == expected
+
+
+@pytest.mark.parametrize("element, expected", [
+    # Go refuses a value of the wrong type even where a later key replaces it
+    ('{"name": "a", "mac": 5, "MAC": "c2:11:22:33:44:55"}', '"mac" must be a string'),
+    ('{"name": "a", "bandwidth": {"ingressRate": 1.0}}', '"bandwidth.ingressRate" must be an '
+                                                         'integer, got 1'),
+    ('{"name": "a", "bandwidth": {"ingressRate": 1e3}}', "must be an integer"),
+    ('{"name": "a", "portMappings": [{"hostPort": 9223372036854775808}]}', "must be an integer"),
+    ('{"name": "a", "ips": [null]}', "failed to parse IP address ''"),
+    ('{"name": "a", "default-route": ["", "gw"]}', "default-route invalid IP address: gw"),
+    ('{"name": "a", "default-route": [5]}', '"default-route" must be a list of strings'),
+    ('{"name": "a", "cni-args": {"x": NaN}}', "NaN is not JSON"),
+    ('{"name": "a", "cni-args": {"x": 1e400}}', "out of range"),
+    ('{"name": "a"', "invalid character ']' after object key:value pair"),
+])
+def test_what_upstreams_decoder_refuses_is_refused(element, expected):
+    with pytest.raises(InvalidNetworkConfig, match=expected.replace("[", r"\[")
+                       .replace(".", r"\.")):
+        parse_selections(f"[{element}]", "ns", pod=POD)
+
+
+def test_an_annotation_nested_past_gos_limit_is_an_invalid_config_not_a_recursion_error():
+    with pytest.raises(InvalidNetworkConfig, match="exceeded max depth"):
+        parse_selections('[{"name": "a", "cni-args": {"x": ' + "[" * 10001 + "]" * 10001 + "}}]",
+                         "ns", pod=POD)
+    deep = "[" * 9000 + "]" * 9000
+    (selection,) = parse_selections('[{"name": "a", "cni-args": {"x": ' + deep + '}}]', "ns")
+    assert isinstance(selection.cni_args["x"], list)
+
+
+def test_lone_surrogates_in_an_annotation_read_as_replacement_characters():
+    (selection,) = parse_selections('[{"name": "a", "cni-args": {"k": "\\ud800"}}]', "ns")
+    assert selection.cni_args == {"k": "\ufffd"}

@@ -1,12 +1,10 @@
-"""multusd.core.settings: the multus settings read strictly once, the directories leniently."""
+"""multusd.core.settings: the multus settings read strictly, every problem listed."""
 
 from __future__ import annotations
 
 import pytest
 
-from multusd import DEFAULT_CNI_DIR
-from multusd.core.settings import (auxiliary_chain_of, cni_dir_of, devinfo_dir_of,
-                                   kubelet_dir_of, load_settings, require_delegates)
+from multusd.core.settings import load_settings, require_delegates
 from multusd.errors import ConfigError, InvalidNetworkConfig
 
 
@@ -48,14 +46,3 @@ def test_require_delegates_checks_presence_only_and_says_where_to_set_it():
         assert err.value.msg.startswith("at least one delegate/clusterNetwork must be specified")
         assert "daemon-config.json or the runtime's CNI config" in err.value.msg
 
-
-def test_the_directories_fall_back_to_their_defaults_whatever_else_is_wrong():
-    broken = {"clusterNetwork": 3, "delegates": "x", "cniDir": "", "deviceInfoDir": None}
-    assert cni_dir_of(broken) == DEFAULT_CNI_DIR == "/var/lib/cni/multus"
-    assert devinfo_dir_of(broken) == "/var/run/k8s.cni.cncf.io/devinfo"
-    assert kubelet_dir_of(broken) == "/var/lib/kubelet"
-    assert auxiliary_chain_of(broken) == ""
-    given = {"cniDir": "/c", "deviceInfoDir": "/d", "kubeletRootDir": "/k",
-             "auxiliaryCNIChainName": "aux"}
-    assert (cni_dir_of(given), devinfo_dir_of(given), kubelet_dir_of(given),
-            auxiliary_chain_of(given)) == ("/c", "/d", "/k", "aux")

@@ -1,4 +1,4 @@
-"""multusd.core.unreleased: the daemon's records of sandboxes whose DEL failed, and its window."""
+"""multusd.core.unreleased: a failed DEL recorded, reported for its window, then unreleased."""
 
 from __future__ import annotations
 
@@ -10,38 +10,14 @@ import pytest
 
 import multusd
 from multusd import store
-from multusd.config import daemonconf
-from multusd.core import request, settings, unreleased
+from multusd.core import delmarks, markadoption, unreleased
 from multusd.errors import MultusError
 from multusd.wire import delwindow
+from harness import events_bound, watch_bound
+from failingdel import BOOT, CONF, FAILED, del_request, write_records
 from testlib import wait_for
 
-CONF = b'{"cniVersion":"0.4.0","name":"multus-cni-network","type":"multus-shim"}'
 LOG = logging.LoggerAdapter(logging.getLogger("test"), {})
-
-
-def del_request(cni_dir: str, cid: str = "c0ffee", uid: str = "u-1") -> request.CmdArgs:
-    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "/run/netns/x",
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin", "PATH": "/usr/bin",
-           "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;"
-                       f"K8S_POD_UID={uid}"}
-    return request.parse(env, CONF, daemonconf.from_dict({"cniDir": cni_dir}))
-
-
-FAILED = (unreleased.Failure(network="default/vendor", ifname="net1", error="plugin gone"),)
-
-
-def test_the_same_place_rule_and_window_as_the_shims():
-    assert unreleased.mark_path("/x", "c0ffee") == "/x/.multusd-unreleased/c0ffee"
-    assert unreleased.spare_marks_dir("/run/multus/") == "/run/multus/.multusd-unreleased"
-    assert unreleased.spare_marks_dir("") == ""
-    assert daemonconf.from_dict({}).delete_retry_window == delwindow.DEFAULT_WINDOW
-    for conf in ({}, {"cniDir": ""}, {"cniDir": None}, {"cniDir": 7}, {"cniDir": "a\0b"},
-                 {"cniDir": "/srv/cni"}, {"cniDir": "var/lib/x"}):
-        assert settings.cni_dir_of(conf) == delwindow.cni_dir_of(conf) == \
-            multusd.cni_dir_of(conf)
-    assert settings.cni_dir_of({"cniDir": 7}) == multusd.DEFAULT_CNI_DIR
-    assert settings.cni_dir_of({"cniDir": "var/lib/x"}) == "/var/lib/x"  # from /, as systemd's
 
 
 def test_the_default_window_ends_before_a_kubelets_first_retry():
@@ -60,33 +36,13 @@ def test_a_failed_del_is_reported_for_the_window_then_unreleased(tmp_path):
     assert (first.until, first.attempts, first.by) == (1060.0, 1, "daemon")
     assert (second.first_failure, second.last_failure, second.until, second.attempts) == \
         (1000.0, 1030.0, 1060.0, 2)
-    assert second.state(1059.0) == unreleased.REPORTING
-    assert second.state(1060.0) == unreleased.UNRELEASED
-    assert unreleased.read(cni_dir, "c0ffee") == second
+    assert second.state(1059.0) == delmarks.REPORTING
+    assert second.state(1060.0) == delmarks.UNRELEASED
+    assert delmarks.read(cni_dir, "c0ffee") == second
     assert second.pod == "default/web" and second.error == "msg 2"
     assert second.what_failed() == "net1 (default/vendor): plugin gone"
     assert second.request["env"] == {k: v for k, v in req.env.items() if k != "PATH"}
     assert second.request["config"] == CONF.decode()
-
-
-def test_the_shims_first_failure_starts_the_window_and_the_daemon_takes_the_mark_over(tmp_path):
-    cni_dir = str(tmp_path)
-    req = del_request(cni_dir)
-    delwindow.note_failure({"cniDir": cni_dir}, dict(req.env), CONF, "not reachable",
-                           now=900.0)
-    shims = unreleased.read(cni_dir, "c0ffee")
-    assert (shims.by, shims.first_failure, shims.until, shims.error) == \
-        ("shim", 900.0, 900.0 + delwindow.DEFAULT_WINDOW, "not reachable")
-    assert shims.pod == "default/web" and shims.failures == ()
-
-    mark = unreleased.record(cni_dir, req, FAILED, "msg", window=60, now=1000.0)
-
-    assert (mark.by, mark.first_failure, mark.until, mark.attempts) == ("daemon", 900.0, 960.0, 2)
-    assert delwindow.expired(delwindow.read_mark(unreleased.mark_path(cni_dir, "c0ffee")),
-                             now=960.0)
-
-
-BOOT = "3d0f7a52-0000-4000-8000-000000000001"
 
 
 def test_a_wall_clock_step_changes_no_window_within_a_boot(tmp_path):
@@ -97,10 +53,10 @@ def test_a_wall_clock_step_changes_no_window_within_a_boot(tmp_path):
     assert (mark.until, mark.boot_id, mark.until_boot) == (1010.0, BOOT, 60.0)
     three_days = 3 * 86400
     # the wall clock set back three days: the window still ends 10 s later on the boot clock
-    assert mark.state((1005.0 - three_days, BOOT, 55.0)) == unreleased.REPORTING
-    assert mark.state((1010.0 - three_days, BOOT, 60.0)) == unreleased.UNRELEASED
+    assert mark.state((1005.0 - three_days, BOOT, 55.0)) == delmarks.REPORTING
+    assert mark.state((1010.0 - three_days, BOOT, 60.0)) == delmarks.UNRELEASED
     # and set forward: it does not end early either
-    assert mark.state((1005.0 + three_days, BOOT, 55.0)) == unreleased.REPORTING
+    assert mark.state((1005.0 + three_days, BOOT, 55.0)) == delmarks.REPORTING
     again = unreleased.record(cni_dir, req, FAILED, "m", window=10,
                               now=(1005.0 - three_days, BOOT, 55.0))
     assert (again.first_failure, again.until_boot) == (1000.0, 60.0)  # counted from the first
@@ -113,24 +69,20 @@ def test_across_a_reboot_the_wall_clock_counts_one_window_at_most(tmp_path):
     req = del_request(cni_dir)
     unreleased.record(cni_dir, req, FAILED, "m", window=10, now=(1000.0, BOOT, 50.0))
     other = "3d0f7a52-0000-4000-8000-000000000002"
-    mark = unreleased.read(cni_dir, "c0ffee")
+    mark = delmarks.read(cni_dir, "c0ffee")
 
-    assert mark.state((1011.0, other, 3.0)) == unreleased.UNRELEASED  # the wall clock: over
+    assert mark.state((1011.0, other, 3.0)) == delmarks.UNRELEASED  # the wall clock: over
     back = (1000.0 - 86400, other, 3.0)  # a clock a day behind: never a day of failing DELs
     assert 0 < mark.ends_in(back) <= 10
     anchored = unreleased.record(cni_dir, req, FAILED, "m", window=10, now=back)
     assert (anchored.boot_id, anchored.until_boot) == (other, 13.0)  # this boot's clock now
-    assert anchored.state((1000.0 - 86400, other, 13.0)) == unreleased.UNRELEASED
+    assert anchored.state((1000.0 - 86400, other, 13.0)) == delmarks.UNRELEASED
 
 
 def test_a_mark_without_an_end_has_ended(tmp_path):
     assert multusd.window_left({}, (5.0, BOOT, 5.0)) == 0.0
     assert multusd.window_left({"until": 10.0}, 4.0) == 6.0
     assert multusd.window_left({"until": 10.0, "window": 2}, 4.0) == 2.0
-
-
-def write_records(cni_dir: str, cid: str) -> None:
-    store.atomic_write(os.path.join(cni_dir, cid), b"[]")
 
 
 def test_unreleased_are_marks_past_their_window_whose_sandbox_has_records(tmp_path):
@@ -144,101 +96,14 @@ def test_unreleased_are_marks_past_their_window_whose_sandbox_has_records(tmp_pa
     with open(os.path.join(cni_dir, "results", "net-a-released-eth0"), "w") as handle:
         handle.write("{}")
 
-    assert sorted(m.container_id for m in unreleased.unreleased(cni_dir)) == ["held", "released"]
+    assert sorted(m.container_id for m in unreleased.unreleased([cni_dir])) == ["held", "released"]
     os.unlink(os.path.join(cni_dir, "results", "net-a-released-eth0"))
-    assert [m.container_id for m in unreleased.unreleased(cni_dir)] == ["held"]
-    assert unreleased.count_unreleased(cni_dir) == 1
-    assert unreleased.prune(cni_dir) == ["released"]
-    assert sorted(unreleased.read_all(cni_dir)) == ["held", "young"]
-    assert unreleased.clear(cni_dir, "held") and not unreleased.clear(cni_dir, "held")
-    assert unreleased.count_unreleased(str(tmp_path / "absent")) == 0
-
-
-def test_what_is_not_a_mark_is_ignored(tmp_path):
-    cni_dir = str(tmp_path)
-    directory = multusd.unreleased_marks_dir(cni_dir)
-    os.makedirs(directory)
-    for name, text in ((".settings", '{"deleteRetryWindow": 5}'), ("corrupt", "{"),
-                       ("list", "[]"), ("other-id", '{"containerId": "x", "firstFailure": 1}'),
-                       ("no-time", '{"containerId": "no-time"}'), ("bad name!", "{}")):
-        with open(os.path.join(directory, name), "w") as handle:
-            handle.write(text)
-    assert unreleased.read_all(cni_dir) == {}
-    assert unreleased.read(cni_dir, "../x") is None
-
-
-def test_the_window_is_published_for_the_shim_only_when_not_the_default(tmp_path):
-    cni_dir = str(tmp_path)
-    marks = multusd.unreleased_marks_dir(cni_dir)
-    unreleased.publish_window(cni_dir, 300.0, default=300.0)
-    assert not os.path.exists(marks)  # a healthy node: nothing at all
-    unreleased.publish_window(cni_dir, 5.0, default=300.0)
-    assert delwindow.window(marks) == 5.0
-    unreleased.publish_window(cni_dir, 300.0, default=300.0)
-    assert not os.path.exists(marks)
-
-
-def test_a_cni_dir_that_cannot_take_the_window_publishes_it_beside_the_socket(tmp_path):
-    cni_dir, spare = str(tmp_path / "cni"), str(tmp_path / "run" / ".multusd-unreleased")
-    os.makedirs(cni_dir)
-    blocker = tmp_path / "cni" / ".multusd-unreleased"
-    blocker.write_text("a file where the marks' directory should be")
-    unreleased.publish_window(cni_dir, 10.0, default=10.0, spare=spare)  # nothing to remove
-    unreleased.publish_window(cni_dir, 5.0, default=10.0, spare=spare)
-    assert delwindow.window(spare) == 5.0
-    blocker.unlink()
-    unreleased.publish_window(cni_dir, 6.0, default=10.0, spare=spare)  # it works again
-    assert delwindow.window(multusd.unreleased_marks_dir(cni_dir)) == 6.0
-    assert not os.path.exists(os.path.join(spare, ".settings"))  # one copy
-
-
-def test_a_mark_cni_dir_cannot_take_goes_beside_the_socket_and_is_read_there(tmp_path, caplog):
-    cni_dir, spare = str(tmp_path / "cni"), str(tmp_path / "run" / ".multusd-unreleased")
-    write_records(cni_dir, "c0ffee")
-    blocker = tmp_path / "cni" / ".multusd-unreleased"
-    blocker.write_text("a file where the marks' directory should be")
-    req = del_request(cni_dir)
-
-    with caplog.at_level(logging.WARNING):
-        mark = unreleased.record(cni_dir, req, FAILED, "m", window=1, now=1.0, spare=spare)
-
-    assert mark.place == spare and os.path.exists(os.path.join(spare, "c0ffee"))
-    assert any("it is kept in " + spare in r.getMessage() for r in caplog.records)
-    assert unreleased.read(cni_dir, "c0ffee", spare=spare) == mark
-    assert unreleased.read(cni_dir, "c0ffee") is None  # a reader that does not look there
-    assert list(unreleased.read_all(cni_dir, spare=spare)) == ["c0ffee"]
-    assert [m.container_id for m in unreleased.unreleased(cni_dir, spare=spare)] == ["c0ffee"]
-    assert unreleased.count_unreleased(cni_dir, spare=spare) == 1
-    blocker.unlink()  # cniDir takes marks again: the next one goes home, and only there
-    moved = unreleased.record(cni_dir, req, FAILED, "m", window=1, now=2.0, spare=spare)
-    assert (moved.place, moved.attempts, moved.first_failure) == (
-        multusd.unreleased_marks_dir(cni_dir), 2, 1.0)
-    assert not os.path.exists(os.path.join(spare, "c0ffee"))
-    assert unreleased.clear(cni_dir, "c0ffee", spare=spare)
-    assert unreleased.read(cni_dir, "c0ffee", spare=spare) is None
-
-
-def test_clear_never_fails_a_del_and_prune_drops_marks_of_released_sandboxes(tmp_path):
-    cni_dir, spare = str(tmp_path / "cni"), str(tmp_path / "run" / ".multusd-unreleased")
-    os.makedirs(cni_dir)
-    (tmp_path / "cni" / ".multusd-unreleased").write_text("in the way")
-    assert unreleased.clear(cni_dir, "c0ffee", spare=spare) is False
-    unreleased.record(cni_dir, del_request(cni_dir), FAILED, "m", window=1, now=1.0,
-                      spare=spare)
-    assert unreleased.prune(cni_dir, spare=spare) == ["c0ffee"]  # no records: dropped
-    assert unreleased.read_all(cni_dir, spare=spare) == {}
-
-
-def test_the_delegates_released_are_kept_in_the_mark(tmp_path):
-    cni_dir = str(tmp_path)
-    released = (unreleased.Released(network="cluster", ifname="eth0"),)
-    mark = unreleased.record(cni_dir, del_request(cni_dir), FAILED, "m", window=60,
-                             now=1000.0, released=released)
-    assert unreleased.read(cni_dir, "c0ffee").released == released == mark.released
-    with open(unreleased.mark_path(cni_dir, "c0ffee")) as handle:
-        assert json.load(handle)["released"] == [{"network": "cluster", "interface": "eth0"}]
-    assert mark.what_failed() == ("net1 (default/vendor): plugin gone; released already: "
-                                  "eth0 (cluster)")
+    assert [m.container_id for m in unreleased.unreleased([cni_dir])] == ["held"]
+    assert unreleased.count_unreleased([cni_dir]) == 1
+    assert markadoption.tidy([cni_dir]).dropped == ("released",)
+    assert sorted(delmarks.read_all(cni_dir)) == ["held", "young"]
+    assert delmarks.clear(cni_dir, "held") and not delmarks.clear(cni_dir, "held")
+    assert unreleased.count_unreleased([str(tmp_path / "absent")]) == 0
 
 
 def test_a_mark_that_can_be_written_nowhere_leaves_the_delegates_error(tmp_path, caplog):
@@ -246,7 +111,7 @@ def test_a_mark_that_can_be_written_nowhere_leaves_the_delegates_error(tmp_path,
     os.makedirs(cni_dir)
     (tmp_path / "cni" / ".multusd-unreleased").write_text("in the way")
     (tmp_path / "run").write_text("and the socket's directory is no directory")
-    spare = unreleased.spare_marks_dir(str(tmp_path / "run"))
+    spare = delmarks.spare_marks_dir(str(tmp_path / "run"))
 
     with pytest.raises(MultusError) as raised:
         unreleased.report(cni_dir, del_request(cni_dir), FAILED, "DEL failed: plugin gone",
@@ -264,7 +129,7 @@ def client(kube_api):
 
     made = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
     made.start()
-    assert made.wait_synced(10), made.last_error
+    assert made.wait_synced(watch_bound()), made.last_error
     yield made
     made.stop()
 
@@ -272,15 +137,17 @@ def client(kube_api):
 def test_a_pod_gone_from_the_api_changes_no_window(tmp_path, kube_api, client):
     cni_dir = str(tmp_path)
     uid = kube_api.add_pod("default", "web")["metadata"]["uid"]
-    wait_for(lambda: client.cached_pod("default", "web") is not None, what="the pod cached")
+    wait_for(lambda: client.cached_pod("default", "web") is not None, watch_bound(),
+             what="the pod cached")
     kube_api.delete_pod("default", "web")  # `kubectl delete --force`
-    wait_for(lambda: client.cached_pod("default", "web") is None, what="the deletion cached")
+    wait_for(lambda: client.cached_pod("default", "web") is None, watch_bound(),
+             what="the deletion cached")
 
     with pytest.raises(MultusError) as raised:
         unreleased.report(cni_dir, del_request(cni_dir, uid=uid), FAILED, "DEL failed",
                           window=10, kube=client, log=LOG)
 
-    mark = unreleased.read(cni_dir, "c0ffee")
+    mark = delmarks.read(cni_dir, "c0ffee")
     assert mark.until == mark.first_failure + 10  # the window, not a grace
     assert "gone" not in raised.value.msg
 
@@ -289,13 +156,14 @@ def test_report_raises_within_the_window_and_announces_once_after_it(tmp_path, c
                                                                      kube_api, client):
     cni_dir = str(tmp_path)
     uid = kube_api.add_pod("default", "web")["metadata"]["uid"]
-    wait_for(lambda: client.cached_pod("default", "web") is not None, what="the pod cached")
+    wait_for(lambda: client.cached_pod("default", "web") is not None, watch_bound(),
+             what="the pod cached")
     req = del_request(cni_dir, uid=uid)
     with pytest.raises(MultusError) as raised:
         unreleased.report(cni_dir, req, FAILED, "DEL failed", window=3600, kube=client, log=LOG)
     assert raised.value.msg.startswith("DEL failed. This is reported until ")
     assert "deleteRetryWindow 3600s after the first failure" in raised.value.msg
-    path = unreleased.mark_path(cni_dir, "c0ffee")
+    path = delmarks.mark_path(cni_dir, "c0ffee")
     mark = json.loads(open(path).read())
     mark["untilBoot"] -= 3600  # the hour has passed
     store.atomic_write(path, json.dumps(mark).encode())
@@ -305,28 +173,15 @@ def test_report_raises_within_the_window_and_announces_once_after_it(tmp_path, c
         unreleased.report(cni_dir, req, FAILED, "DEL failed", window=3600, kube=client, log=LOG)
 
     [event] = wait_for(lambda: [e for e in kube_api.events
-                                if e.get("reason") == "NetworkNotReleased"], what="the Event")
+                                if e.get("reason") == "NetworkNotReleased"],
+                       events_bound(1, client.request_timeout), what="the Event")
     assert event["type"] == "Warning" and event["involvedObject"]["uid"] == uid
     assert "net1 (default/vendor): plugin gone" in event["message"]
     assert "`multusd gc`" in event["message"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
                 and r.name == "test"]
     assert len(warnings) == 1 and "DEL of sandbox c0ffee (default/web) has failed" in warnings[0]
-    assert unreleased.read(cni_dir, "c0ffee").announced
-    assert unreleased.read(cni_dir, "c0ffee").attempts == 3
+    assert delmarks.read(cni_dir, "c0ffee").announced
+    assert delmarks.read(cni_dir, "c0ffee").attempts == 3
     client.stop()  # the queued events are sent before it returns
     assert len([e for e in kube_api.events if e.get("reason") == "NetworkNotReleased"]) == 1
-
-
-def test_an_announcement_waits_for_the_pod_cache_unless_told_not_to(tmp_path, kube_api, caplog):
-    from multusd.kube.client import KubeClient
-
-    cni_dir = str(tmp_path)
-    mark = unreleased.record(cni_dir, del_request(cni_dir), FAILED, "m", window=1, now=1.0)
-    unsynced = KubeClient(kube_api.kubeconfig_path, kube_api.node, request_timeout=5.0)
-    with caplog.at_level(logging.WARNING):
-        assert not unreleased.announce(unsynced, mark, LOG)  # its Event needs the cache
-        assert not caplog.records
-        assert unreleased.announce(unsynced, mark, LOG, without_cache=True)
-        assert unreleased.announce(None, mark, LOG)  # no Kubernetes: nothing to wait for
-    assert len([r for r in caplog.records if "has failed since" in r.getMessage()]) == 2

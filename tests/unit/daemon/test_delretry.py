@@ -16,7 +16,7 @@ from harness import STUBS
 from multusd import store
 from multusd.config import daemonconf
 from multusd.core import request
-from multusd.core import scratch, unreleased
+from multusd.core import delmarks, scratch, unreleased
 from multusd.core.delegate import Delegate
 from multusd.core.multus import Multus
 from multusd.daemon import delretry
@@ -29,16 +29,26 @@ RUNTIME_CONF = b'{"cniVersion":"0.4.0","name":"multus-cni-network","type":"multu
 
 
 class Node:
-    """A cniDir holding one sandbox whose stub delegate fails DEL until ``self.fixed`` exists."""
+    """A cniDir holding one sandbox whose stub delegate fails DEL until ``self.fixed`` exists.
 
-    def __init__(self, tmp_path) -> None:
+    ``runtime_cni_dir``: the cniDir the runtime's multus config (an operator's static file)
+    names besides daemon-config.json's: the node names both.
+    """
+
+    def __init__(self, tmp_path, runtime_cni_dir: str = "") -> None:
         self.cni_dir = str(tmp_path / "cni")
         self.fixed = str(tmp_path / "fixed")
         self.calls = str(tmp_path / "calls.jsonl")
-        self.config = daemonconf.from_dict({"cniDir": self.cni_dir, "binDir": STUBS,
-                                            "cniVersion": "0.4.0", "deleteRetryWindow": 5,
-                                            "socketDir": str(tmp_path / "run"),
-                                            "delegates": [self.stub()]})
+        raw = {"cniDir": self.cni_dir, "binDir": STUBS, "cniVersion": "0.4.0",
+               "deleteRetryWindow": 5, "socketDir": str(tmp_path / "run"),
+               "delegates": [self.stub()], "cniConfigDir": str(tmp_path / "net.d")}
+        if runtime_cni_dir:
+            static = tmp_path / "net.d" / "static.conf"
+            static.parent.mkdir()
+            static.write_text(json.dumps(dict(json.loads(RUNTIME_CONF),
+                                              cniDir=runtime_cni_dir)))
+            raw["multusConfigFile"] = str(static)
+        self.config = daemonconf.from_dict(raw)
         self.multus = Multus(self.config)
         self.requests: list = []
 
@@ -60,7 +70,7 @@ class Node:
         env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
                "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
         unreleased.record(self.cni_dir, request.parse(env, RUNTIME_CONF, self.config),
-                          (unreleased.Failure("stubnet", "eth0", "its daemon is down"),), "m",
+                          (delmarks.Failure("stubnet", "eth0", "its daemon is down"),), "m",
                           window=5, now=failed_at)
 
     def dels(self) -> int:
@@ -79,16 +89,16 @@ def test_unreleased_sandboxes_get_their_del_again_until_released(tmp_path):
     assert retrier.retry_all() == 0  # still failing: kept, with one more attempt
 
     assert node.requests == [("/cni", "unreleased-old")] and node.dels() == 1
-    assert unreleased.read(node.cni_dir, "old").attempts == 2
-    assert unreleased.read(node.cni_dir, "new").attempts == 1  # not the retrier's to run
-    assert unreleased.read(node.cni_dir, "old").announced  # said once, in the journal
+    assert delmarks.read(node.cni_dir, "old").attempts == 2
+    assert delmarks.read(node.cni_dir, "new").attempts == 1  # not the retrier's to run
+    assert delmarks.read(node.cni_dir, "old").announced  # said once, in the journal
 
     open(node.fixed, "w").close()  # the cause is gone
     assert retrier.retry_all() == 1
 
     assert not os.path.exists(os.path.join(node.cni_dir, "old"))
-    assert unreleased.read(node.cni_dir, "old") is None
-    assert unreleased.read(node.cni_dir, "new") is not None
+    assert delmarks.read(node.cni_dir, "old") is None
+    assert delmarks.read(node.cni_dir, "new") is not None
     assert retrier.retry_all() == 0 and node.dels() == 2
 
 
@@ -104,7 +114,7 @@ def test_at_start_the_window_is_published_and_what_the_shim_gave_up_on_is_releas
     retrier.start()
     try:
         # at once, without waiting for a pod cache or for a retry interval
-        wait_for(lambda: unreleased.read(node.cni_dir, "gaveup") is None, 10,
+        wait_for(lambda: delmarks.read(node.cni_dir, "gaveup") is None, 10,
                  what="the shim's sandbox released at start")
     finally:
         retrier.stop()
@@ -115,31 +125,94 @@ def test_at_start_the_window_is_published_and_what_the_shim_gave_up_on_is_releas
     assert (retrier.retries, retrier.released) == (1, 1)
 
 
-def test_a_mark_the_shim_left_in_the_default_cni_dir_is_taken_in_and_released(tmp_path):
-    # the daemon's cniDir is node.cni_dir; the runtime's static 00-multus.conf names none, so
-    # the shim, finding no daemon, marked in Multus's default directory (here: "default")
-    node = Node(tmp_path)
-    default = str(tmp_path / "default")
-    store.atomic_write(os.path.join(node.cni_dir, "static"), scratch.delegates_to_cache([
-        Delegate(name="stubnet", conf=json.dumps(node.stub()).encode(), ifname="eth0",
-                 master=True)]))
-    store.atomic_write(os.path.join(default, "theirs"), b"[]")  # that directory's own sandbox
-    for cid in ("static", "theirs"):
+def test_marks_are_found_in_every_cni_dir_the_node_names_and_each_sandbox_where_it_is(
+        tmp_path):
+    # the daemon's cniDir is node.cni_dir; the runtime's static multus config names another
+    # one ("runtime"), where a shim that reads only its config, finding no daemon, marked
+    runtime, foreign = str(tmp_path / "runtime"), str(tmp_path / "foreign")
+    node = Node(tmp_path, runtime_cni_dir=runtime)
+    for directory, cid in ((node.cni_dir, "moved"), (runtime, "runtimes"), (foreign, "theirs")):
+        store.atomic_write(os.path.join(directory, cid), scratch.delegates_to_cache([
+            Delegate(name="stubnet", conf=json.dumps(node.stub()).encode(), ifname="eth0",
+                     master=True)]))
         env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
                "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
-        assert delwindow.note_failure({"cniDir": default}, env, RUNTIME_CONF, "not reachable",
-                                      now=time.time() - 600) is not None
+        marked_in = foreign if directory == foreign else runtime
+        assert delwindow.note_failure({"cniDir": marked_in}, env, RUNTIME_CONF,
+                                      "not reachable", now=time.time() - 600) is not None
     open(node.fixed, "w").close()
-    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600,
-                         shim_default=default)
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600)
 
     retrier.run_due()
 
-    assert node.requests == [("/cni", "unreleased-static")] and node.dels() == 1
-    assert not os.path.exists(os.path.join(node.cni_dir, "static"))  # released
-    assert unreleased.read(node.cni_dir, "static") is None
-    assert unreleased.read(default, "static") is None  # not left behind in the default one
-    assert unreleased.read(default, "theirs") is not None  # not ours to take
+    assert sorted(node.requests) == [("/cni", "unreleased-moved"),
+                                     ("/cni", "unreleased-runtimes")] and node.dels() == 2
+    for directory, cid in ((node.cni_dir, "moved"), (runtime, "runtimes")):
+        assert not os.path.exists(os.path.join(directory, cid))  # released
+        assert delmarks.read(node.cni_dir, cid) is None
+        assert delmarks.read(runtime, cid) is None  # nothing left behind
+    assert delmarks.read(foreign, "theirs") is not None  # no cniDir the node names
+    assert os.path.exists(os.path.join(foreign, "theirs"))
+
+
+def test_a_mark_beside_the_socket_naming_another_cni_dir_is_retried_where_its_records_are(
+        tmp_path):
+    # the shim's config named a cniDir ("runtime") that could not take the mark: it went
+    # beside the socket, naming that cniDir; the records are in the daemon's. It was shown,
+    # and never retried (looked for in the cniDir it names alone)
+    runtime = str(tmp_path / "runtime")
+    node = Node(tmp_path, runtime_cni_dir=runtime)
+    os.makedirs(runtime)
+    (tmp_path / "runtime" / ".multusd-unreleased").write_text("in the way")
+    node.sandbox("held", failed_at=time.time())
+    delmarks.clear(node.cni_dir, "held")  # not the daemon's: the shim's alone
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "held", "CNI_NETNS": "",
+           "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
+    mark = delwindow.note_failure({"cniDir": runtime}, env, RUNTIME_CONF, "not reachable",
+                                  now=time.time() - 600, socket_dir=str(tmp_path / "run"))
+    assert mark["cniDir"] == runtime
+    open(node.fixed, "w").close()
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600)
+
+    assert retrier.retry_all() == 1
+
+    assert node.requests == [("/cni", "unreleased-held")]
+    assert not os.path.exists(os.path.join(node.cni_dir, "held"))
+    assert delmarks.read(node.cni_dir, "held", spare=retrier.spare) is None
+
+
+def test_the_shims_mark_in_the_default_cni_dir_goes_once_its_sandbox_is_released(tmp_path):
+    # the daemon answered the DEL with an error (its delegate failed): a shim that reads only
+    # its own config's cniDir ("default") marked there too; the runtime's next DEL,
+    # or something else, released the sandbox: the shim's copy must not stay for ever
+    default = str(tmp_path / "default")
+    node = Node(tmp_path, runtime_cni_dir=default)
+    for cid in ("released", "forgotten", "held"):
+        node.sandbox(cid, failed_at=time.time())
+        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": "",
+               "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"}
+        assert delwindow.note_failure({"cniDir": default}, env, RUNTIME_CONF, "its daemon is "
+                                      "down", now=time.time()) is not None
+    retrier = DelRetrier(node.config, node.multus, node.handle, scan=3600)
+    open(node.fixed, "w").close()
+    node.multus.cni(request.parse(dict(env, CNI_CONTAINERID="released"), RUNTIME_CONF,
+                                  node.config), time.monotonic() + 30, LOG)
+    assert delmarks.read(node.cni_dir, "released") is None  # the daemon's own: dropped
+
+    retrier.after_del("released")  # as the daemon does once it answered that DEL
+
+    assert delmarks.read(default, "released") is None
+    assert delmarks.read(default, "forgotten") is not None  # not that DEL's
+    retrier.after_del("held")  # answered success, yet not released (its window is over)
+    assert delmarks.read(default, "held") is not None
+    os.unlink(os.path.join(node.cni_dir, "forgotten"))  # e.g. `gc --forget` with no daemon
+
+    retrier.run_due()  # the next look (nothing is due: every window still runs)
+
+    assert delmarks.read(default, "forgotten") is None
+    assert delmarks.read(default, "held") is None  # taken in: the daemon keeps its own
+    assert delmarks.read(node.cni_dir, "held").by == "daemon"
+    retrier.after_del("no-such")  # nothing marked: nothing to do, never raises
 
 
 def test_a_sandbox_still_failing_is_retried_on_a_backoff_and_announced_once(tmp_path, caplog):
@@ -156,9 +229,9 @@ def test_a_sandbox_still_failing_is_retried_on_a_backoff_and_announced_once(tmp_
     wait_for(lambda: retrier.run_due() and node.dels() == 2, 5, interval=0.05,
              what="the second retry")
     announced = [r for r in caplog.records if "DEL of sandbox old" in r.getMessage()]
-    assert len(announced) == 1 and unreleased.read(node.cni_dir, "old").announced
+    assert len(announced) == 1 and delmarks.read(node.cni_dir, "old").announced
     open(node.fixed, "w").close()  # the cause is gone
-    wait_for(lambda: retrier.run_due() and unreleased.read(node.cni_dir, "old") is None, 5,
+    wait_for(lambda: retrier.run_due() and delmarks.read(node.cni_dir, "old") is None, 5,
              interval=0.05, what="the release")
     assert node.dels() == 3 and retrier.run_due() == 3600 and node.dels() == 3
 
@@ -173,8 +246,9 @@ def test_a_window_ending_is_when_the_daemon_looks_again(tmp_path):
     assert node.requests == [] and 0 < pause <= 6  # its end (+1 s), not the scan
 
 
-def test_the_backoff_doubles_to_its_cap_each_wait_up_to_half_again(tmp_path):
+def test_the_backoff_doubles_to_its_cap_each_wait_up_to_half_again_under_a_minute(tmp_path):
     backoff = DelRetrier(Node(tmp_path).config, None, None).curve.delays()
     waits = [backoff.next() for _ in range(9)]
-    steps = [5, 10, 20, 40, 80, 160, 300, 300, 300]
+    steps = [5, 10, 20, 40, 40, 40, 40, 40, 40]
     assert all(step <= wait < 1.5 * step for wait, step in zip(waits, steps)), waits
+    assert max(waits) < 60  # released within a minute of its cause going away

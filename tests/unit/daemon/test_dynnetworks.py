@@ -13,10 +13,18 @@ from multusd.kube.retries import BackoffPolicy
 from multusd.daemon.lanes import Job, Lanes
 from multusd.kube.objects import pod_from_object
 
+from harness import watch_bound
 from hotplugnode import Node
 from testlib import wait_for
 
 ERROR = {"cniVersion": "1.0.0", "code": 11, "msg": "its daemon is down"}
+
+
+RECONCILE_TIMEOUT = 30.0  # each reconciliation's deadline here
+POLICY = RetryPolicy(curve=BackoffPolicy(0.01, 0.02, jitter=0.0), attempts=3)
+# the longest a pod's delivery takes to be dealt with: every attempt within its deadline, and
+# the waits between them
+DEALT_WITH = POLICY.attempts * (RECONCILE_TIMEOUT + POLICY.curve.cap * (1 + POLICY.curve.jitter))
 
 
 @pytest.fixture
@@ -35,8 +43,7 @@ def lanes():
 
 @pytest.fixture
 def dynamic(node, lanes):
-    made = DynamicNetworks(node.multus, cni_dir=node.cni_dir, request_timeout=30,
-                           policy=RetryPolicy(curve=BackoffPolicy(0.01, 0.02, jitter=0.0), attempts=3))
+    made = DynamicNetworks(node.multus, request_timeout=RECONCILE_TIMEOUT, policy=POLICY)
     made.start(lanes)
     yield made
     made.stop()
@@ -52,7 +59,7 @@ def running(node: Node, networks=None, **changes):
 
 def settled(dynamic: DynamicNetworks) -> dict:
     return wait_for(lambda: (lambda s: s if s["pending"] == 0 and not s["retrying"] else None)(
-        dynamic.status()), 20, what="every delivery dealt with")
+        dynamic.status()), DEALT_WITH, what="every delivery dealt with")
 
 
 @pytest.mark.parametrize("failures,low,high", [(1, 1.0, 2.0), (2, 2.0, 4.0), (3, 4.0, 8.0),
@@ -76,7 +83,7 @@ def test_a_running_pods_changed_selection_is_reconciled_once(node, dynamic):
     for _ in range(3):  # a watch may deliver a pod again (relist, status updates)
         dynamic.pod_changed(pod)
 
-    wait_for(lambda: dynamic.counts()["changed"] == 1, 20, what="the reconciliation")
+    wait_for(lambda: dynamic.counts()["changed"] == 1, DEALT_WITH, what="the reconciliation")
     state = settled(dynamic)
     assert state["podsChecked"] == 1
     assert sum(state["reconciliations"].values()) == 1
@@ -96,9 +103,9 @@ def test_it_waits_for_the_sandboxs_other_request_in_its_lane(node, dynamic, lane
     assert lanes.submit(Job(None, "", "", b"", float("inf"), "CHECK", node.cid,
                             task=other_request))
     dynamic.pod_changed(running(node, "b@hot0"))
-    wait_for(lambda: dynamic.status()["podsChecked"] == 1, 20, what="the pod looked at")
+    wait_for(lambda: dynamic.status()["podsChecked"] == 1, DEALT_WITH, what="the pod looked at")
     release.set()
-    wait_for(lambda: dynamic.counts()["changed"] == 1, 20, what="the reconciliation")
+    wait_for(lambda: dynamic.counts()["changed"] == 1, DEALT_WITH, what="the reconciliation")
     assert seen == [False]  # it had not run beside the other request
 
 
@@ -119,27 +126,50 @@ def test_a_failure_is_retried_then_given_up_until_the_selection_changes(node, dy
 
     dynamic.pod_changed(running(node, "b@hot0"))
 
-    wait_for(lambda: dynamic.counts()["failed"] == 3, 20, what="three attempts")
+    wait_for(lambda: dynamic.counts()["failed"] == 3, DEALT_WITH, what="three attempts")
     settled(dynamic)
     assert dynamic.counts()["failed"] == 3  # given up: no fourth
     assert node.calls().count(("ADD", "b", "hot0")) == 3
 
     dynamic.pod_changed(running(node, "c@hot1"))
-    wait_for(lambda: dynamic.counts()["changed"] == 1, 20, what="the new selection applied")
+    wait_for(lambda: dynamic.counts()["changed"] == 1, DEALT_WITH,
+             what="the new selection applied")
     assert node.recorded()[-1] == ("default/c", "hot1")
 
 
 def test_a_pod_the_cache_no_longer_holds_is_forgotten(node, lanes):
     now = [1000.0]
-    dynamic = DynamicNetworks(node.multus, cni_dir=node.cni_dir, request_timeout=30,
+    dynamic = DynamicNetworks(node.multus, request_timeout=30,
                               clock=lambda: now[0])
     node.attach()
     dynamic.pod_changed(running(node))
     node.api.delete_pod("default", "web")
-    wait_for(lambda: node.client.cached_pod("default", "web") is None, 10, what="the delete")
+    wait_for(lambda: node.client.cached_pod("default", "web") is None, watch_bound(),
+             what="the delete")
     with dynamic._cond:
         dynamic._forget_gone()
         assert dynamic._pods  # delivered just now
         now[0] += 61.0
         dynamic._forget_gone()
         assert not dynamic._pods
+
+
+def test_a_look_that_fails_is_retried_with_the_backoff_said_once_never_a_loop(node, lanes,
+                                                                              caplog):
+    node.nad("b", "hot0")
+    node.attach()
+    node.drop_record()  # an earlier multusd's sandbox...
+    node.configure(delegates=None)  # ...and settings that do not load: nothing to judge it by
+    dynamic = DynamicNetworks(node.multus, request_timeout=RECONCILE_TIMEOUT, policy=POLICY)
+    dynamic.start(lanes)
+    try:
+        dynamic.pod_changed(running(node, "b@hot0"))
+        wait_for(lambda: dynamic.status()["podsChecked"] >= 3, DEALT_WITH, what="three looks")
+        status = settled(dynamic)
+    finally:
+        dynamic.stop()
+    assert status["podsChecked"] == 3  # on the backoff, then given up: no fourth, no loop
+    assert sum(status["reconciliations"].values()) == 0
+    assert ("ADD", "b", "hot0") not in node.calls()
+    said = [r for r in caplog.records if "cannot be established" in r.getMessage()]
+    assert len(said) == 1

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from harness import start_bound
 from multusd.daemon.kubestart import BackgroundKube
 from multusd.errors import TryAgainLater
 from testlib import wait_for
@@ -43,10 +44,10 @@ def test_once_built_the_lookups_reach_the_client(kube_api):
                           on_built=built.set)
     kube.start_building()
     try:
-        assert built.wait(10)
+        assert built.wait(start_bound())
         assert kube.wait_for_client() is kube.client
         assert kube.server_url == kube_api.url
-        wait_for(kube.ready, what="the pod cache's first list")
+        wait_for(kube.ready, start_bound(), what="the pod cache's first list")
         assert kube.get_pod(NS, "web").name == "web"
         assert kube.get_nad(NS, "absent") is None
     finally:
@@ -60,7 +61,7 @@ def test_a_pod_listener_is_on_the_client_before_its_first_list(kube_api):
                           pod_listener=seen.append)
     kube.start_building()
     try:
-        wait_for(kube.ready, what="the pod cache's first list")
+        wait_for(kube.ready, start_bound(), what="the pod cache's first list")
         assert [(p.namespace, p.name) for p in seen] == [(NS, "web")]
     finally:
         kube.stop()

@@ -269,6 +269,7 @@ def test_http_answers_use_upstream_labels():
     daemon.observe_http("/readyz?x=1", "GET", 500)
     daemon.observe_http("/nope", "GET", 404)
     daemon.observe_http("/healthz", "BREW", 405)
+    daemon.observe_http("/forget", "POST", 200)  # multusd's own; counted as /cni is
     text = daemon.render()
     upstream = "multus_server_request_total"
     assert sample(text, upstream + '{code="200",handler="/cni",method="post"}') == "1.0"
@@ -282,6 +283,9 @@ def test_http_answers_use_upstream_labels():
     assert value(daemon, requests, handler="/readyz", command="", result="error") == 1
     assert value(daemon, requests, handler="NotFound", command="", result="error") == 1
     assert not re.search(r'^multusd_requests_total\{[^}]*handler="/cni"', text, re.M)
+    assert sample(text, upstream + '{code="200",handler="/forget",method="post"}') == "1.0"
+    assert not re.search(r'^multusd_requests_total\{[^}]*handler="(/forget|NotFound)",'
+                         r'command="",result="ok"', text, re.M)
 
 
 def test_plugin_durations_by_type_and_command():
@@ -304,7 +308,7 @@ def test_null_metrics_take_every_call_and_keep_nothing():
     null.observe_plugin("bridge", "ADD", 0.1, "ok")
     null.observe_http("/cni", "POST", 200)
     null.observe_request("/cni", "ADD", True, 0.1)
-    null.set_sources(cached_pods=lambda: 1, cni_dir="/nonexistent")
+    null.set_sources(cached_pods=lambda: 1, cni_dirs=lambda: ["/nonexistent"])
     with null.track_request("/cni") as tracked:
         tracked.command = "ADD"
     assert (tracked.handler, tracked.command) == ("/cni", "ADD")
@@ -337,7 +341,9 @@ def test_sources_feed_the_sampled_gauges(tmp_path):
     cni_dir = tmp_path / "multus"
     daemon = DaemonMetrics()
     pods = {"a": 1, "b": 2}
-    daemon.set_sources(cached_pods=lambda: len(pods), cached_nads=lambda: 5, cni_dir=str(cni_dir))
+    node = [str(cni_dir)]  # every cniDir the node names, as it resolves at each scrape
+    daemon.set_sources(cached_pods=lambda: len(pods), cached_nads=lambda: 5,
+                       cni_dirs=lambda: node)
     text = daemon.render()
     assert sample(text, "multusd_cached_pods") == "2.0"
     assert sample(text, "multusd_cached_nads") == "5.0"
@@ -352,6 +358,11 @@ def test_sources_feed_the_sampled_gauges(tmp_path):
     text = daemon.render()
     assert sample(text, "multusd_cached_pods") == "3.0"
     assert sample(text, "multusd_scratch_cache_entries") == "2.0"
+    other = tmp_path / "static"  # the runtime's multus config names another one
+    other.mkdir()
+    (other / "ghi").write_text("{}")
+    node[:] = [str(cni_dir), str(other), str(cni_dir) + "/"]  # each counted once
+    assert sample(daemon.render(), "multusd_scratch_cache_entries") == "3.0"
 
     daemon.set_sources()  # no sources: the gauges go empty instead of showing stale values
     text = daemon.render()
@@ -389,7 +400,7 @@ def test_a_sampled_gauge_without_a_usable_value_has_no_sample():
         raise OSError("cache gone")
 
     daemon = DaemonMetrics()
-    daemon.set_sources(cached_pods=broken, cached_nads=lambda: None, cni_dir=None)
+    daemon.set_sources(cached_pods=broken, cached_nads=lambda: None, cni_dirs=None)
     text = daemon.render()
     for name in ("multusd_cached_pods", "multusd_cached_nads", "multusd_scratch_cache_entries"):
         assert f"# TYPE {name} gauge\n" in text
@@ -409,7 +420,7 @@ def test_stale_sandboxes_gauge_counts_records_whose_netns_is_gone(tmp_path):
 
     cni_dir = str(tmp_path / "multus")
     daemon = DaemonMetrics()
-    daemon.set_sources(cni_dir=cni_dir)
+    daemon.set_sources(cni_dirs=lambda: [cni_dir, str(tmp_path / "absent")])
     assert sample(daemon.render(), "multusd_stale_sandboxes") == "0.0"
     for cid, netns in (("live", "/proc/self/ns/net"), ("gone", str(tmp_path / "no-such-netns"))):
         rt = resultcache.RuntimeConf(container_id=cid, netns=netns, ifname="eth0",
@@ -431,3 +442,25 @@ def test_dynamic_reconciliations_exist_only_with_their_source():
     assert value(daemon, name, outcome="failed") == 1
     assert value(daemon, name, outcome="unchanged") == 0
     assert_valid_exposition(daemon.render())
+
+
+def test_the_unreleased_gauge_counts_every_cni_dir_the_node_names_and_the_spare_one(tmp_path):
+    from failingdel import FAILED, del_request, write_records
+    from multusd.core import delmarks, unreleased
+
+    runtime, daemons = str(tmp_path / "static"), str(tmp_path / "multus")
+    spare = delmarks.spare_marks_dir(str(tmp_path / "run"))
+    write_records(runtime, "in-runtime")      # recorded in the runtime config's cniDir
+    write_records(daemons, "in-daemons")
+    write_records(daemons, "in-spare")
+    for cni_dir, cid in ((runtime, "in-runtime"), (daemons, "in-daemons"), (runtime, "stray"),
+                         (runtime, "in-spare")):
+        unreleased.record(cni_dir, del_request(cni_dir, cid), FAILED, "m", window=1, now=1.0)
+    os.replace(os.path.join(runtime, ".multusd-unreleased", "in-spare"),  # kept by the socket
+               os.path.join(os.makedirs(spare) or spare, "in-spare"))
+    node = [daemons]
+    daemon = DaemonMetrics()
+    daemon.set_sources(cni_dirs=lambda: node, marks_spare=spare)
+    assert sample(daemon.render(), "multusd_unreleased_sandboxes") == "2.0"
+    node.append(runtime)  # "stray" has no records anywhere: not counted
+    assert sample(daemon.render(), "multusd_unreleased_sandboxes") == "3.0"

@@ -14,12 +14,13 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from multusd.daemon.server import MAX_BODY, PROBE_BODY, Server
-from multusd.errors import DEFAULT_CNI_VERSION, InvalidNetworkConfig, TryAgainLater
+from multusd.daemon.httpreq import peek_env
+from multusd.daemon.server import MAX_BODY, PROBE_BODY, STATUS_TIMEOUT, Server
+from multusd.errors import DEFAULT_CNI_VERSION, InvalidNetworkConfig, NotReady, TryAgainLater
 from multusd.wire import api
 from testlib import raw_exchange, wait_for
 
@@ -34,17 +35,20 @@ def cni_body(command: str = "ADD", container_id: str = "c1") -> bytes:
 
 class Handler:
     """Records each call (endpoint, body, seconds to its deadline, request id) and answers
-    what :attr:`outcome` says: a value to return, or an exception to raise."""
+    what :attr:`outcome` says: a value to return, or an exception to raise; a call waits for
+    :attr:`gate`, or for the gate of its command in :attr:`gates`."""
 
     def __init__(self) -> None:
         self.calls: List[Tuple[str, bytes, float, str]] = []
         self.outcome: Any = {"Result": {"cniVersion": "1.1.0"}}
         self.gate: Optional[threading.Event] = None
+        self.gates: Dict[str, threading.Event] = {}
 
     def __call__(self, endpoint: str, body: bytes, deadline: float, request_id: str) -> Any:
         self.calls.append((endpoint, body, deadline - time.monotonic(), request_id))
-        if self.gate is not None:
-            assert self.gate.wait(60)
+        gate = self.gate or self.gates.get(peek_env(body)[0])
+        if gate is not None:
+            assert gate.wait(60)
         if isinstance(self.outcome, BaseException):
             raise self.outcome
         return self.outcome
@@ -86,8 +90,9 @@ class Served:
         return int(lines[0].split()[1]), headers, body
 
     def close(self) -> None:
-        if self.handler.gate is not None:
-            self.handler.gate.set()
+        for gate in [self.handler.gate, *self.handler.gates.values()]:
+            if gate is not None:
+                gate.set()
         self.server.stop()
         self.thread.join(30)
         self.listener.close()
@@ -228,7 +233,7 @@ def test_once_stopping_only_del_and_status_run_and_probes_are_answered(served):
     for endpoint, command in ((api.CNI_ENDPOINT, "ADD"), (api.CNI_ENDPOINT, "CHECK"),
                               (api.CNI_ENDPOINT, "GC"), (api.DELEGATE_ENDPOINT, "ADD")):
         response = node.call("POST", endpoint, cni_body(command))
-        assert response.status == 400
+        assert response.status == api.NOT_STARTED == 503  # not started: the shim resends it
         error = cni_error(response.body)
         assert error["code"] == 11
         assert error["msg"] == (f"multusd is stopping: {command} was not started; retry it "
@@ -242,7 +247,7 @@ def test_once_refusing_no_request_runs_and_each_is_told_first(served):
     told = []
     node.server.runner.refuse("stopping now; retry", told.append)
     response = node.call("POST", api.CNI_ENDPOINT, cni_body("DEL", "c7"))
-    assert response.status == 400
+    assert response.status == api.NOT_STARTED  # not started (a DEL: the shim does not resend)
     assert (cni_error(response.body)["code"], cni_error(response.body)["msg"]) == \
         (11, "stopping now; retry")
     assert node.handler.calls == []
@@ -272,7 +277,7 @@ def test_status_counts_requests_in_flight_but_itself(served):
     node.handler.gate = threading.Event()
     threading.Thread(target=lambda: node.call("POST", api.CNI_ENDPOINT, cni_body()),
                      daemon=True).start()
-    wait_for(lambda: node.handler.calls, what="the request to run")
+    wait_for(lambda: node.handler.calls, node.server.request_timeout, what="the request to run")
     status = json.loads(node.call("GET", api.STATUS_ENDPOINT).body)
     assert (status["inFlight"], status["running"]) == (1, 1)
     node.handler.gate.set()
@@ -333,6 +338,71 @@ def test_a_request_that_waited_past_its_deadline_is_answered_busy(served):
     first.join(30)
     assert answers["first"][0] == 200
     assert node.server.runner.counted()["failed"] == 1
+
+
+# ---- STATUS and GC: bounded, shared, off the pod workers ---------------------------------------
+
+def post_in_thread(node: Served, body: bytes, answers: list) -> threading.Thread:
+    def post() -> None:
+        response = node.call("POST", api.CNI_ENDPOINT, body)
+        answers.append((response.status, response.body))
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_statuses_share_one_run_within_their_bound_and_hold_no_pod_worker(served):
+    node = served(workers=1, del_workers=1)
+    node.handler.outcome = None
+    node.handler.gates["STATUS"] = threading.Event()
+    answers: list = []
+    callers = [post_in_thread(node, cni_body("STATUS", ""), answers) for _ in range(5)]
+    wait_for(lambda: node.server.lanes.queued == 4, what="four STATUS joining the first's run")
+    # the only general worker and the DEL lane's are free, probes are answered
+    assert node.call("POST", api.CNI_ENDPOINT, cni_body("ADD", "c1")).status == 200
+    assert node.call("POST", api.CNI_ENDPOINT, cni_body("DEL", "c2")).status == 200
+    assert node.call("GET", api.HEALTH_ENDPOINT).status == 200
+
+    def counts() -> tuple:  # (a worker gives its request back just after the answer)
+        status = json.loads(node.call("GET", api.STATUS_ENDPOINT).body)
+        return status["queued"], status["running"]
+
+    wait_for(lambda: counts() == (4, 1), what="four STATUS waiting for the one running")
+    node.handler.outcome = NotReady("its cluster network 'agent' did not answer STATUS")
+    node.handler.gates["STATUS"].set()
+    for caller in callers:
+        caller.join(30)
+    assert len(answers) == 5
+    assert {(status, cni_error(body)["code"], cni_error(body)["msg"]) for status, body in answers} \
+        == {(400, 50, "its cluster network 'agent' did not answer STATUS")}
+    statuses = [call for call in node.handler.calls if peek_env(call[1])[0] == "STATUS"]
+    assert len(statuses) == 1  # one run for the five
+    assert 0 < statuses[0][2] <= STATUS_TIMEOUT  # its deadline: the STATUS bound, not 110 s
+    assert node.server.runner.counted() == {"ok": 2, "failed": 5}
+    assert node.server.lanes.threads() <= 1 + 1 + 1  # a general worker, a DEL one, STATUS's
+
+
+def test_a_status_behind_another_run_past_its_bound_is_not_available_and_gc_is_not_bound_so(
+        served):
+    node = served(workers=1, del_workers=1, status_timeout=0.5)
+    node.handler.outcome = None
+    node.handler.gates["STATUS"] = threading.Event()
+    first: list = []
+    running = post_in_thread(node, cni_body("STATUS", ""), first)
+    wait_for(lambda: node.handler.calls, what="the first STATUS running")
+    late: list = []
+    post_in_thread(node, cni_body("STATUS", "another"), late).join(30)  # another body
+    ((status, body),) = late
+    error = cni_error(body)
+    assert (status, error["code"]) == (400, 50)
+    assert "the STATUS of its cluster network did not answer in time" in error["msg"]
+    assert len(node.handler.calls) == 1  # it never ran: one STATUS run at a time
+    node.handler.gates["STATUS"].set()
+    running.join(30)
+    assert first == [(200, b"")]
+    assert node.call("POST", api.CNI_ENDPOINT, cni_body("GC", "")).status == 200
+    assert node.handler.calls[-1][2] > 0.5  # GC's deadline is the request deadline
 
 
 def test_an_expect_100_continue_gets_its_go_ahead(served):

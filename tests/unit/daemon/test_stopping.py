@@ -21,7 +21,7 @@ import pytest
 from harness import REPO, STUBS, NotifyListener
 from multusd.cni import invoke
 from multusd.config import daemonconf
-from multusd.core import unreleased
+from multusd.core import delmarks
 from multusd.daemon.server import Server
 from multusd.daemon.stopping import CUT_GRACE, STOP_TIMEOUT, UNIT_MARGIN, Stop
 from multusd.wire import api
@@ -91,9 +91,10 @@ class Node:
         thread.start()
         return thread
 
-    def error(self, name: str) -> tuple:
+    def error(self, name: str, status: int = 400) -> tuple:
+        """(code, msg) of the answer to ``name``, which has ``status`` (503: not started)."""
         answer = self.answers[name]
-        assert answer.status == 400, (name, answer.status, answer.body)
+        assert answer.status == status, (name, answer.status, answer.body)
         error = json.loads(answer.body)
         return error["code"], error["msg"]
 
@@ -133,13 +134,15 @@ def test_an_idle_stop_tells_systemd_its_budget_and_ends_at_once(node, tmp_path, 
 def test_while_draining_a_del_is_served_and_an_add_refused(node):
     node.gates["slow"] = threading.Event()
     slow = node.send("slow", "ADD", "slow")
-    wait_for(lambda: node.started == ["slow"], 10, what="the ADD running")
+    wait_for(lambda: node.started == ["slow"], node.server.request_timeout,
+             what="the ADD running")
     stop = node.stop(budget=3600.0)
     stop.begin("received SIGTERM")
     node.send("del", "DEL", "other").join(30)
     assert node.answers["del"].status == 200
     node.send("add", "ADD", "new").join(30)
-    assert node.error("add")[0] == 11 and "multusd is stopping" in node.error("add")[1]
+    code, msg = node.error("add", api.NOT_STARTED)
+    assert code == 11 and "multusd is stopping" in msg
     assert node.started == ["slow", "other"]
     node.gates["slow"].set()  # the running request finishes: the stop ends without a cut
     node.thread.join(30)
@@ -151,12 +154,17 @@ def test_while_draining_a_del_is_served_and_an_add_refused(node):
 def test_the_cut_kills_the_plugins_refuses_what_waits_and_records_the_dels(node):
     node.hang += ["hung-add", "hung-del"]
     sent = [node.send("hung-add", "ADD", "hung-add")]
-    wait_for(lambda: node.running.running() == ["stub-hang ADD"], 30, what="the ADD hanging")
+    # a plugin starts within its request's deadline (or fails by it, and the request ends)
+    wait_for(lambda: node.running.running() == ["stub-hang ADD"] or not sent[0].is_alive(),
+             node.server.request_timeout, what="the ADD hanging")
     sent.append(node.send("hung-del", "DEL", "hung-del"))
-    wait_for(lambda: len(node.running.running()) == 2, 30, what="the DEL hanging too")
+    wait_for(lambda: len(node.running.running()) == 2 or not sent[1].is_alive(),
+             node.server.request_timeout, what="the DEL hanging too")
+    assert len(node.running.running()) == 2, node.answers
     sent += [node.send("retry", "DEL", "hung-del"),   # parked behind its sandbox's DEL
              node.send("queued", "CHECK", "other")]   # waiting for the busy general worker
-    wait_for(lambda: node.server.lanes.queued == 2, 10, what="two requests waiting")
+    wait_for(lambda: node.server.lanes.queued == 2, node.server.request_timeout,
+             what="two requests waiting")
     stop = node.stop(budget=2.0, cut_grace=1.0)
     stop.begin("received SIGTERM")
     node.thread.join(30)
@@ -169,13 +177,13 @@ def test_the_cut_kills_the_plugins_refuses_what_waits_and_records_the_dels(node)
         assert code == 11
         assert f"{command} was killed: multusd stopped it at its stop deadline" in msg
     for name in ("retry", "queued"):
-        code, msg = node.error(name)
+        code, msg = node.error(name, api.NOT_STARTED)  # 400 for the two that ran
         assert code == 11
         assert msg.startswith("multusd is stopping (its stop deadline, 2s after the signal, "
                               "is near): the request was not run; retry it")
     assert node.started == ["hung-add", "hung-del"]  # what waited never ran
     assert stop.recorded == ["hung-del"]  # the DEL that never ran; the CHECK is no DEL
-    mark = unreleased.read(node.cni_dir, "hung-del")
+    mark = delmarks.read(node.cni_dir, "hung-del")
     assert (mark.by, mark.pod, mark.attempts) == ("daemon", "ns/p-hung-del", 1)
     assert mark.error.startswith("multusd is stopping (its stop deadline")
     assert mark.request["env"]["CNI_COMMAND"] == "DEL"  # to be run again as the runtime sent it
@@ -185,15 +193,34 @@ def test_the_cut_kills_the_plugins_refuses_what_waits_and_records_the_dels(node)
 def test_a_del_still_running_at_the_deadline_is_recorded_before_the_exit(node):
     node.gates["stuck"] = threading.Event()  # held outside any plugin: the cut cannot end it
     node.send("stuck", "DEL", "stuck")
-    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
     stop = node.stop(budget=1.0, cut_grace=0.5)
     stop.begin("received SIGTERM")
     node.thread.join(30)
     stop.finish()  # returns at the deadline although the DEL still runs
     assert "stuck" not in node.answers
     assert stop.recorded == ["stuck"]
-    assert unreleased.read(node.cni_dir, "stuck").error == \
+    assert delmarks.read(node.cni_dir, "stuck").error == \
         "multusd stopped at its stop deadline while this DEL ran"
+
+
+def test_a_request_still_waiting_at_the_exit_is_answered_not_started(node):
+    node.gates["stuck"] = threading.Event()  # held outside any plugin: the cut cannot end it
+    node.send("stuck", "DEL", "stuck")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
+    waiting = node.send("later", "CHECK", "stuck")  # parked behind its sandbox's DEL
+    wait_for(lambda: node.server.lanes.queued == 1, node.server.request_timeout,
+             what="the CHECK waiting")
+    stop = node.stop(budget=1.0, cut_grace=0.5)
+    stop.begin("received SIGTERM")
+    node.thread.join(30)
+    stop.finish()
+    waiting.join(30)
+    code, msg = node.error("later", api.NOT_STARTED)  # nothing done for it: it may be resent
+    assert code == 11 and msg.startswith("multusd stopped before this request could run")
+    assert node.started == ["stuck"]
 
 
 def test_a_del_that_cannot_be_recorded_is_said_and_the_stop_goes_on(node, caplog):
@@ -203,7 +230,8 @@ def test_a_del_that_cannot_be_recorded_is_said_and_the_stop_goes_on(node, caplog
             handle.write("a file where a directory of marks should be")
     node.gates["stuck"] = threading.Event()
     node.send("stuck", "DEL", "stuck")
-    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
     stop = node.stop(budget=1.0, cut_grace=0.5)
     stop.begin("received SIGTERM")
     node.thread.join(30)
@@ -218,7 +246,7 @@ def test_record_ignores_what_is_not_a_sandbox_del(node):
     stop = node.stop()
     for path, command in ((api.CNI_ENDPOINT, "ADD"), (api.DELEGATE_ENDPOINT, "DEL")):
         stop.record(Job(None, path, "POST", body(command, "c9"), 0.0, command, "c9"), "why")
-    assert stop.recorded == [] and unreleased.read_all(node.cni_dir) == {}
+    assert stop.recorded == [] and delmarks.read_all(node.cni_dir) == {}
 
 
 def test_a_reconciliation_still_waiting_at_the_exit_is_dropped_not_answered(node):
@@ -228,7 +256,8 @@ def test_a_reconciliation_still_waiting_at_the_exit_is_dropped_not_answered(node
 
     node.gates["stuck"] = threading.Event()
     node.send("stuck", "DEL", "stuck")
-    wait_for(lambda: node.started == ["stuck"], 10, what="the DEL running")
+    wait_for(lambda: node.started == ["stuck"], node.server.request_timeout,
+             what="the DEL running")
     ran: List[Job] = []
     task = Job(None, "", "", b"", math.inf, "RECONCILE", "stuck", task=ran.append)
     assert node.server.lanes.submit(task)  # parked behind its sandbox's DEL: no connection

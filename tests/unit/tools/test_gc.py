@@ -17,7 +17,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from multusd.core import unreleased
+from multusd.core import delmarks
 from multusd.daemon.server import Server
 from multusd.errors import MultusError
 from multusd.tools import common, gc
@@ -119,18 +119,23 @@ def test_a_stale_sandbox_whose_records_name_no_pod_is_not_released(node, capsys)
 class RecordingDaemon:
     """The real server on the config's socket; its handler keeps each request's env."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, refuse: str = "") -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.listener = socket.socket(socket.AF_UNIX)
         self.listener.bind(path)
         self.listener.listen(8)
         self.envs: List[Dict[str, str]] = []
+        self.endpoints: List[str] = []
+        self.refuse = refuse  # every request fails with this msg
         self.server = Server(self.listener, self._handle, workers=1)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def _handle(self, endpoint: str, body: bytes, deadline: float, request_id: str) -> None:
         self.envs.append(json.loads(body)["env"])
+        self.endpoints.append(endpoint)
+        if self.refuse:
+            raise MultusError(self.refuse)
         return None  # DEL answers 200, empty
 
     def stop(self) -> None:
@@ -166,7 +171,7 @@ def make_unreleased(node: ToolNode, cid: str) -> str:
     except MultusError:
         pass  # reported to the runtime while the window lasts
     # the window (1 ms) has passed before the test asks: on a fast python it may not have yet
-    mark = unreleased.read(node.cni_dir, cid)
+    mark = delmarks.read(node.cni_dir, cid)
     assert mark is not None
     wait_for(lambda: mark.is_unreleased(), 5, what="the DEL window to pass")
     return netns
@@ -209,7 +214,7 @@ def test_an_unreleased_sandbox_gets_the_runtimes_del_again_until_it_is_released(
     assert "released 1 of 1 unreleased sandbox(es) (in-process)" in text
     assert node.del_calls()[-1][1]["CNI_NETNS"] == netns  # the runtime's own request
     assert node.files() == []
-    assert unreleased.read(node.cni_dir, "held-1") is None
+    assert delmarks.read(node.cni_dir, "held-1") is None
 
 
 # ---- --forget ---------------------------------------------------------------------------------
@@ -220,11 +225,50 @@ def test_forget_releases_what_it_can_and_drops_every_record(node, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert code == common.EXIT_OK
     assert doc["pod"] == {"namespace": "ns", "name": "web"}
+    # no daemon on the socket: run here, and said so
+    assert doc["via"] == "in-process" and doc["viaReason"].startswith(
+        f"multusd does not answer on {node.config.socket_path} (")
     assert doc["networks"] == [
         {"network": "cluster", "interface": "eth0", "released": True},
         {"network": "stuck", "interface": "net1", "released": False,
          "error": "its daemon is down"}]
     assert doc["recordsLeft"] == [] and node.files() == []
+
+
+def test_forget_with_a_daemon_without_forget_runs_here_and_says_so(node, capsys):
+    # upstream's daemon (or a multusd older than /forget) answers 404: run here, as before
+    from upstreamd import UpstreamDaemon
+
+    node.attach("stuck-1")
+    upstream = UpstreamDaemon(node.config.socket_dir, {})
+    try:
+        code = gc.forget(node.config_path, "stuck-1")
+    finally:
+        upstream.stop()
+    out = capsys.readouterr().out
+    assert code == common.EXIT_OK and node.files() == []
+    assert upstream.requests == ["GET /healthz", "POST /forget"]  # no DEL sent there
+    assert out.startswith("run in this process, outside multusd's lanes: the daemon on "
+                          f"{node.config.socket_path} has no /forget (upstream's, or an older "
+                          "multusd): HTTP 404\n")
+    assert "NOT released, record dropped: stuck (net1): its daemon is down" in out
+
+
+def test_forget_the_daemon_refuses_is_not_run_here(node, capsys):
+    node.attach("stuck-1")
+    files = node.files()
+    daemon = RecordingDaemon(node.config.socket_path, refuse="multusd is stopping: retry it")
+    try:
+        code = gc.forget(node.config_path, "stuck-1", as_json=True)
+    finally:
+        daemon.stop()
+    assert code == common.EXIT_PROBLEM
+    assert [(e["CNI_COMMAND"], e["CNI_CONTAINERID"]) for e in daemon.envs] == [
+        ("DEL", "stuck-1")]
+    assert daemon.endpoints == ["/forget"]
+    assert "multusd could not forget sandbox stuck-1: multusd is stopping: retry it; nothing " \
+        "was run here" in capsys.readouterr().err
+    assert node.files() == files and node.del_calls() == []  # nothing released, nothing dropped
 
 
 def test_forget_of_an_unknown_sandbox_names_what_to_give(node, capsys):

@@ -6,6 +6,8 @@ import json
 import os
 import stat
 
+import pytest
+
 import multusd
 from multusd.wire import delwindow
 
@@ -13,6 +15,7 @@ ENV = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c0ffee", "CNI_NETNS": "/run/net
        "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b",
        "PATH": "/usr/bin", "HOME": "/root"}
 STDIN = b'{"cniVersion":"0.4.0","name":"multus-cni-network","type":"multus-shim"}'
+STDIN_CONF = json.loads(STDIN)
 
 
 def conf(tmp_path) -> dict:
@@ -70,9 +73,27 @@ def test_a_mark_the_daemon_wrote_is_only_read(tmp_path):
     with open(mark_file(tmp_path), "w") as handle:
         json.dump(daemons, handle)
 
-    assert delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=70.0) == daemons
+    mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=70.0)
+    assert mark == multusd.parse_mark("c0ffee", daemons)  # read as the format reads it
+    assert (mark["by"], mark["attempts"], mark["until"]) == ("daemon", 4, 65.0)
     assert delwindow.read_mark(mark_file(tmp_path)) == daemons  # unchanged on disk
-    assert delwindow.expired(daemons, now=70.0)
+    assert delwindow.expired(mark, now=70.0)
+
+
+def test_a_file_that_is_no_mark_gets_the_shims_first_mark_and_a_whole_window(tmp_path):
+    # (before one format, the shim took any JSON object there for the daemon's mark: one
+    # without an end had ended, and the first failed DEL was answered success at once)
+    directory = os.path.dirname(mark_file(tmp_path))
+    os.makedirs(directory)
+    for junk in ({"by": "daemon"}, {"containerId": "other", "firstFailure": 5.0}, []):
+        with open(mark_file(tmp_path), "w") as handle:
+            json.dump(junk, handle)
+
+        mark = delwindow.note_failure(conf(tmp_path), ENV, STDIN, "x", now=1000.0)
+
+        assert (mark["by"], mark["attempts"], mark["firstFailure"]) == ("shim", 1, 1000.0)
+        assert not delwindow.expired(mark, now=1000.0)
+        assert delwindow.read_mark(mark_file(tmp_path)) == mark
 
 
 def test_nothing_is_marked_for_a_container_id_that_names_no_file(tmp_path):
@@ -87,6 +108,47 @@ def test_the_cni_dir_is_the_daemons_rule():
         delwindow.cni_dir_of({"cniDir": 7}) == "/var/lib/cni/multus"
     assert delwindow.cni_dir_of({"cniDir": "relative/dir"}) == "/relative/dir"
     assert delwindow.cni_dir_of({"cniDir": "/srv/cni"}) == "/srv/cni"
+
+
+# (what, the shim's config (the runtime's multus config), daemon-config.json as the shim read
+# it (None: not there), the cniDir the mark goes to)
+CNI_DIRS = [
+    ("the runtime's when daemon-config.json names none", {"cniDir": "/rt"}, {}, "/rt"),
+    ("daemon-config.json's when the runtime's names none", {}, {"cniDir": "/d"}, "/d"),
+    ("daemon-config.json's over the runtime's", {"cniDir": "/rt"}, {"cniDir": "/d"}, "/d"),
+    ("as Go reads its struct: CNIDir", {}, {"CNIDir": "/d"}, "/d"),
+    ("a null in daemon-config.json: the default, as the overlay has it", {"cniDir": "/rt"},
+     {"cniDir": None}, multusd.DEFAULT_CNI_DIR),
+    ("no daemon-config.json to read: the runtime's", {"cniDir": "/rt"}, None, "/rt"),
+    ("neither: Multus's default", {}, {"logLevel": "debug"}, multusd.DEFAULT_CNI_DIR),
+]
+
+
+@pytest.mark.parametrize("runtime, daemon, expected", [c[1:] for c in CNI_DIRS],
+                         ids=[c[0] for c in CNI_DIRS])
+def test_the_shim_marks_in_the_cni_dir_the_daemon_judges_the_request_by(runtime, daemon,
+                                                                         expected):
+    from multusd.config import daemonconf
+    from multusd.core import effective
+
+    conf = dict(STDIN_CONF, **runtime)
+    assert delwindow.marks_cni_dir(conf, daemon) == expected
+    # the daemon's rule for the same request, daemon-config.json as it loads it
+    assert effective.for_request(conf, daemonconf.from_dict(daemon or {})).cni_dir == expected
+
+
+def test_a_static_config_naming_no_cni_dir_marks_beside_the_daemons_records(tmp_path):
+    daemons = str(tmp_path / "daemons")
+    directory = os.path.join(daemons, multusd.UNRELEASED_DIR)
+    os.makedirs(directory)
+    with open(os.path.join(directory, multusd.WINDOW_FILE), "w") as handle:
+        json.dump({"deleteRetryWindow": 3}, handle)  # what the daemon published there
+
+    mark = delwindow.note_failure(STDIN_CONF, ENV, STDIN, "x", now=1000.0,
+                                  daemon={"cniDir": daemons, "logLevel": "debug"})
+
+    assert (mark["cniDir"], mark["window"]) == (daemons, 3.0)
+    assert os.path.exists(os.path.join(directory, "c0ffee"))
 
 
 def test_a_file_where_the_marks_directory_should_be_sends_the_mark_beside_the_socket(tmp_path):

@@ -153,3 +153,17 @@ def test_an_unreadable_daemon_config_is_no_request_timeout(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert shim.configured_request_timeout(str(broken)) is None
+
+
+def test_daemon_config_is_read_once_per_shim_run_whatever_asks(tmp_path):
+    path = tmp_path / "daemon-config.json"
+    path.write_text(json.dumps({"requestTimeout": 300, "cniDir": "/d"}))
+    daemon = shim.DaemonFile(str(path))  # one per run: requestTimeout, then a failed DEL's mark
+
+    assert daemon.request_timeout() == 300.0
+    path.write_text(json.dumps({"requestTimeout": 5}))
+    assert daemon.doc() == {"requestTimeout": 300, "cniDir": "/d"} and \
+        daemon.request_timeout() == 300.0
+    assert shim.DaemonFile(str(tmp_path / "absent.json")).doc() == {}
+    path.write_text("[]")
+    assert shim.DaemonFile(str(path)).doc() == {}

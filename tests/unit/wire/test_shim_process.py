@@ -35,9 +35,12 @@ def test_environment_keeps_undecodable_bytes_as_os_does():
 
 
 def test_the_shim_imports_neither_os_nor_the_errors_on_its_happy_path():
+    """Nor json, re, enum: reading its config as Go does and writing its answer included."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import multusd.wire.shim; "
             "multusd.convert({'cniVersion': '1.1.0', 'ips': [{'address': '10.0.0.2/24'}]}, "
-            "'0.3.1'); print(sorted(m for m in ('os', 'socket', 'json', 'typing', "
+            "'0.3.1'); multusd.wire.shim.parse_config(b'{\"CNIVersion\": \"1.0.0\", "
+            "\"a\": [1.5, \"\\\\ud800\", {}]}'); multusd.ascii_json({'a': [1.5]}); "
+            "print(sorted(m for m in ('os', 'socket', 'json', 'typing', 'enum', "
             "'re', 'multusd.errors', '__future__') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, REPO],
                          capture_output=True, text=True, check=True).stdout

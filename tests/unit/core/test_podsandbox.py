@@ -1,0 +1,177 @@
+"""multusd.core.podsandbox: a running pod's sandbox read once and judged by the configuration it
+was attached under (its default networks, its namespace isolation), for the dynamic
+reconciliation; through the daemon's Multus on stub delegates in a real namespace, the stand-in
+API server for NADs, network-status and events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from multusd.cni import resultcache
+from multusd.core import delmarks, podsandbox, reconcile, sandboxconfig, scratch
+from multusd.kube.objects import pod_from_object
+
+from hotplugnode import STATUS, Node, result
+from stubnode import LOG
+from testlib import run, wait_for
+
+pytestmark = pytest.mark.privileged
+
+# clusterNetwork and defaultNetworks as NADs in multusNamespace (what named each is recorded)
+DEFAULTS = {"clusterNetwork": "cluster", "defaultNetworks": ["storage"],
+            "multusNamespace": "kube-system", "delegates": None}
+
+
+@pytest.fixture
+def node(tmp_path, kube_api, netns):
+    made = Node(tmp_path, kube_api, netns)
+    yield made
+    made.client.stop()
+
+
+def with_defaults(node: Node, **daemon) -> Node:
+    node.nad("cluster", "eth0", "10.0.0.2/24", namespace="kube-system")
+    node.nad("storage", "net1", "10.7.0.2/24", namespace="kube-system")
+    node.configure(**dict(DEFAULTS, **daemon))
+    return node
+
+
+class Said(logging.LoggerAdapter):
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("test"), {})
+        self.lines: list = []
+
+    def log(self, level, msg, *args, **kwargs):
+        self.lines.append(msg % args if args else msg)
+
+
+def test_a_default_network_stays_whatever_the_annotation_and_the_config_say_now(node):
+    with_defaults(node)
+    node.nad("a", "net5")
+    node.nad("b", "net6", "10.9.1.2/24")
+    node.attach(networks="a@net5")
+    assert node.recorded() == [("kube-system/cluster", "eth0"), ("kube-system/storage", "net1"),
+                               ("default/a", "net5")]
+
+    outcome = node.reconcile(node.select("a@net5,b@net6"))
+    assert (outcome.result, outcome.added, outcome.removed) == (
+        reconcile.CHANGED, ("net6 (default/b)",), ())
+
+    # storage leaves defaultNetworks, the daemon restarts: what the ADD attached stays
+    node.configure(**dict(DEFAULTS, defaultNetworks=[]))
+    outcome = node.reconcile(node.select("b@net6"))
+    assert outcome.removed == ("net5 (default/a)",)
+    assert node.recorded() == [("kube-system/cluster", "eth0"), ("kube-system/storage", "net1"),
+                               ("default/b", "net6")]
+    assert ("DEL", "storage", "net1") not in node.calls()
+    node.delete()
+
+
+def test_a_record_less_sandbox_is_judged_by_the_configuration_now_said_once(node):
+    with_defaults(node)
+    node.nad("a", "net5")
+    node.attach(networks="a@net5")
+    node.drop_record()
+    said = Said()
+    node.multus.notices = sandboxconfig.Notices()
+
+    for _ in range(2):
+        assert node.multus.needs_reconciling(node.select(""), node.cid, said)
+    assert said.lines == [sandboxconfig.NO_RECORD % node.cid]  # once, not per look
+    outcome = node.reconcile(node.pod())
+    assert outcome.removed == ("net5 (default/a)",)  # storage: defaultNetworks now
+    assert node.recorded() == [("kube-system/cluster", "eth0"), ("kube-system/storage", "net1")]
+
+    node.configure(**dict(DEFAULTS, defaultNetworks=[]))  # ...and now it is not
+    assert node.reconcile(node.pod()).removed == ("net1 (kube-system/storage)",)
+    node.delete()
+
+
+def test_namespace_isolation_refuses_a_new_selection_as_the_add_did(node):
+    with_defaults(node, namespaceIsolation=True)
+    node.nad("other", "net7", namespace="elsewhere")
+    node.attach()
+    node.configure(**DEFAULTS)  # isolation off now: the sandbox keeps what it was attached under
+
+    outcome = node.reconcile(node.select("elsewhere/other@net7"))
+
+    assert outcome.result == reconcile.REFUSED and not outcome.retry
+    assert ("ADD", "other", "net7") not in node.calls()
+    wait_for(lambda: node.events("FailedAddingInterface"), node.events_bound(),
+             what="the Warning event")
+    (event,) = node.events("FailedAddingInterface")
+    assert event["type"] == "Warning" and event["message"] == outcome.problems[0]
+    assert "namespace isolation enabled" in event["message"]
+    node.configure(**dict(DEFAULTS, namespaceIsolation=True))
+    from test_reconcile import refused_add  # the ADD of a pod asking the same
+
+    refused, _ = refused_add(node, "elsewhere/other@net7")
+    assert refused.msg.endswith(": " + event["message"])
+    node.delete()
+
+
+def test_a_configuration_that_cannot_be_established_changes_nothing_said_once(node):
+    node.nad("a", "net5")
+    node.attach(networks="a@net5")
+    node.drop_record()
+    node.configure(delegates=None)  # no clusterNetwork, no delegates: the settings do not load
+    said = Said()
+    calls = len(node.calls())
+
+    for _ in range(2):
+        with pytest.raises(podsandbox.Unestablished, match="do not load"):
+            node.multus.needs_reconciling(node.select(""), node.cid, said)
+        outcome = node.reconcile(node.pod())
+        assert outcome.result == reconcile.FAILED and outcome.retry
+    assert len(node.calls()) == calls
+    assert node.recorded()[-1] == ("default/a", "net5")
+    broken = json.loads(node.scratch())
+    broken[0][sandboxconfig.CONFIG_KEY] = {"cniDir": 5}
+    with open(scratch.cache_path(node.cni_dir, node.cid), "w") as handle:
+        json.dump(broken, handle)
+    with pytest.raises(podsandbox.Unestablished, match="does not parse"):
+        node.multus.needs_reconciling(node.pod(), node.cid, said)
+
+
+def test_needs_reconciling_only_when_something_is_to_be_done(node):
+    node.nad("b", "hot0")
+    node.attach()
+    needs = node.multus.needs_reconciling
+    assert not needs(node.pod(), node.cid, LOG)
+    pod = node.select("b@hot0")
+    assert needs(pod, node.cid, LOG)
+    node.reconcile(pod)
+    assert not needs(node.pod(), node.cid, LOG)
+    # network-status behind the records (a write that did not happen): to be done again
+    node.api.update_pod("default", "web", annotations={STATUS: "[]"})
+    assert needs(node.pod(), node.cid, LOG)
+
+
+def test_the_sandbox_of_a_pod_is_the_one_its_records_name(node):
+    node.attach()
+    entries = resultcache.list_entries(node.cni_dir)
+    pod = node.pod()
+    assert podsandbox.sandbox_of(pod, entries, node.cni_dir) == node.cid
+    other = pod_from_object(dict(node.api.pod("default", "web"), metadata=dict(
+        node.api.pod("default", "web")["metadata"], uid="another")))
+    assert podsandbox.sandbox_of(other, entries, node.cni_dir) is None  # re-created pod
+    renamed = pod_from_object(dict(node.api.pod("default", "web"), metadata=dict(
+        node.api.pod("default", "web")["metadata"], name="api")))
+    assert podsandbox.sandbox_of(renamed, entries, node.cni_dir) is None
+    run("ip", "netns", "del", os.path.basename(node.netns))
+    assert podsandbox.sandbox_of(pod, entries, node.cni_dir) is None  # its netns is gone
+
+
+def test_a_sandbox_whose_failed_del_is_marked_in_the_spare_directory_is_none(node, tmp_path):
+    node.attach()
+    entries = resultcache.list_entries(node.cni_dir)
+    spare = delmarks.spare_marks_dir(str(tmp_path / "run"))
+    assert podsandbox.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) == node.cid
+    os.makedirs(spare)
+    with open(os.path.join(spare, node.cid), "w") as handle:  # <cniDir> could not take it
+        json.dump({"containerId": node.cid, "firstFailure": 1.0}, handle)
+    assert podsandbox.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) is None
