@@ -30,10 +30,12 @@ it). Fleets start one after the other (each fleet all at once, as after an upgra
 together and meet the restart together.
 
 Then the recovery (bench/fleetrecovery.py): each fleet alone, freshly started, meets an outage
-of the stand-in (``--outage`` s, connections refused, back with a new watch cache) and an
-ERROR storm (``--storm`` s): when each node's first request and first successful LIST came,
-in 1 s buckets, the stand-in's peak requests in flight and the requests in the window after;
-then one node of each fleet through ``--single-rounds`` outages. ``--recovery`` runs only
+of the stand-in (``--outage`` s, connections refused, back with a new watch cache), an
+ERROR storm (``--storm`` s) and a restart that warms up (``--warm-up`` s of 403, then 429,
+then ready with a new watch cache): when each node's first request and first successful LIST
+came, in 1 s buckets, the stand-in's peak requests in flight and the requests in the window
+after (and in the minute from the warm-up's restart); then one node of each fleet through
+``--single-rounds`` of each. ``--recovery`` runs only
 that (20 nodes per fleet unless ``--nodes`` says otherwise), ``--no-recovery`` skips it.
 
 Prints one JSON line on stdout and the tables on stderr; removes everything it made, on
@@ -41,6 +43,7 @@ Ctrl-C and SIGTERM too. Needs root (upstream's private mounts; multusd alone run
 
     .venv/bin/python bench/fleet.py [--nodes 50] [--upstream-bin DIR ...] [--quick]
     .venv/bin/python bench/fleet.py --recovery [--upstream-bin DIR ...]
+    .venv/bin/python bench/fleet.py --recovery --scenarios warmup [--warm-up 3]
 """
 
 from __future__ import annotations
@@ -103,6 +106,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                           help="how long the stand-in stays away (default 10)")
     recovery.add_argument("--storm", type=float, default=20.0, metavar="S",
                           help="how long every watch ends with an ERROR event (default 20)")
+    recovery.add_argument("--warm-up", type=float, default=3.0, metavar="S",
+                          help="how long the restarted stand-in warms up: 403 for half of it, "
+                               "then 429 'storage is (re)initializing' (default 3)")
+    recovery.add_argument("--scenarios", default=",".join(s for s, _ in fleetrecovery.SCENARIOS),
+                          metavar="LIST", help="which recovery scenarios to run (default all: "
+                          "outage,storm,warmup)")
     recovery.add_argument("--single-rounds", type=int, default=3, metavar="N",
                           help="outages and storms met by one node of each fleet (default 3; "
                                "0: none)")
@@ -116,6 +125,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.other_nodes, args.namespaces, args.single_rounds = 40, 10, 1
     if args.recovery and args.no_recovery:
         parser.error("--recovery and --no-recovery leave nothing to run")
+    args.scenarios = [name.strip() for name in args.scenarios.split(",") if name.strip()]
+    unknown = set(args.scenarios) - {name for name, _ in fleetrecovery.SCENARIOS}
+    if unknown or not args.scenarios:
+        parser.error(f"--scenarios: {sorted(unknown) or 'none'}: not among "
+                     f"{[name for name, _ in fleetrecovery.SCENARIOS]}")
     args.upstream_bin = [os.path.abspath(d) for d in args.upstream_bin]
     for bin_dir in args.upstream_bin:
         if upstream.DAEMON in upstream.missing(bin_dir):

@@ -1,4 +1,4 @@
-"""The fleet's recovery: how a fleet comes back after an API server outage and an ERROR storm.
+"""The fleet's recovery: how a fleet comes back after an API server outage, an ERROR storm, a warm-up.
 
 Each fleet (multusd's, each upstream's) meets each scenario alone, freshly started (all its
 nodes at once, then ``settle`` s), so that one herd never queues behind another's and every
@@ -9,17 +9,25 @@ node starts from a calm backoff:
   watch cache, as a restarted kube-apiserver does: every resuming watch gets 410 Gone, so every
   node lists again;
 * ``storm``: for ``storm`` s every watch ends with an ERROR event 500 "etcdserver: leader
-  changed" after delivering what it would first (tests/kubecache.py's ``error_storm``).
+  changed" after delivering what it would first (tests/kubecache.py's ``error_storm``);
+* ``warmup``: the stand-in restarts (every connection cut, back on the same port at once)
+  while another node's pod changes, and warms up for ``warm_up`` s as a kube-apiserver that
+  has just started: 403 to every resource request for half of it (its authorizer has not
+  loaded the roles), then 429 "storage is (re)initializing" (Retry-After 1) to every cache
+  read and watch; then it is ready, with a new watch cache (a watch resuming from an older
+  version gets 410). Measured from its readiness; and the requests of each node in the
+  :data:`MINUTE` from the restart.
 
-Measured over the ``window`` s after the server is back (outage) or the storm ended: when each
-node's first request came and when its first successful LIST was served whole, as histograms
-in 1 s buckets, the fleet's requests per second, its requests in the window and the most of
-them the stand-in served at once (a watch counts until its initial events are out, as in
-kube-apiserver's max-in-flight); for the storm also each node's list/watch requests per
-resource during it. Then the single node: one node of each kind at once (no herd), fresh for
-each of ``rounds`` outages and as many storms: s from the server's return (the storm's end) to
-the first LIST served and to every resource listed, and the list/watch requests per resource
-during a storm.
+Measured over the ``window`` s after the server is back (outage), the storm ended or the
+server is ready (warmup): when each node's first request came and when its first successful
+LIST was served whole, as histograms in 1 s buckets, the fleet's requests per second, its
+requests in the window and the most of them the stand-in served at once (a watch counts until
+its initial events are out, as in kube-apiserver's max-in-flight); for the storm also each
+node's list/watch requests per resource during it. Then the single node: one node of each kind
+at once (no herd), fresh for each of ``rounds`` outages, as many storms and as many warm-ups: s
+from the server's return (the storm's end, its readiness) to the first LIST served and to every
+resource listed, the list/watch requests per resource during a storm, and the requests in the
+minute from a warm-up's restart.
 """
 
 from __future__ import annotations
@@ -35,10 +43,19 @@ from stats import log
 
 SCENARIOS = (("outage", "the stand-in away (connections refused), back with a new watch "
                         "cache (watches resuming get 410 Gone)"),
-             ("storm", "every watch ends with an ERROR event 500 'etcdserver: leader changed'"))
+             ("storm", "every watch ends with an ERROR event 500 'etcdserver: leader changed'"),
+             ("warmup", "the stand-in restarted, warming up (403, then 429 'storage is "
+                        "(re)initializing'), then ready with a new watch cache (410 to old "
+                        "versions)"))
+MINUTE = 60.0  # warmup: each node's requests are counted over this long from the restart
 RESOURCES = ("pods", "nads")
 LIST_WATCH = ("list", "watchlist", "watch")
 MakeNode = Callable[[str, str, str], Node]  # (fleet label, bin dir, node name) -> a node
+
+
+def selected(args) -> List[Tuple[str, str]]:
+    """The :data:`SCENARIOS` ``--scenarios`` asks for, in their order."""
+    return [(name, what) for name, what in SCENARIOS if name in args.scenarios]
 
 
 def node_names(prefix: str, scenario: str, count: int) -> List[str]:
@@ -52,6 +69,19 @@ def outage(kube_api, other_pod: Sequence[str], seconds: float) -> Tuple[float, f
     went = clock()
     kube_api.update_pod(*other_pod, annotations={"fleet.bench/changed": str(went)})
     return went, kube_api.restart(new_watch_cache=True, down_for=seconds)
+
+
+def warm_restart(kube_api, other_pod: Sequence[str], seconds: float) -> Tuple[float, float]:
+    """The stand-in restarted at once while another node's pod changes (the versions the
+    watches hold leave the new watch cache), warming up for ``seconds``: 403 for half of
+    it, then 429 (tests/kubefaults.py's ``warm_up``). (when it went, when it was ready), on
+    the ledger's clock; returns once it is ready."""
+    clock = kube_api.clients.clock
+    went = clock()
+    kube_api.update_pod(*other_pod, annotations={"fleet.bench/changed": str(went)})
+    kube_api.restart(new_watch_cache=True, warm_up=seconds)
+    time.sleep(max(0.0, kube_api.ready_at - clock()))  # the warm-up itself
+    return went, kube_api.ready_at
 
 
 def storm(kube_api, seconds: float) -> Tuple[float, float]:
@@ -145,16 +175,30 @@ def measure(kube_api, label: str, group: List[Node], scenario: str, args,
     """One fleet, freshly started, through one scenario; stopped after its window."""
     start = fleetnodes.start_fleet(kube_api, f"{label}, {scenario}", group, args.start_timeout,
                                    args.settle)
+    during = trouble(kube_api, label, scenario, args, other_pod)
+    after = (during[1], during[1] + args.after_restart)
+    end = max(after[1], during[0] + MINUTE) if scenario == "warmup" else after[1]
+    time.sleep(max(0.0, end - kube_api.clients.clock()))  # the window: measured
+    fleetnodes.stop_fleet(group)
+    figures = dict(recovery_figures(kube_api, group, during, after), **start)
+    if scenario == "warmup":
+        figures["minute_requests_per_node"] = spread([kube_api.clients.window(
+            node.client, during[0], during[0] + MINUTE)["requests"] for node in group])
+    return figures
+
+
+def trouble(kube_api, label: str, scenario: str, args,
+            other_pod: Sequence[str]) -> Tuple[float, float]:
+    """The stand-in through ``scenario``: (when the trouble began, when it ended: the server
+    back, the storm over, the warm-up done)."""
     if scenario == "outage":
         log(f"{label}: the stand-in away for {args.outage} s")
-        during = outage(kube_api, other_pod, args.outage)
-    else:
-        log(f"{label}: an ERROR storm of {args.storm} s")
-        during = storm(kube_api, args.storm)
-    after = (during[1], during[1] + args.after_restart)
-    time.sleep(max(0.0, after[1] - kube_api.clients.clock()))  # the window: measured
-    fleetnodes.stop_fleet(group)
-    return dict(recovery_figures(kube_api, group, during, after), **start)
+        return outage(kube_api, other_pod, args.outage)
+    if scenario == "warmup":
+        log(f"{label}: the stand-in restarted, warming up for {args.warm_up} s")
+        return warm_restart(kube_api, other_pod, args.warm_up)
+    log(f"{label}: an ERROR storm of {args.storm} s")
+    return storm(kube_api, args.storm)
 
 
 def single_node(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, args,
@@ -165,35 +209,41 @@ def single_node(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, ar
     end until every resource was listed again)."""
     out: Dict[str, Dict[str, Any]] = {
         label: {"first_listed_s": [], "all_listed_s": [], "storm_requests": [],
-                "storm_all_listed_s": []} for label, _ in fleets}
+                "storm_all_listed_s": [], "warmup_all_listed_s": [],
+                "warmup_minute_requests": []} for label, _ in fleets}
     ledger = kube_api.clients
-    for scenario, _what in SCENARIOS:
+    for scenario, _what in selected(args):
         for number in range(args.single_rounds):
             group = [make_node(label, bin_dir, single_name(label, scenario, number))
                      for label, bin_dir in fleets]
             fleetnodes.start_fleet(kube_api, f"single nodes, {scenario} {number + 1}", group,
                                    args.start_timeout, args.settle)
-            if scenario == "outage":
-                during = outage(kube_api, other_pod, args.outage)
-            else:
-                during = storm(kube_api, args.storm)
+            during = trouble(kube_api, "single nodes", scenario, args, other_pod)
             back, until = during[1], during[1] + args.single_wait
             while ledger.clock() < until and any(
                     listed(kube_api, node, back)[1] is None for node in group):
                 time.sleep(0.1)  # a bench's poll: when each node listed is what is measured
+            if scenario == "warmup":  # the minute from the restart: measured, not waited on
+                time.sleep(max(0.0, during[0] + MINUTE - ledger.clock()))
             for node in group:
                 (first, every), figures = listed(kube_api, node, back), out[node.fleet]
                 if scenario == "outage":
                     figures["first_listed_s"].append(first)
                     figures["all_listed_s"].append(every)
+                elif scenario == "warmup":
+                    figures["warmup_all_listed_s"].append(every)
+                    figures["warmup_minute_requests"].append(ledger.window(
+                        node.client, during[0], during[0] + MINUTE)["requests"])
                 else:
                     figures["storm_requests"].append(per_resource(ledger.window(
                         node.client, *during)["by_kind"]))
                     figures["storm_all_listed_s"].append(every)
             fleetnodes.stop_fleet(group)
     for figures in out.values():
-        for key in ("first_listed_s", "all_listed_s", "storm_all_listed_s"):
+        for key in ("first_listed_s", "all_listed_s", "storm_all_listed_s",
+                    "warmup_all_listed_s"):
             figures[key[:-2]] = spread(figures[key])
+        figures["warmup_minute"] = spread(figures["warmup_minute_requests"])
         for resource in RESOURCES:
             figures[f"storm_{resource}"] = spread([r[resource] for r in figures["storm_requests"]])
     return out
@@ -208,10 +258,11 @@ def run(kube_api, fleets: List[Tuple[str, str]], make_node: MakeNode, nodes: Lis
     """Every scenario for every fleet in turn, then the single nodes; ``nodes`` collects every
     node made (the caller stops and cleans them all)."""
     report: Dict[str, Any] = {"nodes": args.nodes, "outage_s": args.outage,
-                              "storm_s": args.storm, "window_s": args.after_restart,
+                              "storm_s": args.storm, "warm_up_s": args.warm_up,
+                              "window_s": args.after_restart,
                               "single_rounds": args.single_rounds,
                               "single_wait_s": args.single_wait, "scenarios": {}}
-    for scenario, _what in SCENARIOS:
+    for scenario, _what in selected(args):
         report["scenarios"][scenario] = {}
         for label, bin_dir in fleets:
             group = [make_node(label, bin_dir, name) for name in
@@ -233,7 +284,7 @@ def all_names(labels: List[str], args) -> List[str]:
     names = []
     for label in labels:
         prefix = fleetnodes.slug(label)
-        for scenario, _what in SCENARIOS:
+        for scenario, _what in selected(args):
             names.extend(node_names(prefix, scenario, args.nodes))
             names.extend(single_name(label, scenario, n) for n in range(args.single_rounds))
     return names
@@ -251,8 +302,10 @@ def print_recovery(report: Dict[str, Any]) -> None:
     err = sys.stderr
     print(f"\n  recovery: each fleet of {report['nodes']} nodes alone against the stand-in, "
           f"freshly started; outage {report['outage_s']} s, storm {report['storm_s']} s, "
-          f"window {report['window_s']} s after", file=err)
+          f"warm-up {report['warm_up_s']} s, window {report['window_s']} s after", file=err)
     for scenario, what in SCENARIOS:
+        if scenario not in report["scenarios"]:
+            continue
         fleets = report["scenarios"][scenario]
         labels = list(fleets)
         print(f"\n  {scenario}: {what}", file=err)
@@ -271,6 +324,9 @@ def print_recovery(report: Dict[str, Any]) -> None:
                       lambda f, r=resource: _cell(f["during_per_resource"][r]))
                      for resource in RESOURCES]
             rows.append(("peak in flight during", lambda f: str(f["peak_in_flight_during"])))
+        if scenario == "warmup":
+            rows.append((f"requests in the {MINUTE:g} s from it, per node",
+                         lambda f: _cell(f["minute_requests_per_node"])))
         for title, cell in rows:
             print(f"    {title:34}" + "".join(f"{cell(fleets[label]):>22}" for label in labels),
                   file=err)
@@ -279,8 +335,9 @@ def print_recovery(report: Dict[str, Any]) -> None:
                            ("requests_histogram", "the fleet's requests")):
             histograms = [fleets[label][key] for label in labels]
             shown = max([i + 1 for h in histograms for i, n in enumerate(h) if n] + [10])
-            print(f"    {title}, by second after "
-                  f"{'the server was back' if scenario == 'outage' else 'the storm'}:", file=err)
+            since = {"outage": "the server was back", "storm": "the storm",
+                     "warmup": "the server was ready"}[scenario]
+            print(f"    {title}, by second after {since}:", file=err)
             print(f"      {'s':18}" + "".join(f"{i:>4}" for i in range(shown)), file=err)
             for label, histogram in zip(labels, histograms):
                 print(f"      {label:18}" + "".join(f"{n or '.':>4}" for n in histogram[:shown]),
@@ -289,16 +346,24 @@ def print_recovery(report: Dict[str, Any]) -> None:
     if single:
         rounds, wait = report["single_rounds"], report["single_wait_s"]
         print(f"\n  single nodes (one of each fleet at once, fresh daemons), {rounds} outages of "
-              f"{report['outage_s']} s and {rounds} storms of {report['storm_s']} s; each "
-              f"followed for up to {wait} s", file=err)
+              f"{report['outage_s']} s, {rounds} storms of {report['storm_s']} s and {rounds} "
+              f"restarts warming up {report['warm_up_s']} s; each followed for up to {wait} s",
+              file=err)
         labels = list(single)
         print(f"    {'per node':44}" + "".join(f"{label:>30}" for label in labels), file=err)
         late = f"over {wait} s"
+        ran = {"outage", "storm", "warmup"} & set(report["scenarios"])
         for key, title, missing in (
                 ("first_listed", "outage: s to the first LIST served", late),
                 ("all_listed", "outage: s to every resource listed", late),
                 ("storm_pods", "storm: pods list/watch requests", ""),
                 ("storm_nads", "storm: nads list/watch requests", ""),
-                ("storm_all_listed", "storm: s after it to every resource listed", late)):
+                ("storm_all_listed", "storm: s after it to every resource listed", late),
+                ("warmup_all_listed", "warm-up: s after ready to every resource listed", late),
+                ("warmup_minute", f"warm-up: requests in the {MINUTE:g} s from it", "")):
+            if key.startswith(("outage", "first", "all")) and "outage" not in ran or \
+                    key.startswith("storm") and "storm" not in ran or \
+                    key.startswith("warmup") and "warmup" not in ran:
+                continue
             print(f"    {title:44}" + "".join(f"{_cell(single[label][key], missing):>30}"
                                                for label in labels), file=err)

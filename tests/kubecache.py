@@ -17,7 +17,7 @@ ledger uses too):
   ``limit``); these honour ``limit`` and answer ``continue`` tokens, whose version etcd may
   have compacted away since (410 Expired, with kube-apiserver's message);
 * a watch cache that is not ready (right after an API server start,
-  :attr:`ReadPaths.watch_cache_ready` False) answers cache reads and watches 429 with
+  :attr:`ReadPaths.watch_cache_ready` False, or a restart's ``warm_up``) answers cache reads and watches 429 with
   Retry-After, except a list without selectors with ``limit``, which goes to etcd.
 
 Every list answered is recorded in :attr:`ReadPaths.list_reads` as (kind, "cache" or
@@ -215,6 +215,12 @@ class ReadPaths:
 
     # ---- where a list is read from (all called with _cond held) ----------------------------
 
+    def _cache_ready(self) -> bool:
+        """The watch cache serves reads and watches: :attr:`watch_cache_ready`, and not
+        initialising after a restart (tests/kubefaults.py's ``warm_up``)."""
+        return self.watch_cache_ready and self._warming() != "storage"  # type: ignore
+
+
     def _error(self, code: int, reason: str, message: str, details: Optional[Obj] = None) -> Any:
         """tests/kubeapi.py's ApiError (its module, whatever name it was imported under)."""
         return sys.modules[type(self).__module__].ApiError(code, reason, message, details)
@@ -265,7 +271,7 @@ class ReadPaths:
             return self._storage_list(kind, store, selector, at, limit, after)
         if kubeclients.read_source("GET", query) == kubeclients.STORAGE:
             return self._storage_list(kind, store, selector, int(rv) if rv else None, limit, None)
-        if not self.watch_cache_ready:  # the cacher delegates only what etcd pages cheaply
+        if not self._cache_ready():  # the cacher delegates only what etcd pages cheaply
             if not selects and limit:
                 return self._storage_list(kind, store, selector, None, limit, None)
             raise self._error(429, "TooManyRequests", "storage is (re)initializing",

@@ -61,7 +61,7 @@ class Request:
     with its state)."""
 
     __slots__ = ("time", "kind", "source", "fetched", "query", "client", "status", "served",
-                 "listed")
+                 "listed", "error")
 
     def __init__(self, time_: float, kind: str, source: str, fetched: int,
                  query: Dict[str, str], client: _Client) -> None:
@@ -70,6 +70,7 @@ class Request:
         self.status: Optional[int] = None
         self.served: Optional[float] = None
         self.listed = False
+        self.error: Optional[int] = None  # the code of the ERROR event that ended its stream
 
 
 class ClientLedger:
@@ -101,6 +102,21 @@ class ClientLedger:
             with self._lock:
                 if request.status is None:
                     request.status = status
+
+    def errored(self, request: Optional[Request], code: int) -> None:
+        """A watch stream of ``request`` carried an ERROR event with ``code`` (410 ...)."""
+        if request is not None:
+            with self._lock:
+                request.error = code if request.error is None else request.error
+
+    def answers(self, client: str, start: float = 0.0,
+                end: float = float("inf")) -> List[Tuple[float, str, int, Optional[int]]]:
+        """What ``client`` asked in [start, end), oldest first: (time, kind, status, the code
+        of an ERROR event in its stream or None); status 0 for one not answered yet."""
+        with self._lock:
+            entry = self._clients.get(client) or _Client()
+            return [(r.time, r.kind, r.status or 0, r.error) for r in entry.requests
+                    if start <= r.time < end]
 
     def served(self, request: Optional[Request], listed: bool = False) -> None:
         """``request`` is no longer in flight: its answer was written, it was cut, or (a watch)

@@ -6,20 +6,17 @@ invariant 7), and what it asks of the API server (invariant 9):
 
 * pods on this node (``fieldSelector=spec.nodeName=<node>``) and NADs in all namespaces are
   held in caches fed by list+watch reflectors (:mod:`multusd.kube.reflector`: lists served
-  from the API server's watch cache, watches that live until the server ends them), trimmed
-  to what multusd reads (:mod:`multusd.kube.objects`); a lookup that misses costs one live
-  GET at once, never a blind wait, and so does every lookup while its cache is known stale
-  (its watch expired and the relist has not completed);
+  from the API server's watch cache, watches that live until the server ends them; their
+  rounds and the one backoff: :mod:`multusd.kube.rounds`), trimmed to what multusd reads
+  (:mod:`multusd.kube.objects`);
+* lookups: the caches, else one live GET at once (:mod:`multusd.kube.lookups`: misses, the
+  not-found wait, a wrong node name, the NAD API's failures and their fixes);
 * readiness needs the pod cache's first list only (:meth:`KubeClient.ready`): a NAD API that
   fails (the CRD not installed: 404; the node's credentials may not read NADs: 403; 5xx)
-  never delays a pod that asks for no NAD, and a pod that asks for one gets the live GET's
-  answer at once, or an error naming the cause and the fix (:meth:`KubeClient.nad_problem`);
-  a live GET that works again wakes the NAD watch, so it does not wait out its backoff (once
-  per run of failures: however many lookups work, a failing NAD list is not asked again
-  sooner than the one backoff says, but for that one wake-up);
-* a live GET that finds this node's sandbox on a pod of another ``spec.nodeName`` means the
-  watched node name is wrong: it is logged once, with both names and the fix, and kept in
-  :attr:`KubeClient.node_mismatch` for the metrics and the status line;
+  never delays a pod that asks for no NAD (:meth:`KubeClient.nad_problem`); a live GET that
+  works again wakes the NAD watch, so it does not wait out its backoff (once per run of
+  failures: however many lookups work, a failing NAD list is not asked again sooner than the
+  one backoff says, but for that one wake-up);
 * every lookup and write is bounded by the CNI request's deadline, whole: a server that
   trickles its answer is cut at it (:mod:`multusd.kube.transport`), and the cache keeps
   serving other requests meanwhile;
@@ -30,7 +27,6 @@ invariant 7), and what it asks of the API server (invariant 9):
 The JSON is read as plain dicts: a PUT of the whole pod must not drop fields a newer API
 server has and an older model lacks.
 """
-
 from __future__ import annotations
 
 import json
@@ -39,32 +35,30 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from multusd.errors import DeadlineExceeded, MultusError
+from multusd.errors import DeadlineExceeded
 from multusd.kube import draclaims
-from multusd.kube.clientconfig import RBAC_FILE, ClientConfig
+from multusd.kube.clientconfig import ClientConfig
 from multusd.kube.deadlines import within
-from multusd.kube.objects import (NAD_GROUP, NAD_PATH, NADS_PATH, NETWORK_STATUS_ANNOTATION,
-                                  POD_PATH, PODS_PATH, Key, NetworkAttachmentDefinition, Obj, Pod,
-                                  nad_from_object, pod_from_object)
+from multusd.kube.lookups import (EMPTY_CACHE_MISSES, NAD_CRD_FILE, NOT_FOUND_WAIT, Lookups,
+                                  nad_condition)
+from multusd.kube.objects import (NADS_PATH, NETWORK_STATUS_ANNOTATION, PODS_PATH, Key,
+                                  NetworkAttachmentDefinition, Obj, Pod, nad_from_object,
+                                  pod_from_object)
 from multusd.kube.reflector import Reflector
 from multusd.kube.status import EventSender, set_network_status
-from multusd.kube.transport import ApiError, Query, path_of
+from multusd.kube.transport import Query
 from multusd.kube.watchstream import WatchState, shutdown_response
 
-__all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_ANNOTATION"]
+__all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_ANNOTATION",
+           "nad_condition", "pod_from_object", "EMPTY_CACHE_MISSES", "NOT_FOUND_WAIT",
+           "NAD_CRD_FILE"]
 
 LOG = logging.getLogger(__name__)
-EMPTY_CACHE_MISSES = 3  # live GETs with an empty pod cache before that is called suspicious
-# After the API server said 404: how long the watch may still deliver the pod (upstream
-# retries NotFound on ADD for ~2.5 s; a static pod's mirror is created after its sandbox).
-NOT_FOUND_WAIT = 2.0
-
-NAD_CRD_FILE = "/usr/share/multusd/network-attachment-definition-crd.yaml"
 # the resource label of each cache in the metrics
 RESOURCES = {"pods": "pods", "nads": "network-attachment-definitions"}
 
 
-class KubeClient:
+class KubeClient(Lookups):
     """Narrow Kubernetes client of the daemon. See the module docstring.
 
     :param kubeconfig: path of a kubeconfig, or a :class:`ClientConfig` already loaded.
@@ -248,7 +242,7 @@ class KubeClient:
     @property
     def watch_reopens(self) -> Dict[Tuple[str, str], int]:
         """How many times a watch ended and another was opened, by (resource, cause); the
-        causes are :data:`multusd.kube.reflector.REOPEN_CAUSES`."""
+        causes are :data:`multusd.kube.rounds.REOPEN_CAUSES`."""
         with self._cond:
             return {(RESOURCES[kind], cause): count
                     for (kind, cause), count in self._state.reopens.items()}
@@ -272,12 +266,6 @@ class KubeClient:
             status, message = self._state.error_status["nads"], self._state.errors["nads"]
         return nad_condition(status, message)
 
-    @property
-    def nad_refusals(self) -> int:
-        """ADDs refused because the NAD API was not usable (CRD missing, forbidden)."""
-        with self._count_lock:
-            return self._nad_refusals
-
     def stop(self) -> None:
         """Stop the watches and the event sender (queued events get a short chance to go out,
         without retries)."""
@@ -292,165 +280,6 @@ class KubeClient:
             thread.join(timeout=self.request_timeout)
         self._events.stop(self.request_timeout)
         self.config.close()
-
-    # ---- lookups -------------------------------------------------------------------------------
-
-    def get_pod(self, namespace: str, name: str, *, wait: float = 0.0,
-                expected_uid: str = "", not_found_wait: float = NOT_FOUND_WAIT,
-                deadline: Optional[float] = None) -> Optional[Pod]:
-        """The pod from the cache (unless it is known stale), else one live GET at once
-        (after ``wait`` s, if given).
-
-        Only when that GET answers 404 (a pod not created yet, a static pod whose mirror is
-        on its way) the watch gets up to ``not_found_wait`` s to deliver it, then one more GET.
-        Waits and requests end by ``deadline`` (``time.monotonic()``), if given.
-
-        :param expected_uid: the runtime's K8S_POD_UID; a cached pod with another UID (a pod
-            recreated under the same name) counts as a miss. The caller still checks the UID.
-        :returns: the pod, or None when the API server does not have it.
-        :raises TryAgainLater: the API server is unreachable or overloaded.
-        :raises MultusError: the API server refused the request (401, 403, ...).
-        """
-        key = (namespace, name)
-
-        def cached() -> Optional[Pod]:  # a cache known stale answers nothing
-            pod = self._pods.get(key) if self._state.synced["pods"] else None
-            if pod is None or (expected_uid and pod.uid != expected_uid and not pod.is_static):
-                return None
-            return pod
-
-        def waitable(seconds: float) -> float:  # seconds, not a deadline
-            return seconds if deadline is None else \
-                max(0.0, min(seconds, deadline - time.monotonic() - 0.1))
-
-        with self._cond:
-            pod = cached()
-            if pod is None and self._threads and wait > 0:
-                self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
-                                    waitable(wait))
-                pod = cached()
-            cache_empty = not self._pods and self._state.synced["pods"]
-        if pod is not None:
-            return pod
-        LOG.debug("pod %s/%s not in the cache; asking the API server", namespace, name)
-        pod = self._read_pod(namespace, name, deadline)
-        if pod is None and self._threads and waitable(not_found_wait) > 0:
-            with self._cond:
-                self._cond.wait_for(lambda: cached() is not None or self._stopping.is_set(),
-                                    waitable(not_found_wait))
-                pod = cached()
-            if pod is not None:
-                return pod
-            # the watch may not see it (wrong node name)
-            pod = self._read_pod(namespace, name, deadline)
-        if pod is not None:
-            self._missed(pod, cache_empty)
-        return pod
-
-    def _read_pod(self, namespace: str, name: str, deadline: Optional[float]) -> Optional[Pod]:
-        """One live GET of a pod; None on 404."""
-        action = f"get pod {namespace}/{name}"
-        try:
-            return pod_from_object(self._json(
-                "GET", path_of(POD_PATH, namespace=namespace, name=name), deadline=deadline,
-                action=action))
-        except self.config.request_errors() as exc:
-            if getattr(exc, "status", None) == 404:
-                return None
-            raise self.config.failure(exc, action) from exc
-
-    def _missed(self, pod: Pod, cache_empty: bool) -> None:
-        """Account for a live GET and detect a wrong node name (warned about once)."""
-        with self._cond:
-            self._misses += 1
-            self._empty_misses = self._empty_misses + 1 if cache_empty else 0
-            mismatch = bool(pod.node_name) and pod.node_name != self.node_name
-            first = mismatch and self._mismatch != (self.node_name, pod.node_name)
-            if mismatch:
-                self._mismatch = (self.node_name, pod.node_name)
-            empty = (not mismatch and self._mismatch is None and not self._warned_empty
-                     and self._empty_misses >= EMPTY_CACHE_MISSES)
-            if empty:
-                self._warned_empty = True
-        if first:
-            LOG.warning(
-                "node name mismatch: pod %s/%s, whose sandbox this node is setting up, is "
-                "scheduled on node %r (its spec.nodeName) but multusd watches the pods of node "
-                "%r (node name from %s), so every ADD pays a live GET; set \"nodeName\": %r in "
-                "daemon-config.json, or Environment=MULTUS_NODE_NAME=%s in a drop-in for "
-                "multusd.service, and restart multusd", pod.namespace, pod.name, pod.node_name,
-                self.node_name, self.node_source, pod.node_name, pod.node_name)
-        elif empty:
-            LOG.warning(
-                "the pod watch for node %r (node name from %s) holds no pods while ADDs arrive "
-                "(%d live GETs in a row); if the kubelet registers this node under another "
-                "name, set \"nodeName\" in daemon-config.json or MULTUS_NODE_NAME",
-                self.node_name, self.node_source, self._empty_misses)
-
-    @property
-    def cache_misses(self) -> int:
-        """Pod lookups the watch cache could not answer (each cost one live GET)."""
-        with self._cond:
-            return self._misses
-
-    @property
-    def node_mismatch(self) -> Optional[Tuple[str, str]]:
-        """(watched name, name the pods are on) once a live GET has shown the name is wrong."""
-        with self._cond:
-            return self._mismatch
-
-    def cached_pod(self, namespace: str, name: str) -> Optional[Pod]:
-        """The pod as the watch cache has it now; no waiting, no request."""
-        with self._cond:
-            return self._pods.get((namespace, name))
-
-    def cached_nad(self, namespace: str, name: str) -> Optional[NetworkAttachmentDefinition]:
-        """The NetworkAttachmentDefinition as the watch cache has it now; no request."""
-        with self._cond:
-            return self._nads.get((namespace, name))
-
-    def get_nad(self, namespace: str, name: str, *,
-                deadline: Optional[float] = None) -> Optional[NetworkAttachmentDefinition]:
-        """The NetworkAttachmentDefinition from the cache (unless it is known stale), else
-        one live GET; None if absent.
-
-        While the NAD watch fails the GET is still made (the CRD or permission may have just
-        appeared, then the watch is woken); when it answers 404 for the resource type (the
-        CRD is not installed) or 403, the error says so and names the fix.
-
-        :raises TryAgainLater: the API server is unreachable or overloaded.
-        :raises MultusError: the API server refused the request, or has no NAD API.
-        """
-        with self._cond:
-            synced = self._state.synced["nads"]
-            nad = self._nads.get((namespace, name)) if synced else None
-            failing = self._state.errors["nads"] is not None
-        if nad is not None:
-            return nad
-        action = f"get NetworkAttachmentDefinition {namespace}/{name}"
-        try:
-            obj = self._json("GET", path_of(NAD_PATH, namespace=namespace, name=name),
-                             deadline=deadline, action=action)
-        except self.config.request_errors() as exc:
-            status = getattr(exc, "status", None)
-            if status == 404 and not _resource_type_missing(exc):
-                self._wake_nads(failing)
-                return None
-            if status in (403, 404):
-                with self._count_lock:
-                    self._nad_refusals += 1
-                _, message = nad_condition(status, "")
-                raise MultusError(f"cannot {action}: {message}") from exc
-            raise self.config.failure(exc, action) from exc
-        self._wake_nads(failing)
-        return nad_from_object(obj)
-
-    def _wake_nads(self, failing: bool) -> None:
-        """The NAD API answers: a failing NAD watch lists again now, not after its backoff's
-        wait; once per run of failures (the reflector keeps count,
-        :meth:`multusd.kube.reflector.Reflector._pause`), so lookups cannot make a loop."""
-        if failing:
-            self._state.wake["nads"].set()
 
     # ---- writes --------------------------------------------------------------------------------
 
@@ -485,29 +314,3 @@ class KubeClient:
     def dra_slice_lists(self) -> int:
         """ResourceSlice lists sent so far (one per (node, driver), plus refreshes)."""
         return self._dra_slices.lists
-
-
-def _resource_type_missing(exc: BaseException) -> bool:
-    """A 404 for the resource type itself (no such API), not for one object of it.
-
-    kube-apiserver names the object (``details.name``) when only the object is missing.
-    """
-    if not isinstance(exc, ApiError):
-        return False
-    details = exc.status_object().get("details")
-    return not (isinstance(details, dict) and details.get("name"))
-
-
-def nad_condition(status: Optional[int], message: Optional[str]) -> Tuple[str, str]:
-    """(condition, message with the fix) of a failing NAD API."""
-    if status == 404:
-        return "crd-missing", (
-            "the NetworkAttachmentDefinition CRD (network-attachment-definitions."
-            f"{NAD_GROUP}) is not installed in this cluster; install it once per cluster: "
-            f"`kubectl apply -f {NAD_CRD_FILE}` (pods that ask for no NAD are not affected)")
-    if status == 403:
-        return "forbidden", (
-            "this node's credentials may not read NetworkAttachmentDefinitions (403 "
-            "Forbidden); grant them once per cluster: "
-            f"`kubectl apply -f {RBAC_FILE}` (pods that ask for no NAD are not affected)")
-    return "unavailable", message or "the NetworkAttachmentDefinition API is not answering"

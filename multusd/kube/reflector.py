@@ -53,23 +53,15 @@ minute and one 2 s before that end, and every bookmark or event advances the ver
 watch resumes from. The silence bound of a stream is longer than its ``timeoutSeconds``, so a
 healthy quiet watch is always ended by the server; a dead peer is found by the transport's TCP
 keep-alive. A watch that expires (HTTP 410 at its start, an ERROR event 410 in the stream: etcd
-compacted the history) leads to a relist at the last version; "too large resource version" (a
+compacted the history, or the server restarted with a new watch cache) leads to a relist at the
+last version; "too large resource version" (a
 server whose history restarted below ours) to a consistent list; any other ERROR event to a
 relist. Every end of a watch is counted by cause (:data:`REOPEN_CAUSES`).
 
-*One backoff for every way back to the server* (architecture invariant 9). A round is one sync
-or one watch (:meth:`Reflector.round`); it fails unless it was a watch the server ended after
-it lived (:mod:`multusd.kube.failures`): an ERROR event whatever the stream delivered before
-it, a 410 on a watch or a relist, a refused or cut connection, an error answer (429, 5xx,
-403 ...), a WatchList the server refuses, a watch the server ends within :data:`YOUNG_WATCH` of
-its answer, news or not (client-go counts only one that ended within a second without news;
-a server or proxy that ends every watch right after an event would then be asked again as
-fast as it answers). Each failure waits on the reflector's one
-:class:`~multusd.kube.retries.Delays` of :data:`~multusd.kube.retries.API_SERVER` (0.8 s
-doubling to 30 s, each wait in ``[d, 2d)``, never less than the server's Retry-After); answers
-do not reset it, two minutes without a failure do. What failed decides only what the next round
-asks for, never how long it waits: no sequence of answers makes a loop, and the nodes of a
-cluster whose watches all end at once come back spread over seconds, then minutes.
+*One backoff for every way back to the server* (architecture invariant 9):
+:mod:`multusd.kube.rounds` says how a round ends, what the next one asks for and how long it
+waits (a watch's 410 after a working watch: a relist at once; a server that is starting: asked
+again on the curve's first step, with a relist).
 
 While a cache is known stale (expired, until its relist completes) it does not count as synced
 and its readers ask the API server instead (they do not wait for it). A failing list keeps its
@@ -84,29 +76,25 @@ import json
 import logging
 import random
 import time
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from multusd.kube import failures
 from multusd.kube.clientconfig import ClientConfig, WatchError
 from multusd.kube.failures import NoWatchList, Unfinished
 from multusd.kube.objects import Key, Obj, key_of
-from multusd.kube.retries import API_SERVER, Delays, retry_after_of, retry_after_seconds
+from multusd.kube.retries import API_SERVER, Delays, retry_after_seconds
+from multusd.kube.rounds import REOPEN_CAUSES, YOUNG_WATCH, Outcome, Rounds
 from multusd.kube.transport import IdleTimeout
 from multusd.kube.watchstream import (Expired, TooLarge, WatchState, answer, gone,
                                       shutdown_response, too_large, watch_events)
 
-__all__ = ["Reflector", "Outcome", "NoWatchList"]
+__all__ = ["Reflector", "Outcome", "NoWatchList", "REOPEN_CAUSES", "YOUNG_WATCH"]
 
 LOG = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_SECONDS = (240, 300)  # the server ends a watch after this (random, as client-go)
 WATCH_SILENCE_MARGIN = 30.0  # a stream silent this long past its timeoutSeconds is dead
 LIST_PAGE = 500  # client-go's pager size
-# a watch the server ends sooner ended early: a failure (a healthy one lives its 240-300 s,
-# a proxy that cuts them at a minute still gets them reopened at once); at most a few a minute
-YOUNG_WATCH = 15.0
-# why a watch ended and another was opened (the label of multusd_watch_reopens_total)
-REOPEN_CAUSES = ("ended", "expired", "error", "connection", "silence")
 # a WatchList's end bookmark comes within this of the stream's start or of its last ADDED event
 WATCHLIST_END_WAIT = 5.0
 VERDICT_WAIT = WATCHLIST_END_WAIT + 3.0  # the other reflectors wait this long for the first's
@@ -118,16 +106,7 @@ NO_PROGRESS_REQUESTS = "RequestWatchProgress"
 Send = Callable[[Dict[str, Any], float, Optional[float]], Any]
 
 
-class Outcome(NamedTuple):
-    """How a round ended (:meth:`Reflector.round`)."""
-
-    failure: Optional[str]  # one of multusd.kube.failures.KINDS; None: a watch ended as it should
-    cause: str  # why the watch ended (REOPEN_CAUSES)
-    watched: bool  # a watch followed changes (or was asked for): counted as a reopen
-    retry_after: Optional[float] = None  # seconds the server asked for
-
-
-class Reflector:
+class Reflector(Rounds):
     """List, then watch from the list's resourceVersion, into one cache; forever, until stop.
 
     :param send: sends the LIST (and with ``watch`` in the query the WATCH) and returns the
@@ -158,106 +137,9 @@ class Reflector:
         self._watching = False  # a watch was asked for in this round
         self._opened: Optional[float] = None  # when it got its answer
         self._woken: Optional[int] = None  # the run of failures a reader's wake-up cut short
-
-    # ---- the loop: what next (round, failures.plan), how long (one call) -----------------------
-
-    def run(self) -> None:
-        stopping = self.state.stopping
-        while not stopping.is_set():
-            outcome = self.round()
-            if stopping.is_set():
-                break
-            if outcome.failure is not None:
-                self._pause(self.delays.next(outcome.retry_after))
-
-    def round(self) -> Outcome:
-        """One sync or one watch, followed until it ends; never raises. A failure sets what
-        the next round asks for (:func:`multusd.kube.failures.plan`), not how long it waits."""
-        self._opened, self._watching = None, False
-        try:
-            cause = self._sync() if self.need_list else self._watch()
-        except Exception as exc:  # noqa: BLE001 - the watch thread must not die
-            return self._failed(exc)
-        if cause == "ended" and self._opened is not None and \
-                time.monotonic() - self._opened < YOUNG_WATCH:
-            return self._failed(None, failures.YOUNG)  # a server that ends every watch early
-        self._count_reopen(cause)
-        return Outcome(None, cause, True)
-
-    def _failed(self, exc: Optional[BaseException], kind: str = "") -> Outcome:
-        """Account for a failed round: what the next one asks for, the failure reported."""
-        kind = kind or failures.kind_of(exc)  # type: ignore[arg-type]
-        syncing = self.need_list  # the whole state was being read (not a watch following it)
-        watched = self._watching and not syncing
-        step = failures.plan(kind, syncing)
-        if self.state.stopping.is_set():
-            return Outcome(kind, step.cause, watched)
-        self.need_list = self.need_list or step.relist
-        self.version_unavailable = self.version_unavailable or step.consistent
-        if kind == failures.UNEXPECTED:
-            LOG.error("%s watch failed unexpectedly", self.kind, exc_info=exc)
-        elif kind in (failures.EXPIRED, failures.TOO_LARGE):
-            LOG.info("the API server cannot serve %s at version %s (%s); listing them %s",
-                     self.kind, self.version or "0", exc,
-                     "consistently" if step.consistent else "again at that version")
-        elif kind in (failures.YOUNG, failures.UNFINISHED, failures.SILENT):
-            LOG.info("the %s %s; asking again", self.kind, {
-                failures.YOUNG: f"watch was ended by the server within {YOUNG_WATCH:g}s",
-                failures.UNFINISHED: "WatchList ended before its initial events did",
-                failures.SILENT: "stream sent nothing within its time"}[kind])
-        elif exc is not None and kind != failures.NO_WATCH_LIST:
-            self._report(exc)
-        if step.stale:
-            self._stale()
-        if watched:
-            self._count_reopen(step.cause)
-        return Outcome(kind, step.cause, watched, retry_after_of(exc) if exc else None)
-
-    def _count_reopen(self, cause: str) -> None:
-        with self.state.cond:
-            key = (self.kind, cause)
-            self.state.reopens[key] = self.state.reopens.get(key, 0) + 1
-
-    def _pause(self, seconds: float) -> None:
-        """Wait ``seconds``. :meth:`WatchState.stop` ends it; a reader that found the API
-        answering (:meth:`multusd.kube.client.KubeClient.get_nad`) ends it early, a
-        Retry-After's too, but once per run of failures (:attr:`Delays.streak`, which only a
-        calm period starts anew): a reader's wake-up adds at most one request per run, it
-        cannot make a loop."""
-        wake, stopping = self.state.wake[self.kind], self.state.stopping
-        wake.clear()  # a wake-up from before this failure says nothing about it
-        end = time.monotonic() + seconds
-        while not stopping.is_set():
-            left = end - time.monotonic()
-            if left <= 0 or not wake.wait(left):
-                return
-            wake.clear()
-            if self._woken != self.delays.streak:
-                self._woken = self.delays.streak
-                return
-
-    def _stale(self) -> None:
-        with self.state.cond:
-            self.state.synced[self.kind] = False
-            self.state.relists[self.kind] += 1
-            self.state.cond.notify_all()
-
-    def _report(self, exc: BaseException) -> None:
-        failure = self.config.failure(exc, f"watch {self.what}")
-        with self.state.cond:
-            first = self.state.errors[self.kind] != failure.msg
-            self.state.errors[self.kind] = failure.msg
-            self.state.error_status[self.kind] = getattr(exc, "status", None)
-            self.state.cond.notify_all()
-        # the same failure again is logged quietly: the backoff already spaces the attempts
-        LOG.log(logging.WARNING if first else logging.DEBUG, "%s; retrying", failure.msg)
-
-    def _recovered(self) -> None:
-        """Forget the last failure (called with the state's lock held)."""
-        if self.state.errors[self.kind] is not None:
-            self.state.errors[self.kind] = None
-            self.state.error_status[self.kind] = None
-            LOG.info("the %s watch is working again", self.kind)
+        self._served = False  # the server answered a list or watch of this reflector once
+        # a watch's expiry may be relisted at once: a watch has worked since the last that was
+        self._relist_at_once = True
 
     # ---- lists ---------------------------------------------------------------------------------
 
@@ -298,6 +180,7 @@ class Reflector:
         self.version = version
         self.need_list = False
         self.version_unavailable = False
+        self._served = True
 
     def _list(self) -> None:
         """List into the store (replacing it) and remember the list's version. A version the
@@ -391,6 +274,7 @@ class Reflector:
                 raise NoWatchList(f"{self.what}: answered {answer(exc)}") from exc
             raise
         self._opened = time.monotonic()
+        self._served = True
         with state.cond:
             state.open_watches[self.kind] = response
             self._recovered()

@@ -15,7 +15,12 @@ Every node runs multusd, so what one node does after a failure, thousands do at 
   failures in a row, and only a calm period (:attr:`BackoffPolicy.calm`, 120 s with no failure:
   the rule of apimachinery's ``NewExponentialBackoffManager``, not the sawtooth of the
   ``backoffManager`` that resets two minutes after its previous reset) starts the curve again.
-  An answer does not: a server that answers and then fails at once is still failing;
+  An answer does not: a server that answers and then fails at once is still failing. A server
+  that says it is starting (:data:`multusd.kube.failures.STARTING`: 429 "storage is
+  (re)initializing", a 403 to what it served before) is asked again on the curve's first step,
+  or after its Retry-After (:meth:`BackoffPolicy.first_wait`), without growing it, for
+  :attr:`BackoffPolicy.starting` such answers per run of failures; past them it is failing
+  as any server (:attr:`Delays.starting_spent`);
 * :func:`retry_after_seconds`: the one parser of ``Retry-After`` (delta-seconds or an
   HTTP-date; a Status's ``retryAfterSeconds`` by the same rule), capped at
   :data:`RETRY_AFTER_MAX`; :func:`retry_after_of` reads it off an error answer or ERROR event.
@@ -136,6 +141,8 @@ class BackoffPolicy:
     :param factor: each failure in a row multiplies the step by this.
     :param jitter: a wait is its step times a random factor in ``[1, 1 + jitter)``.
     :param calm: seconds with no failure after which the curve starts again.
+    :param starting: answers of a server that is starting (:meth:`Delays.next`) waited on the
+        first step, not growing the curve, per run of failures.
     """
 
     initial: float
@@ -143,6 +150,7 @@ class BackoffPolicy:
     factor: float = 2.0
     jitter: float = 1.0
     calm: float = 120.0
+    starting: int = 0
 
     def step(self, failures: int) -> float:
         """The step after ``failures`` earlier failures in a row (0: :attr:`initial`)."""
@@ -159,6 +167,16 @@ class BackoffPolicy:
             wait = max(wait, floor)
         return wait
 
+    def first_wait(self, retry_after: Optional[float] = None,
+                   rand: Callable[[], float] = random.random) -> float:
+        """The wait of the first step: the server's Retry-After if it gave one (capped at
+        :data:`RETRY_AFTER_MAX`, jittered upwards by up to :data:`RETRY_AFTER_JITTER`, never
+        less than :attr:`initial`), else :attr:`initial` jittered as every step."""
+        if retry_after is not None and retry_after > 0:
+            asked = min(retry_after, RETRY_AFTER_MAX) * (1.0 + RETRY_AFTER_JITTER * rand())
+            return max(self.initial, asked)
+        return self.wait(0, None, rand)
+
     def delays(self, clock: Callable[[], float] = time.monotonic,
                rand: Callable[[], float] = random.random) -> "Delays":
         """A fresh state of this curve for one loop."""
@@ -166,8 +184,10 @@ class BackoffPolicy:
 
 
 # client-go's reflector (NewReflectorWithOptions): every way back to the API server of a loop
-# that never gives up (invariant 9)
-API_SERVER = BackoffPolicy(initial=0.8, cap=30.0, factor=2.0, jitter=1.0, calm=120.0)
+# that never gives up (invariant 9); a starting server's answers are asked again on its first
+# step as often as client-go's rest client resends a 429 with Retry-After (maxRetries)
+API_SERVER = BackoffPolicy(initial=0.8, cap=30.0, factor=2.0, jitter=1.0, calm=120.0,
+                           starting=MAX_RETRIES)
 # the retries inside one request's deadline (Attempts): 0.125-0.25 s doubling to 2-4 s; a
 # request's state lives as long as the request, so calm never comes into play
 REQUEST = BackoffPolicy(initial=BACKOFF_FIRST / 2, cap=BACKOFF_MAX / 2, factor=2.0, jitter=1.0,
@@ -178,7 +198,8 @@ class Delays:
     """The state of one :class:`BackoffPolicy` in one loop: failures in a row, the last one.
 
     Call :meth:`next` on every failure, whatever came before it; nothing but a calm period
-    (no failure for :attr:`BackoffPolicy.calm` seconds) starts the curve again.
+    (no failure for :attr:`BackoffPolicy.calm` seconds) starts the curve again, and gives a
+    starting server its :attr:`BackoffPolicy.starting` answers on the first step again.
     """
 
     def __init__(self, policy: BackoffPolicy, clock: Callable[[], float] = time.monotonic,
@@ -186,6 +207,7 @@ class Delays:
         self.policy = policy
         self._clock, self._rand = clock, rand
         self.failures = 0  # failures in a row since the curve (re)started
+        self.starts = 0  # a starting server's answers waited on the first step in this run
         self.streak = 0  # how many times the curve (re)started: one per run of failures
         self._last: Optional[float] = None  # when the last failure was
 
@@ -193,15 +215,28 @@ class Delays:
         """No failure yet, or none for the calm period: the next one starts the curve again."""
         return self._last is None or self._clock() - self._last >= self.policy.calm
 
-    def next(self, at_least: Optional[float] = None) -> float:
+    @property
+    def starting_spent(self) -> bool:
+        """This run of failures has had its :attr:`BackoffPolicy.starting` answers of a
+        starting server: one more is a failure as any (a 403 that lasts is a refusal)."""
+        return not self.calm() and self.starts >= self.policy.starting
+
+    def next(self, at_least: Optional[float] = None, *, starting: bool = False) -> float:
         """A failure happened now: the seconds to wait before the next attempt (never less
-        than ``at_least``, the server's Retry-After)."""
+        than ``at_least``, the server's Retry-After).
+
+        :param starting: the server said it is starting: the first step's wait, or its
+            Retry-After (:meth:`BackoffPolicy.first_wait`), and the curve does not grow,
+            unless this run had its :attr:`BackoffPolicy.starting` such answers already."""
         if self.calm():
-            self.failures = 0
+            self.failures = self.starts = 0
             self.streak += 1
+        self._last = self._clock()
+        if starting and self.starts < self.policy.starting:
+            self.starts += 1
+            return self.policy.first_wait(at_least, self._rand)
         wait = self.policy.wait(self.failures, at_least, self._rand)
         self.failures += 1
-        self._last = self._clock()
         return wait
 
 

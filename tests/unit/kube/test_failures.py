@@ -21,6 +21,9 @@ from multusd.kube.reflector import REOPEN_CAUSES
 from multusd.kube.transport import ApiError, IdleTimeout
 from multusd.kube.watchstream import Expired, TooLarge
 
+INITIALIZING_BODY = json.dumps({"kind": "Status", "code": 429, "reason": "TooManyRequests",
+                                "message": "storage is (re)initializing",
+                                "details": {"retryAfterSeconds": 1}})
 TOO_LARGE_BODY = json.dumps({"code": 504, "message": "Too large resource version: 9, current: 2",
                              "details": {"causes": [{"reason": "ResourceVersionTooLarge"}]}})
 
@@ -47,6 +50,9 @@ TOO_LARGE_BODY = json.dumps({"code": 504, "message": "Too large resource version
     (failures.SILENT, True, Plan(True, False, False, "silence")),
     (failures.MALFORMED, False, Plan(False, False, False, "error")),
     (failures.UNEXPECTED, False, Plan(False, False, False, "error")),
+    # a server that is starting: its new watch cache does not hold the version to resume from
+    (failures.STARTING, False, Plan(True, False, False, "error")),
+    (failures.STARTING, True, Plan(True, False, False, "error")),
 ])
 def test_what_the_next_round_asks_for(kind, syncing, expected):
     assert plan(kind, syncing) == expected
@@ -86,3 +92,23 @@ def test_every_kind_has_a_plan_and_a_reopen_cause(kind, syncing):
 ])
 def test_every_exception_of_a_round_is_a_kind(exc, kind):
     assert kind_of(exc) == kind
+
+
+@pytest.mark.parametrize("exc,served,kind", [
+    # the watch cache says it is initialising: a server starting, whoever asks
+    (ApiError(429, "Too Many Requests", INITIALIZING_BODY), False, failures.STARTING),
+    (WatchError(429, "storage is (re)initializing", "TooManyRequests"), False,
+     failures.STARTING),
+    # Priority and Fairness turning requests away: an overloaded server, on the curve
+    (ApiError(429, "Too Many Requests", json.dumps({"message": "Too many requests, please try "
+                                                               "again later."})), True,
+     failures.ANSWERED),
+    # 403 to what the server served before: its authorizer has not loaded the roles yet
+    (ApiError(403, "Forbidden"), True, failures.STARTING),
+    (ApiError(403, "Forbidden"), False, failures.ANSWERED),  # never served: RBAC says no
+    (ApiError(401, "Unauthorized"), True, failures.ANSWERED),
+    (ApiError(500, "Internal Server Error"), True, failures.ANSWERED),
+    (ApiError(410, "Gone"), True, failures.EXPIRED),
+])
+def test_a_server_that_is_starting_is_told_by_its_answer_and_what_it_served(exc, served, kind):
+    assert kind_of(exc, served) == kind

@@ -81,7 +81,7 @@ def test_a_cached_pod_costs_no_request(kube_api, make_client):
 def test_a_stale_cache_answers_nothing_and_the_node_stays_ready(kube_api, make_client):
     kube_api.add_pod(NS, "web")
     client = make_client(kube_api)
-    kube_api.fail_next("GET", PODS_PATH, 503, times=None, watch=False)  # the relist fails
+    kube_api.fail_next("GET", PODS_PATH, 503, times=None, initial_events=True)  # relists fail
     assert kube_api.wait_for_watchers(2)  # expire the watches, not the lists before them
     kube_api.expire_watches()
     wait_for(lambda: not client.synced(), what="the pod cache to be known stale")

@@ -188,3 +188,35 @@ def test_retry_after_of_reads_the_header_then_the_status():
     assert retries.retry_after_of(body) == 9.0
     assert retries.retry_after_of(ApiError(503, "Unavailable", "not json")) is None
     assert retries.retry_after_of(ConnectionRefusedError(111, "refused")) is None
+
+
+def test_a_starting_servers_answers_wait_on_the_first_step_or_its_retry_after():
+    policy = retries.API_SERVER
+    assert policy.starting == retries.MAX_RETRIES  # as client-go's rest client resends a 429
+    assert policy.first_wait(rand=lambda: 0.0) == 0.8
+    assert policy.first_wait(rand=lambda: 0.999999) < 1.6  # the first step, jittered
+    assert policy.first_wait(1.0, rand=lambda: 0.0) == 1.0  # what the server asked for ...
+    assert policy.first_wait(1.0, rand=lambda: 0.999999) < 1.0 * (1 + retries.RETRY_AFTER_JITTER)
+    assert policy.first_wait(0.1, rand=lambda: 0.0) == 0.8  # ... never under the first step
+    assert policy.first_wait(0.0, rand=lambda: 0.0) == 0.8
+    assert policy.first_wait(10 ** 6, rand=lambda: 0.0) == retries.RETRY_AFTER_MAX
+
+
+def test_a_starting_server_does_not_grow_the_curve_for_its_allowance_per_run():
+    clock = Clock()
+    delays = retries.API_SERVER.delays(clock=clock)
+    wait = delays.next()  # the watch cut by the restart: a failure as any
+    clock.now += wait
+    for _ in range(retries.API_SERVER.starting):
+        assert not delays.starting_spent
+        wait = delays.next(1.0, starting=True)
+        assert 1.0 <= wait < 1.2  # its Retry-After, not the grown step
+        clock.now += wait
+    assert delays.failures == 1 and delays.starting_spent
+    # still "starting" past its allowance: a failure as any, the curve growing from where it was
+    assert 1.6 <= delays.next(1.0, starting=True) < 3.2
+    assert 3.2 <= delays.next(starting=True) < 6.4 and delays.failures == 3
+    clock.now += retries.API_SERVER.calm + 1.0  # calm: a new run, with its allowance again
+    assert not delays.starting_spent
+    assert 0.8 <= delays.next(starting=True) < 1.6 and delays.failures == 0
+    assert delays.starts == 1 and delays.streak == 2

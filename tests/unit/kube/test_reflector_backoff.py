@@ -13,6 +13,7 @@ of requests.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -213,15 +214,19 @@ def reflector_for(tmp_path) -> Iterator[Any]:
         config.close()
 
 
-def failed_rounds(reflector: Reflector, clock: FakeClock, count: int) -> List[Tuple[str, float]]:
+def failed_rounds(reflector: Reflector, clock: FakeClock, count: int,
+                  at_once: bool = False) -> List[Tuple[str, float]]:
     """Run rounds until ``count`` failed; each failure's (kind, wait), the clock moved by
-    each wait as if it had been waited."""
+    each wait as if it had been waited. A watch's expiry relisted at once (no wait) is not
+    counted, unless ``at_once``."""
     seen: List[Tuple[str, float]] = []
     for _ in range(3 * count):
         outcome = reflector.round()
         if outcome.failure is None:
             continue  # a watch that ended as it should: the next one at once, no wait
-        wait = reflector.delays.next(outcome.retry_after)  # what run() waits: the one call
+        wait = reflector.wait_after(outcome)  # what run() waits: the one call
+        if outcome.at_once and not at_once:
+            continue  # the relist of an expiry after a working watch: at once, no wait
         seen.append((outcome.failure, wait))
         clock.now += wait
         if len(seen) == count:
@@ -345,3 +350,104 @@ def test_a_readers_wake_up_ends_one_wait_per_run_of_failures(reflector_for):
     wake.set()
     third.join(10)
     assert not third.is_alive()
+
+
+# ---- a watch's expiry: relisted at once, once per working watch ----------------------------------
+
+def test_a_watchs_expiry_is_relisted_at_once_and_a_server_expiring_all_is_on_the_curve(
+        reflector_for):
+    """Every WatchList delivers the state, then its watch gets ERROR 410: the first 410 is
+    relisted at once (from the version it had), every later one (no watch worked between
+    them) steps the curve: a server answering 410 to everything makes no loop."""
+    server = Server(KINDS["event-410"])
+    try:
+        reflector, clock = reflector_for(server.url)
+        seen = failed_rounds(reflector, clock, 1 + len(STEPS), at_once=True)
+        assert seen[0] == (failures.EXPIRED, 0.0)
+        for (kind, wait), step in zip(seen[1:], STEPS):
+            assert kind == failures.EXPIRED and step <= wait < 2 * step, seen
+        asked = [(q.get("sendInitialEvents"), q.get("resourceVersion")) for q in server.queries]
+        assert asked[:2] == [("true", "0"), ("true", "5")]  # the relist: at the version it had
+    finally:
+        server.close()
+
+
+def test_a_relist_at_once_that_fails_steps_the_curve(reflector_for):
+    server = Server(lambda q: ("events", SYNCED + [event("ERROR", EXPIRED)])
+                    if q.get("resourceVersion") == "0" else
+                    ("status", status(500, "InternalError", "etcd is unhappy")))
+    try:
+        reflector, clock = reflector_for(server.url)
+        seen = failed_rounds(reflector, clock, 4, at_once=True)
+        assert seen[0] == (failures.EXPIRED, 0.0)
+        for (kind, wait), step in zip(seen[1:], STEPS):
+            assert kind == failures.ANSWERED and step <= wait < 2 * step, seen
+        assert all(q.get("sendInitialEvents") == "true" for q in server.queries)  # relists
+    finally:
+        server.close()
+
+
+# ---- a server that is starting: its first step, for ten answers per run -----------------------
+
+INITIALIZING = status(429, "TooManyRequests", "storage is (re)initializing", retryAfterSeconds=1)
+
+
+def test_a_watch_cache_initialising_is_asked_after_its_retry_after_ten_times_per_run(
+        reflector_for):
+    server = Server(lambda q: ("status", INITIALIZING))
+    try:
+        reflector, clock = reflector_for(server.url)
+        allowance = API_SERVER.starting
+        seen = failed_rounds(reflector, clock, allowance + 4)
+        assert all(kind == failures.STARTING for kind, _ in seen[:allowance]), seen
+        assert all(1.0 <= wait < 1.2 for _, wait in seen[:allowance]), seen  # not grown
+        # still initialising after ten: on the curve, from its start (the answers did not grow it)
+        for (_, wait), step in zip(seen[allowance:], STEPS):
+            assert max(step, 1.0) <= wait < 2 * step, seen
+        clock.now += API_SERVER.calm + 1.0  # calm: a new run, ten on the first step again
+        [(_, wait)] = failed_rounds(reflector, clock, 1)
+        assert 1.0 <= wait < 1.2 and reflector.delays.failures == 0
+    finally:
+        server.close()
+
+
+def test_a_403_to_what_was_served_is_a_server_starting_until_it_lasts(reflector_for, caplog):
+    """The server streamed the state once, then ends the watch with an ERROR event and
+    answers 403 to everything: ten answers on the first step (logged as a server starting,
+    each a relist), then the refusal it is: a warning naming the fix, the curve growing."""
+    server = Server(lambda q: ("events", SYNCED + [event("ERROR", LEADER_CHANGED)])
+                    if q.get("resourceVersion") == "0" else
+                    ("status", status(403, "Forbidden", 'network-attachment-definitions is '
+                                      'forbidden: User "system:node:n1" cannot watch resource')))
+    try:
+        reflector, clock = reflector_for(server.url)
+        caplog.set_level(logging.INFO, logger="multusd.kube.reflector")
+        allowance = API_SERVER.starting
+        seen = failed_rounds(reflector, clock, 1 + allowance + 3)
+        assert seen[0][0] == failures.EVENT and 0.8 <= seen[0][1] < 1.6
+        assert [kind for kind, _ in seen[1:1 + allowance]] == [failures.STARTING] * allowance
+        assert all(0.8 <= wait < 1.6 for _, wait in seen[1:1 + allowance]), seen
+        assert [kind for kind, _ in seen[1 + allowance:]] == [failures.ANSWERED] * 3
+        for (_, wait), step in zip(seen[1 + allowance:], STEPS[1:]):  # growing from the EVENT
+            assert step <= wait < 2 * step, seen
+        assert all(q.get("sendInitialEvents") == "true" for q in server.queries)  # relists
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.levelno >= logging.WARNING and "403" in r.getMessage()]
+        assert len(warnings) == 1 and "forbids it (403" in warnings[0], warnings
+        assert "rbac" in warnings[0].lower()  # the fix, once the refusal lasts
+        infos = [r.getMessage() for r in caplog.records if "starting up" in r.getMessage()]
+        assert len(infos) == 1  # said once, then quietly
+    finally:
+        server.close()
+
+
+def test_a_403_to_what_was_never_served_is_a_refusal_from_the_start(reflector_for):
+    server = Server(lambda q: ("status", status(403, "Forbidden", "forbidden")))
+    try:
+        reflector, clock = reflector_for(server.url)
+        seen = failed_rounds(reflector, clock, 3)
+        assert [kind for kind, _ in seen] == [failures.ANSWERED] * 3
+        for (_, wait), step in zip(seen, STEPS):
+            assert step <= wait < 2 * step, seen
+    finally:
+        server.close()
