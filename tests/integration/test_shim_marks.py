@@ -103,10 +103,10 @@ def test_the_daemons_next_look_drops_the_shims_mark_of_a_sandbox_released_withou
 
     node.daemon.start()  # its first look is at its start; the next SCAN_INTERVAL later
 
-    wait_for(lambda: not os.path.exists(node.shims_mark(cid)), SCAN_INTERVAL + 10,
-             what="the daemon's look to drop the shim's mark")
-    assert f"the mark of sandbox {cid}'s failed DEL is dropped: the sandbox is released" in \
-        node.daemon.log()
+    said = f"the mark of sandbox {cid}'s failed DEL is dropped: the sandbox is released"
+    # the line is logged after the mark goes: both are waited for, with the look's own bound
+    wait_for(lambda: not os.path.exists(node.shims_mark(cid)) and said in node.daemon.log(),
+             SCAN_INTERVAL + 10, what="the daemon's look to drop the shim's mark, and say so")
 
 
 def test_gc_forget_without_the_daemon_drops_the_shims_mark_too(node):
