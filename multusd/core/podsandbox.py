@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Tuple
 
+from multusd import go_field
 from multusd.cni import resultcache
 from multusd.core import delmarks, dra, netstatus, records, sandboxconfig
 from multusd.core.delegate import Delegate
@@ -116,7 +117,7 @@ def read_view(container_id: str, node: EffectiveConfig, log: Any, *,
         if notices is None or notices.first(container_id, "none"):
             log.info(sandboxconfig.NO_RECORD, container_id)
         config = node
-    cni_version = str(config.merged.get("cniVersion") or "")
+    cni_version = str(go_field(config.merged, "cniVersion") or "")  # as CmdArgs reads it
     try:
         delegates = delegates_from_cache(data, top_cni_version=cni_version,
                                          cni_ifname=record.master_ifname)
