@@ -38,7 +38,7 @@ from multusd.core.selection import NETWORKS_ANNOTATION, NETWORK_STATUS_ANNOTATIO
 from multusd.core.settings import MultusSettings
 from multusd.errors import DecodeFailure, MultusError
 from multusd.node import devices
-from multusd.store.valueclass import Record
+from multusd.store.valueclass import Record, replace
 
 # what a reconciliation's request carries of the sandbox's CNI_ARGS (the rest is each
 # delegate's own)
@@ -107,8 +107,8 @@ def read_view(container_id: str, node: EffectiveConfig, log: Any, *,
     if problem:
         raise Unestablished(f"its record of the configuration it was attached under does not "
                             f"parse ({problem}): its attachments are left as they are")
-    if attached is not None:
-        config = sandboxconfig.applied(node, attached)
+    if attached is not None:  # judged where its records are, as DEL judges it
+        config = sandboxconfig.applied(node, replace(attached, cni_dir=node.cni_dir))
     elif node.settings is None:
         raise Unestablished("it has no record of the configuration it was attached under, and "
                             f"the node's multus settings do not load ({node.why_no_settings}): "

@@ -203,3 +203,29 @@ def test_a_conflist_recorded_without_cni_version_is_read_at_the_nodes_as_del_rea
     assert (outcome.result, outcome.removed) == (reconcile.CHANGED, ("net5 (default/c)",))
     assert ("DEL", "c", "net5") in node.calls()
     node.delete()
+
+
+def test_a_sandbox_is_judged_where_its_records_are_whatever_cni_dir_its_record_names(
+        node, tmp_path):
+    # its records moved with the cniDir (or its record names the directory another way): the
+    # runtime's DEL reads them where they are (sandboxconfig.sandbox_request); so does a
+    # dynamic change, and its attachments' results go beside the others (they went to the
+    # directory the record names, where the runtime's DEL never looks)
+    node.nad("b", "hot0")
+    node.attach()
+    entries = json.loads(node.scratch())
+    elsewhere = str(tmp_path / "moved-from")
+    entries[0][sandboxconfig.CONFIG_KEY]["cniDir"] = elsewhere
+    with open(scratch.cache_path(node.cni_dir, node.cid), "w") as handle:
+        json.dump(entries, handle)
+
+    view = podsandbox.read_view(node.cid, node.multus.node.current(), LOG)
+    assert view.effective.cni_dir == node.cni_dir and view.cached == (True,)
+    outcome = node.reconcile(node.select("b@hot0"))
+
+    assert (outcome.result, outcome.added) == (reconcile.CHANGED, ("hot0 (default/b)",))
+    assert sorted(e["networkName"] for e in resultcache.list_entries(node.cni_dir)) == \
+        ["b", "cluster"]
+    assert not os.path.exists(elsewhere)
+    node.delete()
+    assert resultcache.list_entries(node.cni_dir) == []
