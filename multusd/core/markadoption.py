@@ -69,8 +69,7 @@ def node_marks(cni_dirs: Sequence[str], spare: str = "") -> Dict[str, FailedDele
         home = index.home(mark, dirs)
         if not home:
             continue
-        rank = (0 if _beside(place, home) else 1 if place == spare else 2,
-                0 if mark.by == MARKED_BY_DAEMON else 1, -mark.last_failure)
+        rank = _rank(place, home, spare, mark)
         kept = found.get(mark.container_id)
         if kept is None or rank < kept[0]:
             found[mark.container_id] = (rank, replace(mark, cni_dir=home))
@@ -82,13 +81,16 @@ def mark_of(cni_dirs: Sequence[str], container_id: str, spare: str = ""
     """The mark of ``container_id`` as :func:`node_marks` has it (None: none stands)."""
     dirs = _distinct(cni_dirs)
     index = _Records()
-    best: Optional[FailedDelete] = None
+    best: Optional[Tuple[Tuple[int, int, float], FailedDelete]] = None
     for place in _places(dirs, spare):
         mark = read_in(place, container_id)
         home = index.home(mark, dirs) if mark is not None else ""
-        if home and (best is None or _beside(place, home)):
-            best = replace(mark, cni_dir=home)
-    return best
+        if not home:
+            continue
+        rank = _rank(place, home, spare, mark)
+        if best is None or rank < best[0]:
+            best = (rank, replace(mark, cni_dir=home))
+    return best[1] if best is not None else None
 
 
 def tidy(cni_dirs: Sequence[str], spare: str = "") -> Tidied:
@@ -179,6 +181,13 @@ def _distinct(cni_dirs: Iterable[str]) -> List[str]:
             seen.add(real)
             out.append(directory)
     return out
+
+
+def _rank(place: str, home: str, spare: str, mark: FailedDelete) -> Tuple[int, int, float]:
+    """Which of a sandbox's marks stands (the lowest): the one beside its records, else the
+    spare one, else another cniDir's; then the daemon's; then the latest failure."""
+    return (0 if _beside(place, home) else 1 if place == spare else 2,
+            0 if mark.by == MARKED_BY_DAEMON else 1, -mark.last_failure)
 
 
 def _beside(place: str, cni_dir: str) -> bool:

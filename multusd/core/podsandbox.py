@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Tuple
 
+from multusd import go_field
 from multusd.cni import resultcache
 from multusd.core import delmarks, dra, netstatus, records, sandboxconfig
 from multusd.core.delegate import Delegate
@@ -37,7 +38,7 @@ from multusd.core.selection import NETWORKS_ANNOTATION, NETWORK_STATUS_ANNOTATIO
 from multusd.core.settings import MultusSettings
 from multusd.errors import DecodeFailure, MultusError
 from multusd.node import devices
-from multusd.store.valueclass import Record
+from multusd.store.valueclass import Record, replace
 
 # what a reconciliation's request carries of the sandbox's CNI_ARGS (the rest is each
 # delegate's own)
@@ -106,8 +107,8 @@ def read_view(container_id: str, node: EffectiveConfig, log: Any, *,
     if problem:
         raise Unestablished(f"its record of the configuration it was attached under does not "
                             f"parse ({problem}): its attachments are left as they are")
-    if attached is not None:
-        config = sandboxconfig.applied(node, attached)
+    if attached is not None:  # judged where its records are, as DEL judges it
+        config = sandboxconfig.applied(node, replace(attached, cni_dir=node.cni_dir))
     elif node.settings is None:
         raise Unestablished("it has no record of the configuration it was attached under, and "
                             f"the node's multus settings do not load ({node.why_no_settings}): "
@@ -116,7 +117,7 @@ def read_view(container_id: str, node: EffectiveConfig, log: Any, *,
         if notices is None or notices.first(container_id, "none"):
             log.info(sandboxconfig.NO_RECORD, container_id)
         config = node
-    cni_version = str(config.merged.get("cniVersion") or "")
+    cni_version = str(go_field(config.merged, "cniVersion") or "")  # as CmdArgs reads it
     try:
         delegates = delegates_from_cache(data, top_cni_version=cni_version,
                                          cni_ifname=record.master_ifname)

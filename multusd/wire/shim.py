@@ -321,11 +321,6 @@ def no_answer_message(sock: str, command: str, waited: float,
             "still finish there); the runtime retries")
 
 
-def configured_request_timeout(path: str = DAEMON_CONFIG) -> "float | None":
-    """daemon-config.json's ``requestTimeout`` (seconds), None when absent or unreadable."""
-    return DaemonFile(path).request_timeout()
-
-
 def add_result(body: bytes, cni_version: str) -> dict:
     """The ADD result from the daemon's ``{"Result": ...}``, converted to the config's version."""
     try:

@@ -130,3 +130,21 @@ def test_a_mark_naming_its_cni_dir_another_way_is_where_it_belongs(tmp_path):
     assert markadoption.tidy([cni_dir, str(tmp_path / "link")]) == markadoption.Tidied()
     assert markadoption.node_marks([cni_dir])["c0ffee"].cni_dir == cni_dir
     assert delmarks.read(cni_dir, "c0ffee") is not None  # never moved onto itself, and lost
+
+
+def test_show_and_status_name_the_same_mark_when_none_is_beside_the_records(tmp_path):
+    # the records' cniDir cannot take a mark (the daemon's went beside the socket), and a
+    # shim marked in another cniDir: every reader takes the daemon's (mark_of read the first
+    # place it looked, so `multusd show` named the shim's while status named the daemon's)
+    default, cni_dir = str(tmp_path / "default"), str(tmp_path / "cni")
+    spare = delmarks.spare_marks_dir(str(tmp_path / "run"))
+    write_records(cni_dir, "c0ffee")
+    (tmp_path / "cni" / ".multusd-unreleased").write_text("in the way")
+    unreleased.record(cni_dir, del_request(cni_dir), FAILED, "m", window=60, now=990.0,
+                      spare=spare)
+    shim_mark(default, "c0ffee")
+
+    for node in ([cni_dir, default], [default, cni_dir]):
+        marks = markadoption.node_marks(node, spare)
+        assert (marks["c0ffee"].by, marks["c0ffee"].place) == ("daemon", spare)
+        assert markadoption.mark_of(node, "c0ffee", spare) == marks["c0ffee"]

@@ -175,3 +175,57 @@ def test_a_sandbox_whose_failed_del_is_marked_in_the_spare_directory_is_none(nod
     with open(os.path.join(spare, node.cid), "w") as handle:  # <cniDir> could not take it
         json.dump({"containerId": node.cid, "firstFailure": 1.0}, handle)
     assert podsandbox.sandbox_of(node.pod(), entries, node.cni_dir, spare=spare) is None
+
+
+def test_a_conflist_recorded_without_cni_version_is_read_at_the_nodes_as_del_reads_it(node):
+    # a scratch cache whose conflist has no cniVersion (as upstream may record one) gets the
+    # multus config's (F57); daemon-config.json spells the key as upstream's NetConf struct
+    # also reads it. The runtime's DEL reads it so; the dynamic view read it with .get, found
+    # none, and its removal's DEL ran a conflist without a version (refused: no release)
+    import base64
+
+    node.configure(CNIVersion="1.0.0")
+    node.api.add_nad("default", "c", json.dumps({"cniVersion": "1.0.0", "name": "c", "plugins": [
+        node.stub("c", result=result("net5", "10.5.0.2/24"))]}))
+    node.attach(networks="c@net5")
+    entries = json.loads(node.scratch())
+    conflist = json.loads(base64.b64decode(entries[-1]["Bytes"]))
+    del conflist["cniVersion"]
+    entries[-1]["Bytes"] = base64.b64encode(json.dumps(conflist).encode()).decode()
+    entries[-1]["ConfList"] = conflist
+    with open(scratch.cache_path(node.cni_dir, node.cid), "w") as handle:
+        json.dump(entries, handle)
+
+    view = podsandbox.read_view(node.cid, node.multus.node.current(), LOG)
+
+    assert json.loads(view.delegates[-1].conf)["cniVersion"] == "1.0.0"
+    outcome = node.reconcile(node.select(""))
+    assert (outcome.result, outcome.removed) == (reconcile.CHANGED, ("net5 (default/c)",))
+    assert ("DEL", "c", "net5") in node.calls()
+    node.delete()
+
+
+def test_a_sandbox_is_judged_where_its_records_are_whatever_cni_dir_its_record_names(
+        node, tmp_path):
+    # its records moved with the cniDir (or its record names the directory another way): the
+    # runtime's DEL reads them where they are (sandboxconfig.sandbox_request); so does a
+    # dynamic change, and its attachments' results go beside the others (they went to the
+    # directory the record names, where the runtime's DEL never looks)
+    node.nad("b", "hot0")
+    node.attach()
+    entries = json.loads(node.scratch())
+    elsewhere = str(tmp_path / "moved-from")
+    entries[0][sandboxconfig.CONFIG_KEY]["cniDir"] = elsewhere
+    with open(scratch.cache_path(node.cni_dir, node.cid), "w") as handle:
+        json.dump(entries, handle)
+
+    view = podsandbox.read_view(node.cid, node.multus.node.current(), LOG)
+    assert view.effective.cni_dir == node.cni_dir and view.cached == (True,)
+    outcome = node.reconcile(node.select("b@hot0"))
+
+    assert (outcome.result, outcome.added) == (reconcile.CHANGED, ("hot0 (default/b)",))
+    assert sorted(e["networkName"] for e in resultcache.list_entries(node.cni_dir)) == \
+        ["b", "cluster"]
+    assert not os.path.exists(elsewhere)
+    node.delete()
+    assert resultcache.list_entries(node.cni_dir) == []

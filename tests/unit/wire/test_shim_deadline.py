@@ -145,14 +145,14 @@ def test_the_default_bound_keeps_an_add_inside_the_kubelets_two_minutes():
 def test_the_daemons_request_timeout_is_read_from_its_config(tmp_path, config, seconds):
     path = tmp_path / "daemon-config.json"
     path.write_text(json.dumps(config))
-    assert shim.configured_request_timeout(str(path)) == seconds
+    assert shim.DaemonFile(str(path)).request_timeout() == seconds
 
 
 def test_an_unreadable_daemon_config_is_no_request_timeout(tmp_path):
-    assert shim.configured_request_timeout(str(tmp_path / "absent.json")) is None
+    assert shim.DaemonFile(str(tmp_path / "absent.json")).request_timeout() is None
     broken = tmp_path / "broken.json"
     broken.write_text("{")
-    assert shim.configured_request_timeout(str(broken)) is None
+    assert shim.DaemonFile(str(broken)).request_timeout() is None
 
 
 def test_daemon_config_is_read_once_per_shim_run_whatever_asks(tmp_path):
