@@ -13,7 +13,11 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from multusd import go_fields
 from multusd.errors import ConfigProblem
+
+#: Upstream's LogOptions struct (``logOptions``): its fields, each a pointer, and their types.
+LOG_OPTIONS = (("maxAge", int), ("maxSize", int), ("maxBackups", int), ("compress", bool))
 
 
 class ConfigReader(list):
@@ -58,14 +62,26 @@ class ConfigReader(list):
             return default
         return value
 
-    def mapping(self, raw: Mapping[str, Any], key: str) -> Dict[str, Any]:
+    def log_options(self, raw: Mapping[str, Any], key: str = "logOptions"
+                    ) -> Optional[Dict[str, Any]]:
+        """``logOptions`` as upstream's ``*LogOptions`` reads it: None when absent or null,
+        else the fields set (``"MaxSize"`` sets maxSize; null leaves one unset). A value of
+        the wrong type is a problem wherever it is: Go refuses the config."""
         value = raw.get(key)
         if value is None:
-            return {}
+            return None
         if not isinstance(value, dict):
-            self.bad(key, "an object {...}", value)
-            return {}
-        return value
+            self.bad(key, 'an object such as {"maxAge": 5}', value)
+            return None
+        kinds = dict(LOG_OPTIONS)
+
+        def check(name: str, member: Any) -> None:
+            if is_wrong_type({name: member}, name, kinds[name]):
+                self.bad(f"{key}.{name}", "an integer" if kinds[name] is int
+                         else "true or false", member)
+
+        options = go_fields(value, tuple(kinds), nils=tuple(kinds), check=check)
+        return {name: options[name] for name in kinds if options.get(name) is not None}
 
     def string_list(self, raw: Mapping[str, Any], key: str,
                     default: Tuple[str, ...]) -> Tuple[str, ...]:
