@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from multusd import go_fields
+from multusd import go_field, go_fields
 from multusd.errors import ConfigProblem
 
 #: Upstream's LogOptions struct (``logOptions``): its fields, each a pointer, and their types.
@@ -148,6 +148,9 @@ def is_wrong_type(raw: Mapping[str, Any], key: str, kind: type) -> bool:
 
 
 def lenient_str(raw: Mapping[str, Any], key: str, default: str) -> str:
-    """``raw[key]`` when it is a string, else ``default`` (for keys already validated)."""
-    value = raw.get(key)
+    """The string field ``key`` of upstream's struct as Go reads it out of ``raw``
+    (``"CNIConfigDir"`` is a cniConfigDir), else ``default`` (for keys already validated, or
+    read leniently: the daemon config as the generator, its removal and the daemon find the
+    runtime's config by it)."""
+    value = go_field(raw, key)
     return value if isinstance(value, str) else default
