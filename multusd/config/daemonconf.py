@@ -131,7 +131,7 @@ def from_dict(raw: Mapping[str, Any], path: str = "(inline)") -> DaemonConfig:
         "log_file": problems.string(conf, "logFile", ""),
         "log_level": problems.log_level(conf),
         "log_to_stderr": problems.boolean(conf, "logToStderr", True),
-        "log_options": problems.mapping(conf, "logOptions"),
+        "log_options": problems.log_options(conf) or {},
         "metrics_port": problems.port(conf, "metricsPort"),
         "metrics_address": problems.string(conf, "metricsAddress", DEFAULT_METRICS_ADDRESS),
         "kubeconfig": problems.string(conf, "kubeconfig", ""),

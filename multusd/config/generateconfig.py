@@ -100,14 +100,13 @@ def _rewrite_primary(path: str, content: bytes) -> None:
 
 def _fingerprint(conf: Mapping[str, Any]) -> Tuple[Any, ...]:
     """What the plan depends on, cheaply: candidate files' identity and the readiness file."""
-    readiness = conf.get("readinessindicatorfile")
-    parts: List[Any] = [bool(readiness) and isinstance(readiness, str)
-                        and os.path.exists(readiness)]
-    directory = conf.get("multusAutoconfigDir")
-    static = conf.get("multusConfigFile")
-    if isinstance(static, str) and static not in ("", AUTO):
+    readiness = lenient_str(conf, "readinessindicatorfile", "")
+    parts: List[Any] = [bool(readiness) and os.path.exists(readiness)]
+    directory = lenient_str(conf, "multusAutoconfigDir", "")
+    static = lenient_str(conf, "multusConfigFile", "")
+    if static not in ("", AUTO):
         parts.append(stat_key(static))
-    elif isinstance(directory, str) and directory:
+    elif directory:
         try:
             names = sorted(n for n in os.listdir(directory) if is_candidate(directory, n))
         except OSError:

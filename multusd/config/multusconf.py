@@ -56,7 +56,6 @@ OUTPUT_KEYS = (
     "logOptions", "name", "clusterNetwork", "namespaceIsolation", "globalNamespaces",
     "type", "cniDir", "auxiliaryCNIChainName", "daemonSocketDir",
 )
-_LOG_OPTION_KEYS = (("maxAge", int), ("maxSize", int), ("maxBackups", int), ("compress", bool))
 _STRING_KEYS = (
     "binDir", "cniVersion", "logFile", "logLevel", "globalNamespaces", "type", "cniDir",
     "auxiliaryCNIChainName", "daemonSocketDir", "multusConfigFile", "multusMasterCNI",
@@ -170,7 +169,7 @@ def _settings(conf: Mapping[str, Any], source: str) -> _Settings:
     for key in _BOOL_KEYS:
         problems.expect(conf, key, bool, "true or false")
     _check_capabilities(conf, problems)
-    _check_log_options(conf, problems)
+    conf["logOptions"] = problems.log_options(conf)
 
     mode = lenient_str(conf, "multusConfigFile", AUTO) or AUTO
     auto = mode == AUTO
@@ -222,18 +221,6 @@ def _check_capabilities(conf: Mapping[str, Any], problems: ConfigReader) -> None
         return
     for name in caps:
         problems.expect(caps, name, bool, "true or false", prefix="capabilities.")
-
-
-def _check_log_options(conf: Mapping[str, Any], problems: ConfigReader) -> None:
-    options = conf.get("logOptions")
-    if options is None:
-        return
-    if not isinstance(options, dict):
-        problems.bad("logOptions", 'an object such as {"maxAge": 5}', options)
-        return
-    for key, kind in _LOG_OPTION_KEYS:
-        what = "an integer" if kind is int else "true or false"
-        problems.expect(options, key, kind, what, prefix="logOptions.")
 
 
 def _target(settings: _Settings) -> str:
@@ -411,7 +398,7 @@ def _document(conf: Mapping[str, Any], cni_version: str, name: str, primary: str
         "logFile": conf.get("logFile"),
         "logLevel": conf.get("logLevel"),
         "logToStderr": conf.get("logToStderr") is True,
-        "logOptions": _log_options(conf.get("logOptions")),
+        "logOptions": conf.get("logOptions"),  # a pointer: present (even as {}) when set
         "name": name,
         "clusterNetwork": primary,
         "namespaceIsolation": conf.get("namespaceIsolation") is True,
@@ -430,13 +417,6 @@ def _omitted(key: str, value: Any) -> bool:
     if key == "logOptions":
         return value is None
     return value is None or value == "" or value is False or value == {}
-
-
-def _log_options(options: Any) -> Optional[Dict[str, Any]]:
-    """A pointer upstream: present (even as {}) whenever the daemon config has it."""
-    if not isinstance(options, dict):
-        return None
-    return {key: options[key] for key, _ in _LOG_OPTION_KEYS if options.get(key) is not None}
 
 
 def stat_key(path: str) -> Optional[Tuple[int, int, int]]:

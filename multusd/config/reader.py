@@ -13,7 +13,11 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from multusd import go_field, go_fields
 from multusd.errors import ConfigProblem
+
+#: Upstream's LogOptions struct (``logOptions``): its fields, each a pointer, and their types.
+LOG_OPTIONS = (("maxAge", int), ("maxSize", int), ("maxBackups", int), ("compress", bool))
 
 
 class ConfigReader(list):
@@ -58,14 +62,26 @@ class ConfigReader(list):
             return default
         return value
 
-    def mapping(self, raw: Mapping[str, Any], key: str) -> Dict[str, Any]:
+    def log_options(self, raw: Mapping[str, Any], key: str = "logOptions"
+                    ) -> Optional[Dict[str, Any]]:
+        """``logOptions`` as upstream's ``*LogOptions`` reads it: None when absent or null,
+        else the fields set (``"MaxSize"`` sets maxSize; null leaves one unset). A value of
+        the wrong type is a problem wherever it is: Go refuses the config."""
         value = raw.get(key)
         if value is None:
-            return {}
+            return None
         if not isinstance(value, dict):
-            self.bad(key, "an object {...}", value)
-            return {}
-        return value
+            self.bad(key, 'an object such as {"maxAge": 5}', value)
+            return None
+        kinds = dict(LOG_OPTIONS)
+
+        def check(name: str, member: Any) -> None:
+            if is_wrong_type({name: member}, name, kinds[name]):
+                self.bad(f"{key}.{name}", "an integer" if kinds[name] is int
+                         else "true or false", member)
+
+        options = go_fields(value, tuple(kinds), nils=tuple(kinds), check=check)
+        return {name: options[name] for name in kinds if options.get(name) is not None}
 
     def string_list(self, raw: Mapping[str, Any], key: str,
                     default: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -132,6 +148,9 @@ def is_wrong_type(raw: Mapping[str, Any], key: str, kind: type) -> bool:
 
 
 def lenient_str(raw: Mapping[str, Any], key: str, default: str) -> str:
-    """``raw[key]`` when it is a string, else ``default`` (for keys already validated)."""
-    value = raw.get(key)
+    """The string field ``key`` of upstream's struct as Go reads it out of ``raw``
+    (``"CNIConfigDir"`` is a cniConfigDir), else ``default`` (for keys already validated, or
+    read leniently: the daemon config as the generator, its removal and the daemon find the
+    runtime's config by it)."""
+    value = go_field(raw, key)
     return value if isinstance(value, str) else default

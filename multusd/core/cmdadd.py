@@ -35,7 +35,7 @@ import os
 import time
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from multusd import CURRENT_VERSION, store
+from multusd import CURRENT_VERSION, go_field, store
 from multusd.cni.conflist import Engine
 from multusd.cni.result import convert_result
 from multusd.cni.resultcache import RESULTS_DIR
@@ -118,9 +118,16 @@ def refuse_repeated_add(req: CmdArgs) -> None:
                           "that the first one's attachments stay intact)")
 
 
+def readiness_file(conf: Mapping[str, Any]) -> str:
+    """The merged config's ``readinessindicatorfile`` (only present in non-auto mode, F28) as
+    upstream's NetConf struct reads it (``"ReadinessIndicatorFile"`` too); "" when unset."""
+    path = go_field(conf, "readinessindicatorfile")
+    return path if isinstance(path, str) else ""
+
+
 def wait_for_readiness_file(conf: Mapping[str, Any], deadline: float) -> None:
-    """Upstream's readinessindicatorfile wait (only present in non-auto mode, F28)."""
-    path = conf.get("readinessindicatorfile")
+    """Upstream's readinessindicatorfile wait (:func:`readiness_file`)."""
+    path = readiness_file(conf)
     if not path:
         return
     limit = min(deadline, time.monotonic() + READINESS_TIMEOUT)

@@ -24,7 +24,6 @@ import threading
 import time
 from typing import Any, Callable, List, Mapping, Tuple
 
-from multusd import go_field
 from multusd.cni import resultcache
 from multusd.cni.conflist import Engine, NetworkConfigList
 from multusd.cni.invoke import PluginObserver, RunningPlugins, search_path
@@ -185,7 +184,7 @@ class Multus:
         connectivity too) is passed on unchanged, as upstream does.
         """
         started = time.monotonic()
-        path = go_field(req.config, "readinessindicatorfile")
+        path = cmdadd.readiness_file(req.config)
         if path and not os.path.exists(path):
             raise NotReady(f"multusd cannot serve ADD yet: the readiness indicator file {path} "
                            "(readinessindicatorfile) does not exist; the cluster network "

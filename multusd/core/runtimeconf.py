@@ -202,6 +202,8 @@ def _load_object(conf: bytes, what: str) -> Dict[str, Any]:
 
 
 def _merge_cni_args(plugin: Dict[str, Any], cni_args: Mapping[str, Any], name: str) -> None:
+    # ``plugin`` is part of a config just read and written out at once: the cni-args' values
+    # are shared with it, not copied (a deep copy recursed: Go takes 10,000 levels of them).
     args = plugin.get("args")
     if args is None:
         args = plugin["args"] = {}
@@ -210,9 +212,9 @@ def _merge_cni_args(plugin: Dict[str, Any], cni_args: Mapping[str, Any], name: s
                                    f"the pod's cni-args, got {go_json(args)[:200]}")
     cni = args.get("cni")
     if cni is None:
-        args["cni"] = copy.deepcopy(dict(cni_args))
+        args["cni"] = dict(cni_args)
         return
     if not isinstance(cni, dict):
         raise InvalidNetworkConfig(f"network {name!r}: 'args.cni' must be an object to receive "
                                    f"the pod's cni-args, got {go_json(cni)[:200]}")
-    cni.update(copy.deepcopy(dict(cni_args)))
+    cni.update(cni_args)

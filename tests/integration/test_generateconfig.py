@@ -398,3 +398,21 @@ def test_systemd_units_verify():
     complaints = [line for line in (result.stdout + result.stderr).splitlines()
                   if line.strip() and "/usr/bin/multusd" not in line]
     assert complaints == []
+
+
+def test_keys_in_another_case_name_one_place_for_writing_reading_and_removal(node):
+    """"CNIConfigDir" is upstream's cniConfigDir (Go's field matching): the generator wrote
+    00-multus.conf there, but the daemon looked for the runtime's config, and --remove for
+    the file, in the default /etc/cni/net.d."""
+    from multusd.config import daemonconf
+    from multusd.config.multusconf import runtime_conf_paths
+
+    node.primary("10-mycni.conf")
+    with open(node.config_path, "w") as handle:
+        json.dump({"cniVersion": "0.4.0", "MultusAutoconfigDir": str(node.dir),
+                   "CNIConfigDir": str(node.dir), "socketDir": "/run/multus/"}, handle)
+    assert node.run() == 0
+    assert json.loads(node.generated.read_text())["clusterNetwork"].endswith("10-mycni.conf")
+    assert runtime_conf_paths(daemonconf.load(node.config_path).raw) == (str(node.generated),)
+    assert node.run(remove=True) == 0
+    assert not node.generated.exists()

@@ -193,3 +193,23 @@ def test_an_empty_gateway_before_another_adds_no_route_as_upstream(cluster):
     delete = cluster.shim("DEL", pod, ns_path, cid)
     assert delete.code == 0, delete.output
     assert cluster.sandbox.leases_held() == []
+
+
+def test_cni_args_nested_deeper_than_a_python_copy_takes_reach_the_plugin(cluster, tmp_path):
+    """cni-args nested 600 levels deep (Go's decoder takes 10,000, and its encoder writes any
+    depth): upstream hands them to the plugin; multusd did too little: its deep copy of them
+    hit Python's recursion limit and the ADD failed with an internal RecursionError."""
+    record = str(tmp_path / "calls.jsonl")
+    cluster.kube.add_nad("default", "rec", json.dumps(
+        {"cniVersion": "0.4.0", "type": "stub-record", "recordFile": record}))
+    cluster.start()
+    depth = 600
+    add, pod, _, ns_path, cid = attach(
+        cluster, '[{"name": "rec", "cni-args": {"deep": %s}}]' % ("[" * depth + "]" * depth))
+    assert add.code == 0, add.output
+    with open(record) as handle:
+        value, levels = json.loads(handle.readline())["stdin"]["args"]["cni"]["deep"], 1
+    while value:
+        value, levels = value[0], levels + 1
+    assert levels == depth
+    assert cluster.shim("DEL", pod, ns_path, cid).code == 0

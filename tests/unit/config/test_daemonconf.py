@@ -116,6 +116,18 @@ def test_keys_are_read_as_upstreams_daemon_reads_them_into_its_structs(tmp_path)
                                "requestTimeout"}
 
 
+def test_log_options_are_read_as_upstreams_log_options_struct(tmp_path):
+    """"MaxSize" sets maxSize (the log file's rotation), null leaves a field unset; a value Go
+    refuses is a config error (it was handed to the log's set-up, which raised at start)."""
+    loaded = daemonconf.load(write(tmp_path, '{"logOptions": {"MaxSize": 7, "maxBackups": 2, '
+                                              '"MAXBACKUPS": null, "Compress": true}}'))
+    assert loaded.log_options == {"maxSize": 7, "compress": True}
+    with pytest.raises(ConfigError) as excinfo:
+        daemonconf.load(write(tmp_path, '{"logOptions": {"maxSize": "big", "MaxAge": 1.5}}'))
+    assert "logOptions.maxSize: must be an integer, got 'big'" in excinfo.value.msg
+    assert "logOptions.maxAge: must be an integer, got 1.5" in excinfo.value.msg
+
+
 @pytest.mark.parametrize("text, fragment", [
     ('{"requestTimeout": NaN}', "NaN is not JSON"),
     ('{"requestTimeout": 1e400}', "out of range"),

@@ -197,6 +197,10 @@ def test_logging_keys_follow_go_omitempty(confdir):
     assert loud["logOptions"] == {"maxAge": 0, "compress": True}  # a 0 pointer is not nil
     empty = multusconf.generate(daemon(confdir, logOptions={}))
     assert empty["logOptions"] == {}
+    # upstream's LogOptions struct: "MaxAge" is a maxAge, null leaves a field nil
+    folded = multusconf.generate(daemon(confdir, logOptions={"MaxAge": 3, "COMPRESS": True,
+                                                             "maxSize": None}))
+    assert folded["logOptions"] == {"maxAge": 3, "compress": True}
 
 
 def test_every_key_in_upstreams_order(confdir):

@@ -14,7 +14,7 @@ def test_every_problem_is_collected_and_the_default_used():
     assert reader.objects(raw, "o") == ()
     assert reader.port(raw, "p") is None
     assert reader.positive(raw, "n", 5.0, float) == 5.0
-    assert reader.mapping(raw, "m") == {}
+    assert reader.log_options(raw, "m") is None
     assert [p.path for p in reader] == ["s", "b", "l", "o", "p", "n", "m"]
     assert reader[0].format() == 's: must be a string, got 3; write "s": "..."'
 

@@ -161,6 +161,20 @@ def test_gc_waits_for_the_readiness_indicator_file_no_longer_than_its_deadline(n
     assert node.calls() == []
 
 
+@pytest.mark.parametrize("command", ["ADD", "GC"])
+def test_a_readiness_indicator_key_in_another_case_is_waited_for_as_upstream_does(
+        node, netns, tmp_path, command):
+    """"ReadinessIndicatorFile" is upstream's readinessindicatorfile (its NetConf struct reads
+    it so, and so did multusd's STATUS): ADD and GC went on without waiting for it."""
+    node.configure([node.stub("cluster", cniVersion="1.1.0")],
+                   multusConfigFile=str(tmp_path / "00-multus.conf"))
+    req = node.request(command, "c1", netns if command == "ADD" else "", cniVersion="1.1.0",
+                       ReadinessIndicatorFile=str(tmp_path / "ready"))
+    with pytest.raises(TryAgainLater, match="still waiting for readinessindicatorfile"):
+        node.multus.cni(req, time.monotonic() + 0.3, LOG)
+    assert node.calls() == []
+
+
 def test_gc_hands_the_cluster_network_every_attachment_the_result_cache_holds(node, tmp_path):
     node.configure([node.stub("cluster", cniVersion="1.1.0")])
     with pytest.raises(MultusError, match="results does not exist"):
