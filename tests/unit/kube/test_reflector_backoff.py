@@ -417,6 +417,22 @@ def test_a_relist_that_streams_long_then_expires_is_not_a_working_watch(reflecto
         server.close()
 
 
+def test_a_retry_after_that_is_no_number_is_no_wait_and_the_round_still_ends(reflector_for):
+    """A 429 whose Status asks for "2²" seconds (a proxy's, a broken server's): read as no
+    Retry-After, the round a failure as any; the exception it raised ended the reflector's
+    thread (the caches were never updated again)."""
+    server = Server(lambda q: ("status", status(429, "TooManyRequests", "slow down",
+                                                retryAfterSeconds="2\u00b2")))
+    try:
+        reflector, clock = reflector_for(server.url)
+        seen = failed_rounds(reflector, clock, 2)
+        assert [kind for kind, _ in seen] == [failures.ANSWERED] * 2
+        for (_, wait), step in zip(seen, STEPS):
+            assert step <= wait < 2 * step, seen
+    finally:
+        server.close()
+
+
 # ---- a server that is starting: its first step, for ten answers per run -----------------------
 
 INITIALIZING = status(429, "TooManyRequests", "storage is (re)initializing", retryAfterSeconds=1)
