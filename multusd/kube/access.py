@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from multusd.kube.client import KubeClient, Pod, nad_condition, pod_from_object
-from multusd.kube.objects import NADS_PATH, POD_PATH, PODS_PATH
+from multusd.kube.client import KubeClient
+from multusd.kube.lookups import nad_condition
+from multusd.kube.objects import NADS_PATH, POD_PATH, PODS_PATH, Pod, pod_from_object
 from multusd.kube.transport import path_of
 
 AUTHZ_GROUP = "authorization.k8s.io"

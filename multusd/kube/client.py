@@ -39,8 +39,7 @@ from multusd.errors import DeadlineExceeded
 from multusd.kube import draclaims
 from multusd.kube.clientconfig import ClientConfig
 from multusd.kube.deadlines import within
-from multusd.kube.lookups import (EMPTY_CACHE_MISSES, NAD_CRD_FILE, NOT_FOUND_WAIT, Lookups,
-                                  nad_condition)
+from multusd.kube.lookups import Lookups, nad_condition
 from multusd.kube.objects import (NADS_PATH, NETWORK_STATUS_ANNOTATION, PODS_PATH, Key,
                                   NetworkAttachmentDefinition, Obj, Pod, nad_from_object,
                                   pod_from_object)
@@ -49,9 +48,7 @@ from multusd.kube.status import EventSender, set_network_status
 from multusd.kube.transport import Query
 from multusd.kube.watchstream import WatchState, shutdown_response
 
-__all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_ANNOTATION",
-           "nad_condition", "pod_from_object", "EMPTY_CACHE_MISSES", "NOT_FOUND_WAIT",
-           "NAD_CRD_FILE"]
+__all__ = ["KubeClient", "Pod", "NetworkAttachmentDefinition", "NETWORK_STATUS_ANNOTATION"]
 
 LOG = logging.getLogger(__name__)
 # the resource label of each cache in the metrics

@@ -136,6 +136,7 @@ class Reflector(Rounds):
         self.initial_events = 0  # events of the last WatchList before its end bookmark
         self._watching = False  # a watch was asked for in this round
         self._opened: Optional[float] = None  # when it got its answer
+        self._following: Optional[float] = None  # when it began following changes
         self._woken: Optional[int] = None  # the run of failures a reader's wake-up cut short
         self._served = False  # the server answered a list or watch of this reflector once
         # a watch's expiry may be relisted at once: a watch has worked since the last that was
@@ -264,7 +265,7 @@ class Reflector(Rounds):
                      allowWatchBookmarks=True, timeoutSeconds=timeout_seconds)
         silence = self._silence_bound(timeout_seconds)
         self._watching = True
-        self._opened = None
+        self._opened = self._following = None
         try:
             response = self.send(query, self.request_timeout,
                                  self.list_end_wait if initial else silence)
@@ -274,6 +275,7 @@ class Reflector(Rounds):
                 raise NoWatchList(f"{self.what}: answered {answer(exc)}") from exc
             raise
         self._opened = time.monotonic()
+        self._following = None if initial else self._opened
         self._served = True
         with state.cond:
             state.open_watches[self.kind] = response
@@ -294,7 +296,7 @@ class Reflector(Rounds):
                         time.monotonic() - last_added > self.list_end_wait:
                     raise IdleTimeout()  # changes, but no end of the initial events in time
                 if self._initial(event, fresh):
-                    fresh = None
+                    fresh, self._following = None, time.monotonic()
                     response.set_read_timeout(silence)
             completed = True
         except IdleTimeout:

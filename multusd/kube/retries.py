@@ -100,7 +100,7 @@ def retry_after_seconds(value: Union[str, int, float, None]) -> Optional[float]:
     if isinstance(value, (int, float)):
         return None if value < 0 or value != value else min(float(value), RETRY_AFTER_MAX)
     text = str(value).strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # as Go's strconv.Atoi: "²" and "٣" are no digits
         return min(float(text), RETRY_AFTER_MAX)
     try:
         when = email.utils.parsedate_to_datetime(text)

@@ -15,7 +15,8 @@ asks for, and how long it waits in two cases only (:meth:`Rounds.wait_after`):
 
 * *a watch's expiry is the server's normal answer after a restart or a compaction*: a watch
   that gets 410 (at its start or as an ERROR event) relists at once, with no wait, if a watch
-  has worked (lived :data:`YOUNG_WATCH`) since the last relist that came so, or none came yet.
+  has worked (followed changes for :data:`YOUNG_WATCH`; a WatchList's from the end of its
+  initial events) since the last relist that came so, or none came yet.
   When that relist fails, or 410s come again without a working watch between them, they are
   failures as any: a server that answers 410 to everything is asked on the curve;
 * *a server that is starting* (:data:`multusd.kube.failures.STARTING`: 429 "storage is
@@ -96,20 +97,28 @@ class Rounds:
     def round(self) -> Outcome:
         """One sync or one watch, followed until it ends; never raises. A failure sets what
         the next round asks for (:func:`multusd.kube.failures.plan`), not how long it waits."""
-        self._opened, self._watching = None, False
+        self._opened, self._following, self._watching = None, None, False
         try:
             cause = self._sync() if self.need_list else self._watch()
         except Exception as exc:  # noqa: BLE001 - the watch thread must not die
             return self._failed(exc)
         if cause == "ended" and not self._lived():
             return self._failed(None, failures.YOUNG)  # a server that ends every watch early
-        self._relist_at_once = True  # a watch worked: its successor's 410 is relisted at once
+        # a watch worked: its successor's 410 is relisted at once
+        self._relist_at_once = self._relist_at_once or self._worked()
         self._count_reopen(cause)
         return Outcome(None, cause, True)
 
     def _lived(self) -> bool:
-        """The round's watch lived :data:`YOUNG_WATCH` from its answer: it worked."""
+        """The round's watch lived :data:`YOUNG_WATCH` from its answer: not ended young."""
         return self._opened is not None and time.monotonic() - self._opened >= YOUNG_WATCH
+
+    def _worked(self) -> bool:
+        """The round's watch followed changes for :data:`YOUNG_WATCH` (a WatchList: from the
+        end of its initial events; the time it took to stream them is a list's, not a
+        watch's)."""
+        return self._following is not None and \
+            time.monotonic() - self._following >= YOUNG_WATCH
 
     def _failed(self, exc: Optional[BaseException], kind: str = "") -> Outcome:
         """Account for a failed round: what the next one asks for, the failure reported."""
@@ -121,7 +130,7 @@ class Rounds:
         step = failures.plan(kind, syncing)
         if self.state.stopping.is_set():
             return Outcome(kind, step.cause, watched)
-        self._relist_at_once = self._relist_at_once or self._lived()
+        self._relist_at_once = self._relist_at_once or self._worked()
         at_once = kind == failures.EXPIRED and not syncing and self._relist_at_once
         if at_once:
             self._relist_at_once = False  # the next 410 without a working watch waits

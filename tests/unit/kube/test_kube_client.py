@@ -17,8 +17,9 @@ import pytest
 from kubeapi import FakeKubeAPI
 from kubedra import network_device
 from multusd.errors import DeadlineExceeded, MultusError, TryAgainLater
-from multusd.kube.client import EMPTY_CACHE_MISSES, NAD_CRD_FILE, KubeClient, nad_condition
+from multusd.kube.client import KubeClient
 from multusd.kube.clientconfig import RBAC_FILE
+from multusd.kube.lookups import EMPTY_CACHE_MISSES, NAD_CRD_FILE, nad_condition
 from multusd.kube.objects import PODS_PATH, Pod, pod_from_object
 from testlib import wait_for
 

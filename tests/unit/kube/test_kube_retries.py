@@ -29,6 +29,8 @@ class Clock:
 @pytest.mark.parametrize("value,seconds", [
     ("3", 3.0), (" 0 ", 0.0), ("120", 120.0), (None, None), ("", None), ("-1", None),
     ("1.5", None), ("soon", None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # in the past
+    # digits Go's strconv.Atoi reads, no others: "2²" is no number (float() raised on it)
+    ("2\u00b2", None), ("\u00b3", None), ("\u0663", None),
 ])
 def test_retry_after_is_seconds_or_an_http_date(value, seconds):
     assert retries.retry_after_seconds(value) == seconds

@@ -25,7 +25,7 @@ import pytest
 from multusd.kube import failures
 from multusd.kube.clientconfig import ClientConfig
 from multusd.kube.objects import NADS_PATH, nad_from_object
-from multusd.kube.reflector import Reflector
+from multusd.kube.reflector import YOUNG_WATCH, Reflector
 from multusd.kube.retries import API_SERVER
 from multusd.kube.watchstream import WatchState
 from testlib import token_kubeconfig, wait_for
@@ -383,6 +383,52 @@ def test_a_relist_at_once_that_fails_steps_the_curve(reflector_for):
         for (kind, wait), step in zip(seen[1:], STEPS):
             assert kind == failures.ANSWERED and step <= wait < 2 * step, seen
         assert all(q.get("sendInitialEvents") == "true" for q in server.queries)  # relists
+    finally:
+        server.close()
+
+
+def slow_watch_list(query: Dict[str, str]) -> Iterator[bytes]:
+    """A relist's WatchList that streams its state for longer than YOUNG_WATCH (an ADDED
+    event every half second, each well within the end wait of the last), then its end
+    bookmark, then ERROR 410 at once: the watch after it never followed a change."""
+    began = time.monotonic()
+    while time.monotonic() - began < YOUNG_WATCH + 1.0:
+        yield event("ADDED", nad("a", 4))
+        time.sleep(0.5)  # the server's pace: how slowly it streams, not a synchronisation
+    yield end_of_initial_events(6)
+    yield event("ERROR", EXPIRED)
+
+
+def test_a_relist_that_streams_long_then_expires_is_not_a_working_watch(reflector_for):
+    """The at-once allowance is spent on the first 410; the relist streams its state for
+    longer than YOUNG_WATCH and its watch is answered 410 right after the end bookmark:
+    no watch followed changes in between, so that 410 steps the curve (a relist at once
+    every time the state took that long to stream would be a loop of whole lists)."""
+    server = Server(lambda q: ("events", SYNCED + [event("ERROR", EXPIRED)])
+                    if q.get("resourceVersion") == "0" else ("events", slow_watch_list(q)))
+    try:
+        reflector, clock = reflector_for(server.url)
+        seen = failed_rounds(reflector, clock, 2, at_once=True)
+        assert seen[0] == (failures.EXPIRED, 0.0)
+        kind, wait = seen[1]
+        assert kind == failures.EXPIRED and STEPS[0] <= wait < 2 * STEPS[0], seen
+        assert [q.get("resourceVersion") for q in server.queries] == ["0", "5"]
+    finally:
+        server.close()
+
+
+def test_a_retry_after_that_is_no_number_is_no_wait_and_the_round_still_ends(reflector_for):
+    """A 429 whose Status asks for "2²" seconds (a proxy's, a broken server's): read as no
+    Retry-After, the round a failure as any; the exception it raised ended the reflector's
+    thread (the caches were never updated again)."""
+    server = Server(lambda q: ("status", status(429, "TooManyRequests", "slow down",
+                                                retryAfterSeconds="2\u00b2")))
+    try:
+        reflector, clock = reflector_for(server.url)
+        seen = failed_rounds(reflector, clock, 2)
+        assert [kind for kind, _ in seen] == [failures.ANSWERED] * 2
+        for (_, wait), step in zip(seen, STEPS):
+            assert step <= wait < 2 * step, seen
     finally:
         server.close()
 
