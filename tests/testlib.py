@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import time
@@ -124,3 +125,24 @@ def token_kubeconfig(path, token: str, **cluster: object) -> str:
     with open(path, "w") as handle:
         json.dump(document, handle)
     return str(path)
+
+
+def random_json(rng: random.Random, depth: int, floats: bool = True) -> str:
+    """A random JSON text up to ``depth`` levels: keys that differ only in case, lone
+    surrogate escapes, non-ASCII, floats in several spellings (``floats=False``: integers only)."""
+    kind = rng.randrange(9 if depth else 6)
+    if kind == 0:
+        return rng.choice(["true", "false", "null"])
+    if kind == 1:
+        return str(rng.randrange(-10 ** 6, 10 ** 6))
+    if kind == 2:
+        return rng.choice(["1e2", "0.5", "-1.25e-7", "3.0", "1E+3"]) if floats else "7"
+    if kind in (3, 4, 5):
+        chars = ["a", "B", "\\n", "\\ud800", "\\u00e9", "é", " ", "\\\"", "\\\\", "ſ"]
+        return '"' + "".join(rng.choice(chars) for _ in range(rng.randrange(6))) + '"'
+    if kind in (6, 7):
+        members = [f'"{rng.choice("aAbB")}": {random_json(rng, depth - 1, floats)}'
+                   for _ in range(rng.randrange(4))]
+        return "{" + ", ".join(members) + "}"
+    return "[" + ",".join(random_json(rng, depth - 1, floats)
+                          for _ in range(rng.randrange(4))) + "]"

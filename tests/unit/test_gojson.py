@@ -17,6 +17,7 @@ import pytest
 from multusd import (MAX_JSON_DEPTH, GoObject, ascii_json, go_field, go_fields, go_fold,
                      go_loads, gojson)
 from multusd.errors import DecodeFailure, InvalidJSON, MultusError
+from testlib import random_json
 
 # --- reading -------------------------------------------------------------------------------
 
@@ -141,7 +142,7 @@ def test_the_c_scanner_and_the_iterative_parse_agree():
     the same value and the same refusals either way (generated documents, fixed seed)."""
     rng = random.Random(39)
     for _ in range(400):
-        text = _random_json(rng, 4)
+        text = random_json(rng, 4)
         fast = go_loads(text)
         assert _iteratively(text) == fast
         assert _types(_iteratively(text)) == _types(fast)
@@ -260,26 +261,6 @@ def test_ascii_json_refuses_unserializable_and_circular_values():
     with pytest.raises(ValueError):
         ascii_json(loop)
 
-
-# --- helpers ---------------------------------------------------------------------------------
-
-def _random_json(rng: random.Random, depth: int, floats: bool = True) -> str:
-    kind = rng.randrange(9 if depth else 6)
-    if kind == 0:
-        return rng.choice(["true", "false", "null"])
-    if kind == 1:
-        return str(rng.randrange(-10 ** 6, 10 ** 6))
-    if kind == 2:
-        return rng.choice(["1e2", "0.5", "-1.25e-7", "3.0", "1E+3"]) if floats else "7"
-    if kind in (3, 4, 5):
-        chars = ["a", "B", "\\n", "\\ud800", "\\u00e9", "é", " ", "\\\"", "\\\\", "ſ"]
-        return '"' + "".join(rng.choice(chars) for _ in range(rng.randrange(6))) + '"'
-    if kind in (6, 7):
-        members = [f'"{rng.choice("aAbB")}": {_random_json(rng, depth - 1, floats)}'
-                   for _ in range(rng.randrange(4))]
-        return "{" + ", ".join(members) + "}"
-    return "[" + ",".join(_random_json(rng, depth - 1, floats)
-                          for _ in range(rng.randrange(4))) + "]"
 
 
 def _mutated(rng: random.Random, text: str) -> str:

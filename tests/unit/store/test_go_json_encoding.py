@@ -14,6 +14,7 @@ import pytest
 
 from multusd import go_loads
 from multusd.store import _written_iteratively, go_float, go_json
+from testlib import random_json
 
 FLOATS = [
     # (float64, what Go's encoder writes)
@@ -60,7 +61,7 @@ def test_go_json_writes_what_python_writes_but_for_floats():
 
     rng = random.Random(15)
     for _ in range(200):
-        value = go_loads(_random_json(rng, 4, floats=False))
+        value = go_loads(random_json(rng, 4, floats=False))
         for indent in (None, 4):
             for sort_keys in (False, True):
                 expected = json.dumps(value, ensure_ascii=False, sort_keys=sort_keys,
@@ -72,22 +73,3 @@ def test_go_json_writes_what_python_writes_but_for_floats():
 def test_go_json_writes_any_depth_it_reads():
     deep = go_loads("[" * 5000 + "1.0" + "]" * 5000)
     assert go_json(deep) == "[" * 5000 + "1" + "]" * 5000
-
-
-def _random_json(rng: random.Random, depth: int, floats: bool = True) -> str:
-    kind = rng.randrange(9 if depth else 6)
-    if kind == 0:
-        return rng.choice(["true", "false", "null"])
-    if kind == 1:
-        return str(rng.randrange(-10 ** 6, 10 ** 6))
-    if kind == 2:
-        return rng.choice(["1e2", "0.5", "-1.25e-7", "3.0", "1E+3"]) if floats else "7"
-    if kind in (3, 4, 5):
-        chars = ["a", "B", "\\n", "\\ud800", "\\u00e9", "é", " ", "\\\"", "\\\\", "ſ"]
-        return '"' + "".join(rng.choice(chars) for _ in range(rng.randrange(6))) + '"'
-    if kind in (6, 7):
-        members = [f'"{rng.choice("aAbB")}": {_random_json(rng, depth - 1, floats)}'
-                   for _ in range(rng.randrange(4))]
-        return "{" + ", ".join(members) + "}"
-    return "[" + ",".join(_random_json(rng, depth - 1, floats)
-                          for _ in range(rng.randrange(4))) + "]"
