@@ -26,6 +26,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from typing import Optional, Tuple
 
 from multusd.config import daemonconf
@@ -171,13 +172,24 @@ def _systemctl(*args: str) -> Tuple[bool, str]:
     return done.returncode == 0, done.stdout + done.stderr
 
 
+EXEC_WAIT = 1.0  # how long a socket's holder may show no command line: it is in execve
+
+
 def _command_of(pid: int) -> Tuple[str, str]:
-    """``(command line, comm)`` of a process; empty strings when it cannot be read."""
+    """``(command line, comm)`` of a process; empty strings when it cannot be read. A holder
+    that shows no command line is between two programs (systemd-socket-activate execs the
+    daemon when the first connection, maybe the probe's own, arrives): read again until it
+    shows one, for at most :data:`EXEC_WAIT`."""
     command: Optional[str] = None
     name = ""
+    deadline = time.monotonic() + EXEC_WAIT
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        while True:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            if command or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
         with open(f"/proc/{pid}/comm") as handle:
             name = handle.read().strip()
     except OSError:
